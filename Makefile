@@ -1,0 +1,41 @@
+# One entry point for contributors and CI.
+#   make dev     build the extension into .venv (dev profile) with the dev tools
+#   make check   lint + tests (what CI runs against the installed wheel)
+VENV ?= .venv
+PY := $(VENV)/bin/python
+export HYPOTHESIS_PROFILE ?= ci
+
+.PHONY: dev lint test test-py test-rust check bench fmt
+
+dev:
+	test -x $(PY) || python3 -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q -e '.[dev]'
+	rm -f python/rlx_lm/*.so
+	$(VENV)/bin/maturin develop -q
+
+fmt:
+	$(VENV)/bin/ruff format python tests benches examples
+	$(VENV)/bin/ruff check --fix python tests benches examples
+	cargo fmt
+
+lint:
+	$(VENV)/bin/ruff check python tests benches examples
+	$(VENV)/bin/ruff format --check python tests benches examples
+	$(PY) -m mypy --strict python/rlx_lm
+	cargo fmt --check
+	cargo clippy --all-targets -- -D warnings
+	cargo clippy --all-targets --features python -- -D warnings
+
+test-rust:
+	cargo test -q
+
+test-py:
+	$(PY) -m pytest -q -p no:cacheprovider tests
+
+test: test-rust test-py
+
+check: lint test
+
+bench:
+	$(PY) -m pytest -q benches --benchmark-only

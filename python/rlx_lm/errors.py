@@ -1,0 +1,73 @@
+"""The exceptions rlx_lm raises.
+
+Every class derives from `RlxError` and also from the builtin a caller would
+naturally catch, so ``except ValueError`` keeps working::
+
+    RlxError
+    ├── InvalidLogitsError   (ValueError)   NaN, empty or all-banned logits
+    ├── InvalidOptionError   (ValueError)   a sampler knob or argument out of range
+    ├── ShapeError           (ValueError)   an array of the wrong shape
+    ├── CapacityError        (ValueError)   a write past a cache's capacity
+    ├── SnapshotMismatchError(ValueError)   a snapshot from another model or geometry
+    ├── WeightFormatError    (ValueError)   a malformed, truncated or hostile file
+    ├── DtypeError           (TypeError)    wrong dtype or memory layout
+    ├── TokenOutOfRangeError (IndexError)   a token id outside the vocabulary
+    └── UnsupportedError     (NotImplementedError)  a runner lacks a capability
+
+The Rust core raises these same classes through one mapping (``rust/py/errors.rs``).
+"""
+
+from __future__ import annotations
+
+__all__ = [
+    "CapacityError",
+    "DtypeError",
+    "InvalidLogitsError",
+    "InvalidOptionError",
+    "RlxError",
+    "ShapeError",
+    "SnapshotMismatchError",
+    "TokenOutOfRangeError",
+    "UnsupportedError",
+    "WeightFormatError",
+]
+
+
+class RlxError(Exception):
+    """Base class of every error rlx_lm raises on purpose."""
+
+
+class InvalidLogitsError(RlxError, ValueError):
+    """Logits that cannot be sampled: NaN, empty, or every token banned."""
+
+
+class InvalidOptionError(RlxError, ValueError):
+    """A sampler option or argument with an invalid value; the message names it."""
+
+
+class ShapeError(RlxError, ValueError):
+    """An array whose shape does not match what the call needs."""
+
+
+class CapacityError(RlxError, ValueError):
+    """A write that would exceed a fixed capacity (for example a KV cache's max_seq)."""
+
+
+class SnapshotMismatchError(RlxError, ValueError):
+    """A session snapshot restored into a model or cache it does not belong to."""
+
+
+class WeightFormatError(RlxError, ValueError):
+    """A weight file or directory that is malformed, truncated, hostile or unrecognised."""
+
+
+class DtypeError(RlxError, TypeError):
+    """An array of the wrong dtype or memory layout; the message says how to convert."""
+
+
+class TokenOutOfRangeError(RlxError, IndexError):
+    """A token id outside ``0..vocab_size``."""
+
+
+class UnsupportedError(RlxError, NotImplementedError):
+    """A runner does not implement an optional capability."""

@@ -1,0 +1,69 @@
+//! The one error type of the core: what went wrong, with the offending value.
+
+use std::fmt;
+
+/// Result alias used across the core.
+pub type CoreResult<T> = Result<T, CoreError>;
+
+/// Every way core work can refuse its input.
+///
+/// Each variant maps to one Python exception class in `rlx_lm.errors`
+/// (see `py/errors.rs`); nothing user-supplied reaches a panic.
+#[derive(Debug, Clone, PartialEq)]
+pub enum CoreError {
+    /// A logits row with no entries.
+    EmptyLogits,
+    /// A NaN logit, at this index.
+    NanLogit { index: usize },
+    /// Every logit is `-inf`: no token is allowed.
+    AllBanned,
+    /// A token id outside `0..vocab`.
+    TokenOutOfRange { token: i64, vocab: usize },
+    /// An option or argument with an invalid value; `field` names it.
+    InvalidOption { field: String, reason: String },
+    /// An array of the wrong shape.
+    Shape(String),
+    /// A write that would exceed a fixed capacity.
+    Capacity { needed: usize, capacity: usize },
+    /// A snapshot that does not belong to this model or cache.
+    SnapshotMismatch(String),
+    /// A malformed, truncated or hostile weight or snapshot file.
+    Format(String),
+}
+
+impl CoreError {
+    /// Shorthand for [`CoreError::InvalidOption`].
+    pub fn option(field: impl Into<String>, reason: impl Into<String>) -> Self {
+        Self::InvalidOption {
+            field: field.into(),
+            reason: reason.into(),
+        }
+    }
+}
+
+impl fmt::Display for CoreError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Self::EmptyLogits => write!(f, "logits row is empty"),
+            Self::NanLogit { index } => write!(f, "logits contain NaN at position {index}"),
+            Self::AllBanned => write!(
+                f,
+                "every logit is -inf: all tokens are banned, there is nothing to pick"
+            ),
+            Self::TokenOutOfRange { token, vocab } => {
+                write!(
+                    f,
+                    "token id {token} is out of range for a vocabulary of {vocab}"
+                )
+            }
+            Self::InvalidOption { field, reason } => write!(f, "{field}: {reason}"),
+            Self::Shape(msg) | Self::SnapshotMismatch(msg) | Self::Format(msg) => f.write_str(msg),
+            Self::Capacity { needed, capacity } => write!(
+                f,
+                "capacity exceeded: {needed} tokens needed, capacity is {capacity}"
+            ),
+        }
+    }
+}
+
+impl std::error::Error for CoreError {}

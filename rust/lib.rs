@@ -1,0 +1,15 @@
+//! Rust core of `rlx_lm`.
+//!
+//! Everything outside `py/` is plain Rust over slices and returns
+//! [`CoreError`]; it builds and tests with `cargo test` and no Python.
+//! The PyO3 layer in `py/` compiles only with the `python` feature.
+
+pub mod argmax;
+pub mod error;
+pub mod kv;
+pub mod sampling;
+
+#[cfg(feature = "python")]
+mod py;
+
+pub use error::{CoreError, CoreResult};

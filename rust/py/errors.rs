@@ -1,0 +1,44 @@
+//! The single mapping from core errors to the exception classes defined in
+//! `python/rlx_lm/errors.py` (they co-inherit builtins, which
+//! `create_exception!` cannot express, so they are imported).
+
+use pyo3::prelude::*;
+
+use crate::CoreError;
+
+pyo3::import_exception!(rlx_lm.errors, InvalidLogitsError);
+pyo3::import_exception!(rlx_lm.errors, DtypeError);
+pyo3::import_exception!(rlx_lm.errors, TokenOutOfRangeError);
+pyo3::import_exception!(rlx_lm.errors, InvalidOptionError);
+pyo3::import_exception!(rlx_lm.errors, ShapeError);
+pyo3::import_exception!(rlx_lm.errors, CapacityError);
+pyo3::import_exception!(rlx_lm.errors, SnapshotMismatchError);
+pyo3::import_exception!(rlx_lm.errors, WeightFormatError);
+
+/// Convert a core error into the matching `rlx_lm.errors` exception.
+pub fn to_py(err: CoreError) -> PyErr {
+    let msg = err.to_string();
+    match err {
+        CoreError::EmptyLogits | CoreError::NanLogit { .. } | CoreError::AllBanned => {
+            InvalidLogitsError::new_err(msg)
+        }
+        CoreError::TokenOutOfRange { .. } => TokenOutOfRangeError::new_err(msg),
+        CoreError::InvalidOption { .. } => InvalidOptionError::new_err(msg),
+        CoreError::Shape(_) => ShapeError::new_err(msg),
+        CoreError::Capacity { .. } => CapacityError::new_err(msg),
+        CoreError::SnapshotMismatch(_) => SnapshotMismatchError::new_err(msg),
+        CoreError::Format(_) => WeightFormatError::new_err(msg),
+    }
+}
+
+/// Extension to turn a `CoreResult` into a `PyResult` with `?`.
+pub trait IntoPyResult<T> {
+    /// Map the error through [`to_py`].
+    fn py(self) -> PyResult<T>;
+}
+
+impl<T> IntoPyResult<T> for crate::CoreResult<T> {
+    fn py(self) -> PyResult<T> {
+        self.map_err(to_py)
+    }
+}

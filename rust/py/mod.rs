@@ -1,0 +1,33 @@
+//! The PyO3 binding layer: thin wrappers that check Python input, call the
+//! core, and map [`crate::CoreError`] to `rlx_lm.errors` exactly once.
+
+mod argmax;
+mod arrays;
+mod errors;
+
+use pyo3::prelude::*;
+
+/// The compiled half of `rlx_lm`; import the public names from `rlx_lm`.
+#[pymodule]
+mod _core {
+    use pyo3::prelude::*;
+
+    #[pymodule_export]
+    use super::argmax::argmax;
+
+    #[pymodule_init]
+    fn init(m: &Bound<'_, PyModule>) -> PyResult<()> {
+        m.add("__version__", env!("CARGO_PKG_VERSION"))?;
+        m.add("build_profile", super::build_profile())?;
+        Ok(())
+    }
+}
+
+/// `"release"` or `"debug"`, so benches can refuse a debug build.
+fn build_profile() -> &'static str {
+    if cfg!(debug_assertions) {
+        "debug"
+    } else {
+        "release"
+    }
+}

@@ -1,0 +1,1 @@
+//! The sampler chain (filled in by the sampler-chain issue).

@@ -6,7 +6,7 @@ a reference Llama-family runner.
 
 from __future__ import annotations
 
-from rlx_lm._core import __version__, argmax, build_profile
+from rlx_lm._core import SamplerChain, SampleResult, __version__, argmax, build_profile
 from rlx_lm.errors import (
     CapacityError,
     DtypeError,
@@ -19,13 +19,18 @@ from rlx_lm.errors import (
     UnsupportedError,
     WeightFormatError,
 )
+from rlx_lm.sample_opts import MirostatMode, SampleOpts
 
 __all__ = [
     "CapacityError",
     "DtypeError",
     "InvalidLogitsError",
     "InvalidOptionError",
+    "MirostatMode",
     "RlxError",
+    "SampleOpts",
+    "SampleResult",
+    "SamplerChain",
     "ShapeError",
     "SnapshotMismatchError",
     "TokenOutOfRangeError",

@@ -103,7 +103,7 @@ fn argmax_nan_generic<const FMA: bool>(row: &[f32]) -> (usize, f32, bool) {
             for l in 0..LANES {
                 let v = c[l];
                 lane_max[l] = if v > lane_max[l] { v } else { lane_max[l] };
-                lane_nan[l] |= (v != v) as u32;
+                lane_nan[l] |= v.is_nan() as u32;
             }
         }
         let mut m = f32::NEG_INFINITY;

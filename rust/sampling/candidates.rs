@@ -67,6 +67,8 @@ pub struct Work<'a> {
     pub order: Order,
     /// A patched row copy no longer in use, handed back to the scratch.
     pub spare_row: Option<Vec<f32>>,
+    /// A second candidate buffer for stages that need a working copy.
+    pub spare_cands: Vec<Cand>,
 }
 
 impl<'a> Work<'a> {
@@ -81,6 +83,7 @@ impl<'a> Work<'a> {
             cands,
             order: Order::Id,
             spare_row: None,
+            spare_cands: Vec::new(),
         }
     }
 
@@ -145,9 +148,9 @@ impl<'a> Work<'a> {
     }
 
     /// Hand the reusable buffers back.
-    pub fn into_buffers(mut self) -> (Vec<Cand>, Option<Vec<f32>>) {
+    pub fn into_buffers(mut self) -> (Vec<Cand>, Option<Vec<f32>>, Vec<Cand>) {
         self.release_dense();
-        (self.cands, self.spare_row)
+        (self.cands, self.spare_row, self.spare_cands)
     }
 
     /// Sort the candidates by rank (descending logit, ties by id).

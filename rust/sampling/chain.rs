@@ -479,6 +479,7 @@ pub struct Scratch {
     row: Vec<f32>,
     exps: Vec<f32>,
     cands: Vec<Cand>,
+    cands2: Vec<Cand>,
     counts: Vec<u32>,
     probs: Vec<f64>,
     delta_top_k: f32,
@@ -727,6 +728,7 @@ impl SamplerChain {
         cands.clear();
         let mut work = Work::from_row(row, max, cands);
         work.spare_row = Some(std::mem::take(&mut scratch.row));
+        work.spare_cands = std::mem::take(&mut scratch.cands2);
         if max == f32::INFINITY {
             // +inf logits hold all the mass, shared equally.
             work.cands.clear();
@@ -743,8 +745,9 @@ impl SamplerChain {
         let result = self.run(
             &mut work, history, sequence, uniform, logprobs, row, scratch,
         );
-        let (cands, spare) = work.into_buffers();
+        let (cands, spare, spare_cands) = work.into_buffers();
         scratch.cands = cands;
+        scratch.cands2 = spare_cands;
         if let Some(v) = spare {
             scratch.row = v;
         }
@@ -794,7 +797,13 @@ impl SamplerChain {
                     self.flavor.typical_inclusive,
                     &mut scratch.probs,
                 ),
-                Stage::TopP => top_p::apply(work, k.top_p, k.min_keep, &mut scratch.delta_top_p),
+                Stage::TopP => top_p::apply(
+                    work,
+                    k.top_p,
+                    k.min_keep,
+                    &mut scratch.delta_top_p,
+                    &mut scratch.exps,
+                ),
                 Stage::MinP => min_p::apply(work, k.min_p, k.min_keep, &mut scratch.delta_top_k),
                 Stage::TopNSigma => top_n_sigma::apply(work, k.top_n_sigma),
                 Stage::Xtc => {

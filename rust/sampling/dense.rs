@@ -172,8 +172,10 @@ fn exp_store_generic<const FMA: bool>(
     out: &mut Vec<f32>,
 ) -> f64 {
     let ms = max * scale;
-    out.clear();
-    out.resize(row.len(), 0.0);
+    if out.len() != row.len() {
+        out.clear();
+        out.resize(row.len(), 0.0);
+    }
     let mut total = 0.0f64;
     for (block, oblock) in row.chunks(BLOCK).zip(out.chunks_mut(BLOCK)) {
         let mut acc = [0.0f32; LANES];
@@ -339,17 +341,24 @@ pub fn top_k(
     if !(delta.is_finite() && *delta > 0.0) {
         *delta = 8.0;
     }
-    loop {
-        out.clear();
-        let thr = max - *delta;
-        gather_ge(row, 1.0, thr, out);
-        if out.len() >= k || thr < f32::MIN || !thr.is_finite() {
-            break;
+    out.clear();
+    if k.saturating_mul(4) >= row.len() {
+        // Most of the row survives anyway: take every finite entry.
+        gather_ge(row, 1.0, f32::MIN, out);
+    } else {
+        gather_ge(row, 1.0, max - *delta, out);
+        if out.len() < k {
+            // Too narrow: widen once a lot, then give up and take everything.
+            *delta *= 16.0;
+            out.clear();
+            gather_ge(row, 1.0, max - *delta, out);
+            if out.len() < k {
+                out.clear();
+                gather_ge(row, 1.0, f32::MIN, out);
+            }
+        } else if out.len() > 64 * k + 4096 {
+            *delta *= 0.5;
         }
-        *delta *= 4.0;
-    }
-    if out.len() > 64 * k + 4096 {
-        *delta *= 0.5;
     }
     top_k_sparse(out, k, keep_ties);
     if scale != 1.0 {

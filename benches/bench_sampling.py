@@ -115,13 +115,6 @@ def test_batch_rate(benchmark: Any) -> None:
     assert benchmark(chain.sample_batch, logits).shape == (32,)
 
 
-def test_llama_cpp_python_chain(benchmark: Any) -> None:
-    """Optional: llama-cpp-python's sampler chain on the same row, if installed."""
-    llama_cpp = pytest.importorskip("llama_cpp")
-    benchmark.extra_info["llama_cpp_version"] = getattr(llama_cpp, "__version__", "?")
-    pytest.skip("llama-cpp-python's low-level sampler needs a model context; not wired here")
-
-
 # --- the table --------------------------------------------------------------------
 
 

@@ -912,7 +912,9 @@ fn dense_logprobs(
         };
     }
     let ln_s = dense::exp_sum(row, max, scale).ln();
-    let ms = (max * scale) as f64;
+    // In f64 on both sides: rounding `max * scale` to f32 alone would shift
+    // every log-probability when the scale is large.
+    let ms = max as f64 * scale as f64;
     let lp = |l: f32| l as f64 * scale as f64 - ms - ln_s;
     let mut top = Vec::new();
     if top_n > 0 {

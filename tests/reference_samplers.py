@@ -157,6 +157,16 @@ def top_k(c: Cands, k: int, keep_ties: bool = False) -> Cands:
     return {t: c[t] for t in keep}
 
 
+def top_k_margin(c: Cands, k: int, edited: set[int]) -> float:
+    """How close an edited logit comes to the k-th (ties of untouched logits are exact)."""
+    if k <= 0 or k >= len(c):
+        return math.inf
+    kth = ranked(c)[k - 1]
+    vk = c[kth]
+    gaps = [abs(v - vk) for t, v in c.items() if t != kth and (t in edited or kth in edited)]
+    return min(gaps, default=math.inf)
+
+
 def top_p(c: Cands, p: float, min_keep: int = 1) -> tuple[Cands, float]:
     """Survivors and the smallest distance |cum - p| over the decisions made."""
     if p >= 1:
@@ -358,6 +368,14 @@ PRESETS: dict[str, tuple[list[str], bool, bool]] = {
 }
 
 
+def _edited(before: float, after: float, o: object) -> bool:
+    """Whether a logit changed by more than a temperature's scaling."""
+    t = o.temperature  # type: ignore[attr-defined]
+    if o.dynamic_temp is not None:  # type: ignore[attr-defined]
+        return True
+    return not (after == before or (t > 0 and after == before / t))
+
+
 @dataclass
 class ChainRun:
     """What the reference chain did: survivors, token and the tightest margin."""
@@ -376,6 +394,7 @@ def run_chain(
     seed = int(o.seed)  # type: ignore[attr-defined]
     c = from_row(row)
     margin = math.inf
+    raw = dict(c)
     for name in names:
         if name == "logit_bias":
             c = logit_bias(c, dict(o.logit_bias))  # type: ignore[attr-defined]
@@ -405,6 +424,8 @@ def run_chain(
             else:
                 c = temperature(c, o.temperature)  # type: ignore[attr-defined]
         elif name == "top_k" and o.top_k:  # type: ignore[attr-defined]
+            edited = {t for t in c if raw.get(t) is None or _edited(raw[t], c[t], o)}
+            margin = min(margin, top_k_margin(c, o.top_k, edited))  # type: ignore[attr-defined]
             c = top_k(c, o.top_k, keep_ties)  # type: ignore[attr-defined]
         elif name == "typical":
             c, m = typical(c, o.typical_p, o.min_keep, inclusive)  # type: ignore[attr-defined]

@@ -1,7 +1,7 @@
 //! The sampler chain: the knobs, the stage orders (presets and custom lists),
 //! and one sampling call from a logits row to a token.
 
-use super::candidates::{top_k_sparse, Cand, Work};
+use super::candidates::{top_k_sparse, Cand, RowRef, Work};
 use super::dense;
 use super::dist::{self, Stream};
 use super::dry::Dry;
@@ -365,6 +365,18 @@ pub enum Selector {
     MirostatV2,
 }
 
+/// How a sampling call first reads the row.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum FirstPass {
+    /// Find the maximum (and NaN).
+    Scan,
+    /// The first stage edits logits: copy the row while scanning it.
+    Copy,
+    /// The first truncation is top-k at stage index `at`, preceded only by a
+    /// plain temperature: gather its candidates during the scan.
+    FusedTopK { at: usize },
+}
+
 /// Boundary rules that differ between engines.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
 pub struct Flavor {
@@ -505,6 +517,7 @@ pub struct SamplerChain {
     pub sequence: u64,
     mu: f32,
     pending: Option<Surprises>,
+    first_pass: FirstPass,
 }
 
 impl SamplerChain {
@@ -595,6 +608,16 @@ impl SamplerChain {
                 }
             }
         };
+        let plain_temperature = knobs.dynamic_temp.is_none() && knobs.temperature > 0.0;
+        let first_pass = match stages.first() {
+            Some(Stage::LogitBias | Stage::Penalties | Stage::Dry) => FirstPass::Copy,
+            _ => match stages.iter().position(|&s| s != Stage::Temperature) {
+                Some(at) if stages[at] == Stage::TopK && (at == 0 || plain_temperature) => {
+                    FirstPass::FusedTopK { at }
+                }
+                _ => FirstPass::Scan,
+            },
+        };
         let mut bias = knobs.logit_bias.clone();
         bias.sort_unstable_by_key(|&(t, _)| t);
         let max_bias_token = bias.last().map(|&(t, _)| t);
@@ -612,6 +635,7 @@ impl SamplerChain {
             step: 0,
             sequence,
             pending: None,
+            first_pass,
         })
     }
 
@@ -683,31 +707,65 @@ impl SamplerChain {
         if row.is_empty() {
             return Err(CoreError::EmptyLogits);
         }
-        let (best, max, nan) = dense::argmax_nan(row);
+        let mut cands = std::mem::take(&mut scratch.cands);
+        cands.clear();
+        let mut copy = None;
+        let mut fused_at = None;
+        let (best, max, nan) = match self.first_pass {
+            FirstPass::Scan => dense::argmax_nan(row),
+            FirstPass::Copy => {
+                let mut v = std::mem::take(&mut scratch.row);
+                let r = dense::copy_argmax_nan(row, &mut v);
+                copy = Some(v);
+                r
+            }
+            FirstPass::FusedTopK { at } => {
+                if !(scratch.delta_top_k.is_finite() && scratch.delta_top_k > 0.0) {
+                    scratch.delta_top_k = 8.0;
+                }
+                let r = dense::gather_running(row, scratch.delta_top_k, &mut cands);
+                let thr = r.1 - scratch.delta_top_k;
+                cands.retain(|c| c.logit >= thr);
+                if cands.len() >= self.knobs.top_k && r.1.is_finite() {
+                    fused_at = Some(at);
+                    if cands.len() > 64 * self.knobs.top_k + 4096 {
+                        scratch.delta_top_k *= 0.5;
+                    }
+                }
+                r
+            }
+        };
+        let restore = |scratch: &mut Scratch, cands: Vec<Cand>, copy: Option<Vec<f32>>| {
+            scratch.cands = cands;
+            if let Some(v) = copy {
+                scratch.row = v;
+            }
+        };
         if nan {
+            restore(scratch, cands, copy);
             let index = row.iter().position(|v| v.is_nan()).unwrap_or(0);
             return Err(CoreError::NanLogit { index });
         }
         if max == f32::NEG_INFINITY {
+            restore(scratch, cands, copy);
             return Err(CoreError::AllBanned);
         }
         let vocab = row.len();
-        if let Some(&t) = history.iter().find(|&&t| t as usize >= vocab) {
+        let bad_token = history
+            .iter()
+            .copied()
+            .find(|&t| t as usize >= vocab)
+            .or(self.max_bias_token.filter(|&t| t as usize >= vocab));
+        if let Some(t) = bad_token {
+            restore(scratch, cands, copy);
             return Err(CoreError::TokenOutOfRange {
                 token: t as i64,
                 vocab,
             });
         }
-        if let Some(t) = self.max_bias_token {
-            if t as usize >= vocab {
-                return Err(CoreError::TokenOutOfRange {
-                    token: t as i64,
-                    vocab,
-                });
-            }
-        }
         if let Some(u) = uniform {
             if !(0.0..1.0).contains(&u) {
+                restore(scratch, cands, copy);
                 return Err(CoreError::option(
                     "uniform",
                     format!("must be in [0, 1), got {u}"),
@@ -715,6 +773,7 @@ impl SamplerChain {
             }
         }
         if self.selector == Selector::Argmax && logprobs.is_none() {
+            restore(scratch, cands, copy);
             return Ok(Sampled {
                 token: best as u32,
                 surprises: None,
@@ -724,13 +783,16 @@ impl SamplerChain {
         if scratch.counts.len() < vocab {
             scratch.counts.resize(vocab, 0);
         }
-        let mut cands = std::mem::take(&mut scratch.cands);
-        cands.clear();
-        let mut work = Work::from_row(row, max, cands);
+        let row_ref = match copy {
+            Some(v) => RowRef::Owned(v),
+            None => RowRef::Borrowed(row),
+        };
+        let mut work = Work::from_row(row_ref, best, max, cands);
         work.spare_row = Some(std::mem::take(&mut scratch.row));
         work.spare_cands = std::mem::take(&mut scratch.cands2);
         if max == f32::INFINITY {
             // +inf logits hold all the mass, shared equally.
+            fused_at = None;
             work.cands.clear();
             for (i, &v) in row.iter().enumerate() {
                 if v == f32::INFINITY {
@@ -741,9 +803,14 @@ impl SamplerChain {
                 }
             }
             work.release_dense();
+        } else if fused_at.is_some() {
+            let k = &self.knobs;
+            top_k_sparse(&mut work.cands, k.top_k, self.flavor.top_k_keep_ties);
+            work.order = super::candidates::Order::Desc;
+            work.release_dense();
         }
         let result = self.run(
-            &mut work, history, sequence, uniform, logprobs, row, scratch,
+            &mut work, history, sequence, uniform, logprobs, row, fused_at, scratch,
         );
         let (cands, spare, spare_cands) = work.into_buffers();
         scratch.cands = cands;
@@ -763,11 +830,18 @@ impl SamplerChain {
         uniform: Option<f64>,
         logprobs: Option<(usize, LogprobMode)>,
         row: &[f32],
+        skip: Option<usize>,
         scratch: &mut Scratch,
     ) -> CoreResult<Sampled> {
         let k = &self.knobs;
         let step = self.step;
-        for &stage in &self.stages {
+        for (i, &stage) in self.stages.iter().enumerate() {
+            if skip == Some(i) {
+                continue;
+            }
+            if !matches!(stage, Stage::LogitBias | Stage::Penalties | Stage::Dry) {
+                work.refresh()?;
+            }
             match stage {
                 Stage::LogitBias => logit_bias::apply(work, &self.bias)?,
                 Stage::Penalties => self.penalties.apply(work, history, &mut scratch.counts)?,
@@ -819,6 +893,7 @@ impl SamplerChain {
                 }
             }
         }
+        work.refresh()?;
         let u = uniform.unwrap_or_else(|| dist::uniform(k.seed, sequence, step, Stream::Draw));
         let (chosen, surprises) = match self.selector {
             Selector::Argmax | Selector::Dist => {
@@ -853,7 +928,8 @@ impl SamplerChain {
             Some((n, LogprobMode::Final)) => Some(final_logprobs(work, chosen.id, n, scratch)),
             Some((n, LogprobMode::Raw)) => Some(dense_logprobs(row, 1.0, chosen.id, n, scratch)),
             Some((n, LogprobMode::Penalized)) => {
-                let mut w = Work::from_row(row, crate::argmax::max_and_nan(row).0, Vec::new());
+                let (am, mx, _) = dense::argmax_nan(row);
+                let mut w = Work::from_row(RowRef::Borrowed(row), am, mx, Vec::new());
                 if w.max_logit() == f32::INFINITY {
                     Some(dense_logprobs(row, 1.0, chosen.id, n, scratch))
                 } else {
@@ -867,6 +943,7 @@ impl SamplerChain {
                             _ => {}
                         }
                     }
+                    w.refresh()?;
                     let d = w.dense.as_ref().map(|d| d.row.as_slice()).unwrap_or(row);
                     Some(dense_logprobs(d, 1.0, chosen.id, n, scratch))
                 }

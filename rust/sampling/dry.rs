@@ -104,10 +104,10 @@ impl Dry {
         if lens.is_empty() {
             return Ok(());
         }
-        if let Some((row, scale)) = work.row_mut() {
+        if let Some(mut row) = work.patcher() {
             for &(t, len) in &lens {
-                let v = &mut row[t as usize];
-                *v = (*v * scale - self.penalty(len)) / scale;
+                let t = t as usize;
+                row.set(t, row.get(t) - self.penalty(len));
             }
         } else {
             for c in &mut work.cands {

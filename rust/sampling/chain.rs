@@ -372,9 +372,6 @@ enum FirstPass {
     Scan,
     /// The first stage edits logits: copy the row while scanning it.
     Copy,
-    /// The first truncation is top-k at stage index `at`, preceded only by a
-    /// plain temperature: gather its candidates during the scan.
-    FusedTopK { at: usize },
 }
 
 /// Boundary rules that differ between engines.
@@ -608,15 +605,9 @@ impl SamplerChain {
                 }
             }
         };
-        let plain_temperature = knobs.dynamic_temp.is_none() && knobs.temperature > 0.0;
         let first_pass = match stages.first() {
             Some(Stage::LogitBias | Stage::Penalties | Stage::Dry) => FirstPass::Copy,
-            _ => match stages.iter().position(|&s| s != Stage::Temperature) {
-                Some(at) if stages[at] == Stage::TopK && (at == 0 || plain_temperature) => {
-                    FirstPass::FusedTopK { at }
-                }
-                _ => FirstPass::Scan,
-            },
+            _ => FirstPass::Scan,
         };
         let mut bias = knobs.logit_bias.clone();
         bias.sort_unstable_by_key(|&(t, _)| t);
@@ -710,28 +701,12 @@ impl SamplerChain {
         let mut cands = std::mem::take(&mut scratch.cands);
         cands.clear();
         let mut copy = None;
-        let mut fused_at = None;
         let (best, max, nan) = match self.first_pass {
             FirstPass::Scan => dense::argmax_nan(row),
             FirstPass::Copy => {
                 let mut v = std::mem::take(&mut scratch.row);
                 let r = dense::copy_argmax_nan(row, &mut v);
                 copy = Some(v);
-                r
-            }
-            FirstPass::FusedTopK { at } => {
-                if !(scratch.delta_top_k.is_finite() && scratch.delta_top_k > 0.0) {
-                    scratch.delta_top_k = 8.0;
-                }
-                let r = dense::gather_running(row, scratch.delta_top_k, &mut cands);
-                let thr = r.1 - scratch.delta_top_k;
-                cands.retain(|c| c.logit >= thr);
-                if cands.len() >= self.knobs.top_k && r.1.is_finite() {
-                    fused_at = Some(at);
-                    if cands.len() > 64 * self.knobs.top_k + 4096 {
-                        scratch.delta_top_k *= 0.5;
-                    }
-                }
                 r
             }
         };
@@ -751,11 +726,13 @@ impl SamplerChain {
             return Err(CoreError::AllBanned);
         }
         let vocab = row.len();
-        let bad_token = history
-            .iter()
-            .copied()
-            .find(|&t| t as usize >= vocab)
-            .or(self.max_bias_token.filter(|&t| t as usize >= vocab));
+        let hist_max = history.iter().fold(0u32, |m, &t| m.max(t));
+        let bad_token = if hist_max as usize >= vocab {
+            history.iter().copied().find(|&t| t as usize >= vocab)
+        } else {
+            None
+        }
+        .or(self.max_bias_token.filter(|&t| t as usize >= vocab));
         if let Some(t) = bad_token {
             restore(scratch, cands, copy);
             return Err(CoreError::TokenOutOfRange {
@@ -792,7 +769,6 @@ impl SamplerChain {
         work.spare_cands = std::mem::take(&mut scratch.cands2);
         if max == f32::INFINITY {
             // +inf logits hold all the mass, shared equally.
-            fused_at = None;
             work.cands.clear();
             for (i, &v) in row.iter().enumerate() {
                 if v == f32::INFINITY {
@@ -803,14 +779,9 @@ impl SamplerChain {
                 }
             }
             work.release_dense();
-        } else if fused_at.is_some() {
-            let k = &self.knobs;
-            top_k_sparse(&mut work.cands, k.top_k, self.flavor.top_k_keep_ties);
-            work.order = super::candidates::Order::Desc;
-            work.release_dense();
         }
         let result = self.run(
-            &mut work, history, sequence, uniform, logprobs, row, fused_at, scratch,
+            &mut work, history, sequence, uniform, logprobs, row, scratch,
         );
         let (cands, spare, spare_cands) = work.into_buffers();
         scratch.cands = cands;
@@ -830,15 +801,11 @@ impl SamplerChain {
         uniform: Option<f64>,
         logprobs: Option<(usize, LogprobMode)>,
         row: &[f32],
-        skip: Option<usize>,
         scratch: &mut Scratch,
     ) -> CoreResult<Sampled> {
         let k = &self.knobs;
         let step = self.step;
-        for (i, &stage) in self.stages.iter().enumerate() {
-            if skip == Some(i) {
-                continue;
-            }
+        for &stage in &self.stages {
             if !matches!(stage, Stage::LogitBias | Stage::Penalties | Stage::Dry) {
                 work.refresh()?;
             }

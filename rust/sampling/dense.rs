@@ -176,70 +176,6 @@ fn copy_argmax_nan_generic<const FMA: bool>(src: &[f32], dst: &mut Vec<f32>) -> 
 }
 
 dispatch! {
-    /// One pass that finds the first maximum and NaN like [`argmax_nan`] and
-    /// also appends every entry within `delta` of the running maximum to
-    /// `out` (raw logits, id order): a superset of those within `delta` of the
-    /// final maximum.
-    pub fn gather_running / gather_running_avx2 / gather_running_generic(row: &[f32], delta: f32, out: &mut Vec<Cand>) -> (usize, f32, bool)
-}
-
-#[inline(always)]
-fn gather_running_generic<const FMA: bool>(
-    row: &[f32],
-    delta: f32,
-    out: &mut Vec<Cand>,
-) -> (usize, f32, bool) {
-    const STEP: usize = 4 * LANES;
-    let (mut max, mut argmax, mut any_nan) = (f32::NEG_INFINITY, 0usize, false);
-    let mut thr = f32::NEG_INFINITY;
-    let mut scalar = |i: usize, v: f32, max: &mut f32, argmax: &mut usize, thr: &mut f32| {
-        if v > *max {
-            *max = v;
-            *argmax = i;
-            *thr = v - delta;
-        }
-        if v >= *thr && v > f32::NEG_INFINITY {
-            out.push(Cand {
-                id: i as u32,
-                logit: v,
-            });
-        }
-    };
-    let chunks = row.chunks_exact(STEP);
-    let tail_start = row.len() - chunks.remainder().len();
-    for (ci, c) in chunks.enumerate() {
-        let c: &[f32; STEP] = c.try_into().unwrap_or(&[0.0; STEP]);
-        let mut lane_max = [f32::NEG_INFINITY; LANES];
-        let mut lane_nan = [0u32; LANES];
-        for j in 0..4 {
-            for l in 0..LANES {
-                let v = c[j * LANES + l];
-                lane_max[l] = if v > lane_max[l] { v } else { lane_max[l] };
-                lane_nan[l] |= v.is_nan() as u32;
-            }
-        }
-        let mut m = f32::NEG_INFINITY;
-        let mut n = 0u32;
-        for l in 0..LANES {
-            m = if lane_max[l] > m { lane_max[l] } else { m };
-            n |= lane_nan[l];
-        }
-        any_nan |= n != 0;
-        if m >= thr && m > f32::NEG_INFINITY {
-            let base = ci * STEP;
-            for (i, &v) in c.iter().enumerate() {
-                scalar(base + i, v, &mut max, &mut argmax, &mut thr);
-            }
-        }
-    }
-    for (i, &v) in row[tail_start..].iter().enumerate() {
-        any_nan |= v.is_nan();
-        scalar(tail_start + i, v, &mut max, &mut argmax, &mut thr);
-    }
-    (argmax, max, any_nan)
-}
-
-dispatch! {
     /// `sum(exp((x - max) * scale))` over the row (`-inf` entries add 0).
     pub fn exp_sum / exp_sum_avx2 / exp_sum_generic(row: &[f32], max: f32, scale: f32) -> f64
 }
@@ -542,7 +478,7 @@ mod tests {
     }
 
     #[test]
-    fn gather_running_holds_everything_near_the_final_max() {
+    fn copy_argmax_nan_copies_and_scans() {
         let mut state = 7u64;
         for len in [1usize, 63, 64, 65, 500, 5000] {
             let row: Vec<f32> = (0..len)
@@ -553,13 +489,6 @@ mod tests {
                     ((state >> 40) % 1000) as f32 / 50.0
                 })
                 .collect();
-            let mut out = Vec::new();
-            let (am, max, nan) = gather_running(&row, 1.5, &mut out);
-            assert_eq!((am, max, nan), argmax_nan(&row));
-            let mut want = Vec::new();
-            gather_ge(&row, 1.0, max - 1.5, &mut want);
-            out.retain(|c| c.logit >= max - 1.5);
-            assert_eq!(out, want, "len {len}");
             let mut dst = Vec::new();
             assert_eq!(copy_argmax_nan(&row, &mut dst), argmax_nan(&row));
             assert_eq!(dst, row);

@@ -105,7 +105,7 @@ macro_rules! dispatch {
 dispatch! {
     /// One pass: `(index of the first maximum, maximum, whether any entry is
     /// NaN)`. NaN never becomes the maximum; an all `-inf` row gives index 0.
-    pub fn argmax_nan / argmax_nan_avx2 / argmax_nan_generic(row: &[f32]) -> (usize, f32, bool)
+    pub fn argmax_nan / argmax_nan_avx2 / argmax_nan_generic(row: &[f32]) -> (usize, f32, bool) ; wide = true
 }
 
 #[inline(always)]
@@ -151,7 +151,7 @@ fn argmax_nan_generic<const FMA: bool>(row: &[f32]) -> (usize, f32, bool) {
 
 dispatch! {
     /// [`argmax_nan`] of `src` while copying it into `dst` (resized), in one pass.
-    pub fn copy_argmax_nan / copy_argmax_nan_avx2 / copy_argmax_nan_generic(src: &[f32], dst: &mut Vec<f32>) -> (usize, f32, bool)
+    pub fn copy_argmax_nan / copy_argmax_nan_avx2 / copy_argmax_nan_generic(src: &[f32], dst: &mut Vec<f32>) -> (usize, f32, bool) ; wide = true
 }
 
 #[inline(always)]
@@ -352,7 +352,7 @@ dispatch! {
     /// Append every entry with `x * scale >= thr` (finite, id order) as a
     /// candidate with logit `x * scale`. `thr` below `f32::MIN` gathers every
     /// finite entry.
-    pub fn gather_ge / gather_ge_avx2 / gather_ge_generic(row: &[f32], scale: f32, thr: f32, out: &mut Vec<Cand>) -> ()
+    pub fn gather_ge / gather_ge_avx2 / gather_ge_generic(row: &[f32], scale: f32, thr: f32, out: &mut Vec<Cand>) -> () ; wide = true
 }
 
 #[inline(always)]

@@ -99,9 +99,8 @@ pub fn apply(work: &mut Work<'_>, p: f32, min_keep: usize, delta: &mut f32, exps
     if let Some(d) = &work.dense {
         let row = d.row.as_slice();
         let ms = d.max * d.scale;
-        let total = dense::exp_store(row, d.max, d.scale, exps);
-        let exps: &[f32] = exps;
-        let w = |c: &Cand| exps[c.id as usize] as f64;
+        let total = dense::exp_sum(row, d.max, d.scale);
+        let w = |c: &Cand| dense::exp_neg(c.logit - ms) as f64;
         let target = p as f64 * total;
         if !(delta.is_finite() && *delta > 0.0) {
             *delta = 6.0;
@@ -124,6 +123,16 @@ pub fn apply(work: &mut Work<'_>, p: f32, min_keep: usize, delta: &mut f32, exps
         let mut tmp = std::mem::take(&mut work.spare_cands);
         tmp.clear();
         tmp.extend_from_slice(&work.cands);
+        // The selection reads each weight several times: for a large nucleus
+        // compute them once, indexed by token id.
+        if exps.len() < row.len() {
+            exps.resize(row.len(), 0.0);
+        }
+        for c in &work.cands {
+            exps[c.id as usize] = dense::exp_neg(c.logit - ms);
+        }
+        let stored: &[f32] = exps;
+        let w = |c: &Cand| stored[c.id as usize] as f64;
         if let Some((tau, ties)) = boundary(&mut tmp, w, target, min_keep) {
             let mut left = ties;
             work.cands.retain(|c| {

@@ -42,6 +42,8 @@ from rlx_lm.runner import (
     with_defaults,
 )
 from rlx_lm.session import ModelFingerprint, SessionSnapshot
+from rlx_lm.weight_report import WeightReport, inspect
+from rlx_lm.weights import WeightFormat
 
 __all__ = [
     "CapacityError",
@@ -67,12 +69,15 @@ __all__ = [
     "TokenOutOfRangeError",
     "UnknownArchitectureError",
     "UnsupportedError",
+    "WeightFormat",
     "WeightFormatError",
+    "WeightReport",
     "__version__",
     "argmax",
     "as_logits",
     "build_profile",
     "greedy_generate",
+    "inspect",
     "supports_generate",
     "supports_host_driven",
     "supports_kv_stats",

@@ -7,6 +7,8 @@ a reference Llama-family runner.
 from __future__ import annotations
 
 from rlx_lm._core import __version__, argmax, build_profile
+from rlx_lm.builder import LmRunnerBuilder
+from rlx_lm.config import ConfigSource, Device
 from rlx_lm.errors import (
     CapacityError,
     DtypeError,
@@ -22,6 +24,14 @@ from rlx_lm.errors import (
     WeightFormatError,
 )
 from rlx_lm.host_driven import HostDriven
+from rlx_lm.registry import (
+    ModelRegistration,
+    auto_runner_name,
+    find_registration,
+    match_architectures,
+    register_model,
+    registered_models,
+)
 from rlx_lm.runner import (
     FullLmRunner,
     LmCore,
@@ -47,6 +57,8 @@ from rlx_lm.weights import WeightFormat
 
 __all__ = [
     "CapacityError",
+    "ConfigSource",
+    "Device",
     "DtypeError",
     "FullLmRunner",
     "HostDriven",
@@ -54,8 +66,10 @@ __all__ = [
     "InvalidOptionError",
     "LmCore",
     "LmRunner",
+    "LmRunnerBuilder",
     "Logits",
     "ModelFingerprint",
+    "ModelRegistration",
     "RlxError",
     "RunnerAdapter",
     "SequenceStateError",
@@ -75,9 +89,14 @@ __all__ = [
     "__version__",
     "argmax",
     "as_logits",
+    "auto_runner_name",
     "build_profile",
+    "find_registration",
     "greedy_generate",
     "inspect",
+    "match_architectures",
+    "register_model",
+    "registered_models",
     "supports_generate",
     "supports_host_driven",
     "supports_kv_stats",

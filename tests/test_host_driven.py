@@ -244,12 +244,23 @@ def test_a_failed_prefill_ends_the_previous_sequence() -> None:
 
 
 def test_an_out_of_range_token_is_refused_without_changing_state() -> None:
-    wrapped = HostDriven(NoPair(8))
+    inner = NoPair(8)
+    wrapped = HostDriven(inner)
     wrapped.prefill_logits([1])
     for bad in (8, -1):
         with pytest.raises(TokenOutOfRangeError, match=f"token {bad} "):
             wrapped.decode_logits(bad)
     assert wrapped.context == (1,)
+    with pytest.raises(TokenOutOfRangeError, match="token 9 "):
+        wrapped.prefill_logits([1, 9])
+    assert inner.calls == [(1,)], "the bad prompt never reached the runner"
+    with pytest.raises(TypeError):
+        wrapped.decode_logits(1.5)  # type: ignore[arg-type]
+
+
+def test_wrapping_something_that_is_not_a_runner_fails_at_once() -> None:
+    with pytest.raises(TypeError, match="not a runner"):
+        HostDriven(object())  # type: ignore[type-var]
 
 
 # -- the warning -------------------------------------------------------------------

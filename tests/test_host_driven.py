@@ -13,6 +13,7 @@ from toy_runners import HasPair, NoPair, hashed_logits, sum_rule_logits
 import rlx_lm
 from rlx_lm import (
     HostDriven,
+    InvalidLogitsError,
     SequenceStateError,
     SessionSnapshot,
     TokenOutOfRangeError,
@@ -174,6 +175,24 @@ def test_a_real_decode_failure_propagates_and_keeps_the_context() -> None:
         wrapped.decode_logits(3)
     assert wrapped.context == (1, 2)
     assert not wrapped.fell_back()
+
+
+def test_invalid_logits_keep_the_context_in_step_with_the_runner() -> None:
+    # The inner pair took the token even though its logits were NaN, so the
+    # context follows it; the stateless fallback keeps the context unchanged.
+    poison = [float("nan")] * 16
+    inner = HasPair(16, rule=lambda ctx: poison if ctx[-1] == 9 else sum_rule_logits(ctx, 16))
+    wrapped = HostDriven(inner)
+    wrapped.prefill_logits([1])
+    with pytest.raises(InvalidLogitsError, match="NaN"):
+        wrapped.decode_logits(9)
+    assert wrapped.context == tuple(inner.context) == (1, 9)
+
+    fallback = HostDriven(NoPair(16, rule=inner.rule))
+    fallback.prefill_logits([1])
+    with pytest.raises(InvalidLogitsError, match="NaN"):
+        fallback.decode_logits(9)
+    assert fallback.context == (1,)
 
 
 # -- weak point 2: one sequence never mixes the two paths ---------------------------

@@ -93,9 +93,9 @@ class HostDriven(Generic[_R]):
             except NotImplementedError:
                 pass
             else:
-                logits = as_logits(raw, self.vocab_size)
+                # The inner cache now holds this prompt, whether or not its logits are valid.
                 self._start(prompt, "inner")
-                return logits
+                return as_logits(raw, self.vocab_size)
         logits = self._adapter.predict_logits(prompt)
         self._start(prompt, "fallback")
         self._note_fallback()
@@ -119,9 +119,9 @@ class HostDriven(Generic[_R]):
                     f"{self.family}: prefill_logits worked but decode_logits is unsupported; "
                     f"HostDriven does not switch paths in the middle of a sequence"
                 ) from exc
-            logits = as_logits(raw, self.vocab_size)
-        else:
-            logits = self._adapter.predict_logits([*self._context, tok])
+            self._context.append(tok)  # the inner cache has taken the token
+            return as_logits(raw, self.vocab_size)
+        logits = self._adapter.predict_logits([*self._context, tok])
         self._context.append(tok)
         return logits
 

@@ -3,9 +3,10 @@
 #   make check   lint + tests (what CI runs against the installed wheel)
 VENV ?= .venv
 PY := $(VENV)/bin/python
+PYPATHS := python tests benches $(wildcard examples)
 export HYPOTHESIS_PROFILE ?= ci
 
-.PHONY: dev lint test test-py test-rust check bench fmt
+.PHONY: dev lint test test-py test-rust test-bench check bench fmt
 
 dev:
 	test -x $(PY) || python3 -m venv $(VENV)
@@ -13,16 +14,17 @@ dev:
 	$(PY) -m pip install -q -e '.[dev]'
 	rm -f python/rlx_lm/*.so
 	$(VENV)/bin/maturin develop -q
+	$(PY) -m pip install -q ./examples/third_party_runner
 
 fmt:
-	$(VENV)/bin/ruff format python tests benches examples
-	$(VENV)/bin/ruff check --fix python tests benches examples
+	$(VENV)/bin/ruff format $(PYPATHS)
+	$(VENV)/bin/ruff check --fix $(PYPATHS)
 	cargo fmt
 
 lint:
-	$(VENV)/bin/ruff check python tests benches examples
-	$(VENV)/bin/ruff format --check python tests benches examples
-	$(PY) -m mypy --strict python/rlx_lm
+	$(VENV)/bin/ruff check $(PYPATHS)
+	$(VENV)/bin/ruff format --check $(PYPATHS)
+	$(PY) -m mypy --strict python/rlx_lm tests/typing/third_party_runner.py
 	cargo fmt --check
 	cargo clippy --all-targets -- -D warnings
 	cargo clippy --all-targets --features python -- -D warnings
@@ -33,9 +35,13 @@ test-rust:
 test-py:
 	$(PY) -m pytest -q -p no:cacheprovider tests
 
-test: test-rust test-py
+# Each bench once, untimed, so benches cannot rot.
+test-bench:
+	$(PY) -m pytest -q -p no:cacheprovider benches --benchmark-disable
+
+test: test-rust test-py test-bench
 
 check: lint test
 
 bench:
-	$(PY) -m pytest -q benches --benchmark-only
+	$(PY) -m pytest -q -p no:cacheprovider benches --benchmark-only

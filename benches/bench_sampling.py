@@ -1,8 +1,8 @@
 """Sampler-chain speed as ratios to np.argmax over the same row, timed in the same run.
 
 Run the table:   python benches/bench_sampling.py          (needs a release build)
-As benchmarks:   pytest benches/bench_sampling.py --benchmark-only
-As smoke tests:  pytest benches/bench_sampling.py --benchmark-disable   (each call once)
+As benchmarks:   make bench   (ratios printed per group by benches/conftest.py)
+As smoke tests:  make check runs each bench once, untimed
 
 Rows are LM-shaped: token ranks in random order, logit = 12 - s*ln(1+rank) plus
 Gumbel noise (scale 0.5). s = 2.2 is a peaked row (top-p 0.95 keeps a handful of
@@ -90,28 +90,52 @@ def call_for(name: str, vocab: int, shape: float = 2.2) -> tuple[Callable[[], ob
 
 
 # --- pytest-benchmark entry points (smoke tests when benchmarks are disabled) -------
+# Each (scenario, vocab) group has np.argmax over the same row as its baseline;
+# benches/conftest.py prints every chain as a ratio of it.
+
+CASES = [(name, 2.2) for name in SCENARIOS] + [("top_p", 1.1)]
+
+
+def _group(name: str, shape: float, vocab: int) -> str:
+    return f"sampler {name}{' (flat row)' if shape != 2.2 else ''} V={vocab}"
 
 
 @pytest.mark.parametrize("vocab", VOCABS)
-@pytest.mark.parametrize("name", list(SCENARIOS))
-def test_chain_vs_argmax(benchmark: Any, name: str, vocab: int) -> None:
-    fn, row = call_for(name, vocab)
-    assert 0 <= int(fn()) < vocab  # type: ignore[call-overload]
-    benchmark(fn)
-    if not benchmark.disabled:
-        s, b, r = ratio(fn, lambda: np.argmax(row))
-        benchmark.extra_info.update(argmax_us=b * 1e6, chain_us=s * 1e6, ratio=r)
+@pytest.mark.parametrize(("name", "shape"), CASES)
+def test_np_argmax_baseline(benchmark: Any, name: str, shape: float, vocab: int) -> None:
+    row = lm_row(vocab, shape)
+    benchmark.group = _group(name, shape, vocab)
+    benchmark.extra_info["baseline"] = True
+    benchmark(np.argmax, row)
+
+
+@pytest.mark.parametrize("vocab", VOCABS)
+@pytest.mark.parametrize(("name", "shape"), CASES)
+def test_chain(benchmark: Any, name: str, shape: float, vocab: int) -> None:
+    fn, _ = call_for(name, vocab, shape)
+    benchmark.group = _group(name, shape, vocab)
+    assert 0 <= int(benchmark(fn)) < vocab  # type: ignore[call-overload]
 
 
 def test_call_overhead_small_vocab(benchmark: Any) -> None:
     row = lm_row(16)
     chain = chain_for("classic")
+    benchmark.group = "sampler call overhead V=16"
     benchmark(chain.sample, row, None)
 
 
-def test_batch_rate(benchmark: Any) -> None:
+def test_rows_one_by_one_baseline(benchmark: Any) -> None:
     logits = np.stack([lm_row(151936, seed=s) for s in range(32)])
     chain = chain_for("classic")
+    benchmark.group = "sampler 32 x 151936 rows"
+    benchmark.extra_info["baseline"] = True
+    benchmark(lambda: [chain.sample(r) for r in logits])
+
+
+def test_sample_batch(benchmark: Any) -> None:
+    logits = np.stack([lm_row(151936, seed=s) for s in range(32)])
+    chain = chain_for("classic")
+    benchmark.group = "sampler 32 x 151936 rows"
     assert benchmark(chain.sample_batch, logits).shape == (32,)
 
 

@@ -117,6 +117,12 @@ def test_a_missing_seed_is_drawn_and_reported() -> None:
     assert a.seed != b.seed
 
 
+def test_sequence_id_is_checked() -> None:
+    with pytest.raises(InvalidOptionError, match="sequence_id"):
+        SampleOpts().into_chain(sequence_id=-1)
+    assert SampleOpts().into_chain(sequence_id=2**64 - 1).sequence_id == 2**64 - 1
+
+
 def test_unknown_order_and_stage_names_are_refused() -> None:
     opts = SampleOpts(temperature=1.0, top_k=5)
     with pytest.raises(InvalidOptionError, match="order: unknown preset"):

@@ -243,6 +243,10 @@ class SampleOpts:
         """
         from rlx_lm._core import SamplerChain
 
+        if isinstance(sequence_id, bool) or not isinstance(sequence_id, int):
+            raise _fail("sequence_id", f"must be an integer, got {type(sequence_id).__name__}")
+        if not 0 <= sequence_id < 2**64:
+            raise _fail("sequence_id", f"must be in 0..2**64, got {sequence_id}")
         opts: Any = self
         if self.seed is None:
             import dataclasses

@@ -422,7 +422,9 @@ impl PySamplerChain {
             }
         };
         let seqs: Vec<u64> = match sequence_ids {
-            None => (0..rows as u64).map(|r| self.chain.sequence + r).collect(),
+            None => (0..rows as u64)
+                .map(|r| self.chain.sequence.wrapping_add(r))
+                .collect(),
             Some(s) if s.len() == rows => s,
             Some(s) => {
                 return Err(ShapeError::new_err(format!(

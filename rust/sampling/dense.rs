@@ -280,37 +280,35 @@ dispatch! {
 
 #[inline(always)]
 fn entropy_sums_generic<const FMA: bool>(row: &[f32], max: f32, scale: f32) -> (f64, f64) {
+    // Accumulated in f64: with a peaked row S is 1 + tiny, and the entropy
+    // ln S - sum(e*z)/S would lose its digits to float32 rounding.
     let ms = max * scale;
-    let (mut s_tot, mut ez_tot) = (0.0f64, 0.0f64);
-    for block in row.chunks(BLOCK) {
-        let mut acc = [0.0f32; LANES];
-        let mut acz = [0.0f32; LANES];
-        let chunks = block.chunks_exact(LANES);
-        let tail = chunks.remainder();
-        for c in chunks {
-            for i in 0..LANES {
-                let z = c[i] * scale - ms;
-                let e = exp_neg_impl::<FMA>(z);
-                acc[i] += e;
-                // e == 0 for banned entries; guard -inf * 0.
-                acz[i] += if e > 0.0 { e * z } else { 0.0 };
-            }
-        }
-        let (mut s, mut sz) = (0.0f32, 0.0f32);
+    let mut acc = [0.0f64; LANES];
+    let mut acz = [0.0f64; LANES];
+    let chunks = row.chunks_exact(LANES);
+    let tail = chunks.remainder();
+    for c in chunks {
+        let c: &[f32; LANES] = c.try_into().unwrap_or(&[0.0; LANES]);
         for i in 0..LANES {
-            s += acc[i];
-            sz += acz[i];
-        }
-        for &v in tail {
-            let z = v * scale - ms;
+            let z = madd::<FMA>(c[i], scale, -ms);
             let e = exp_neg_impl::<FMA>(z);
-            s += e;
-            sz += if e > 0.0 { e * z } else { 0.0 };
+            acc[i] += e as f64;
+            // e == 0 for banned entries; guard -inf * 0.
+            acz[i] += if e > 0.0 { (e * z) as f64 } else { 0.0 };
         }
-        s_tot += s as f64;
-        ez_tot += sz as f64;
     }
-    (s_tot, ez_tot)
+    let (mut s, mut sz) = (0.0f64, 0.0f64);
+    for i in 0..LANES {
+        s += acc[i];
+        sz += acz[i];
+    }
+    for &v in tail {
+        let z = madd::<FMA>(v, scale, -ms);
+        let e = exp_neg_impl::<FMA>(z);
+        s += e as f64;
+        sz += if e > 0.0 { (e * z) as f64 } else { 0.0 };
+    }
+    (s, sz)
 }
 
 dispatch! {

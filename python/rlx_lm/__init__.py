@@ -6,7 +6,7 @@ a reference Llama-family runner.
 
 from __future__ import annotations
 
-from rlx_lm._core import __version__, argmax, build_profile
+from rlx_lm._core import KvCache, KvSnapshot, __version__, argmax, build_profile
 from rlx_lm.errors import (
     CapacityError,
     DtypeError,
@@ -25,6 +25,8 @@ __all__ = [
     "DtypeError",
     "InvalidLogitsError",
     "InvalidOptionError",
+    "KvCache",
+    "KvSnapshot",
     "RlxError",
     "ShapeError",
     "SnapshotMismatchError",

@@ -19,6 +19,8 @@ from rlx_lm.errors import (
     UnsupportedError,
     WeightFormatError,
 )
+from rlx_lm.prompt_cache import PromptCache, PromptCacheStats, cached_prefill_logits
+from rlx_lm.session import ModelFingerprint, SessionSnapshot
 
 __all__ = [
     "CapacityError",
@@ -27,7 +29,11 @@ __all__ = [
     "InvalidOptionError",
     "KvCache",
     "KvSnapshot",
+    "ModelFingerprint",
+    "PromptCache",
+    "PromptCacheStats",
     "RlxError",
+    "SessionSnapshot",
     "ShapeError",
     "SnapshotMismatchError",
     "TokenOutOfRangeError",
@@ -36,4 +42,5 @@ __all__ = [
     "__version__",
     "argmax",
     "build_profile",
+    "cached_prefill_logits",
 ]

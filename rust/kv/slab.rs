@@ -32,10 +32,15 @@ static NEXT_ID: AtomicU64 = AtomicU64::new(1);
 /// Alignment of slab memory: one cache line, enough for any SIMD load.
 const ALIGN: usize = 64;
 
+/// Size (and alignment) of a transparent huge page on x86-64 and arm64 Linux.
+pub const HUGE_PAGE: usize = 2 << 20;
+
 /// Fixed-capacity storage for one layer's keys and values.
 pub struct Slab {
     ptr: NonNull<u8>,
     layout: Layout,
+    /// Bytes from one head's rows to the next (capacity rows, maybe padded).
+    head_stride: usize,
     heads: usize,
     capacity: usize,
     head_dim: usize,
@@ -58,19 +63,53 @@ impl Slab {
     /// written, so the memory is never zeroed (and untouched pages stay
     /// uncommitted on systems that commit lazily).
     pub fn new(heads: usize, capacity: usize, head_dim: usize, dtype: Dtype) -> CoreResult<Self> {
-        let bytes = heads
-            .checked_mul(capacity)
-            .and_then(|x| x.checked_mul(head_dim))
+        Self::allocate(heads, capacity, head_dim, dtype, false)
+    }
+
+    /// Like [`Slab::new`], but backed by transparent huge pages where the OS
+    /// offers them: each head's rows start on a huge-page boundary, so
+    /// filling `n` rows commits `ceil(n * row / 2 MiB)` huge pages per head.
+    /// Worth it only when about that many rows will be written at once.
+    pub fn new_huge(
+        heads: usize,
+        capacity: usize,
+        head_dim: usize,
+        dtype: Dtype,
+    ) -> CoreResult<Self> {
+        Self::allocate(heads, capacity, head_dim, dtype, true)
+    }
+
+    fn allocate(
+        heads: usize,
+        capacity: usize,
+        head_dim: usize,
+        dtype: Dtype,
+        huge: bool,
+    ) -> CoreResult<Self> {
+        let too_large = || {
+            CoreError::option(
+                "max_seq",
+                format!("{heads} heads x {capacity} tokens x {head_dim} dims is too large"),
+            )
+        };
+        let align = if huge { HUGE_PAGE } else { ALIGN };
+        let head_bytes = capacity
+            .checked_mul(head_dim)
             .and_then(|x| x.checked_mul(dtype.itemsize()))
+            .ok_or_else(too_large)?;
+        let head_stride = if huge {
+            head_bytes
+                .checked_next_multiple_of(HUGE_PAGE)
+                .ok_or_else(too_large)?
+        } else {
+            head_bytes
+        };
+        let bytes = head_stride
+            .checked_mul(heads)
             .and_then(|x| x.checked_mul(2))
-            .filter(|&b| b <= isize::MAX as usize - ALIGN)
-            .ok_or_else(|| {
-                CoreError::option(
-                    "max_seq",
-                    format!("{heads} heads x {capacity} tokens x {head_dim} dims is too large"),
-                )
-            })?;
-        let layout = Layout::from_size_align(bytes.max(1), ALIGN)
+            .filter(|&b| b <= isize::MAX as usize - align)
+            .ok_or_else(too_large)?;
+        let layout = Layout::from_size_align(bytes.max(1), align)
             .map_err(|e| CoreError::option("max_seq", e.to_string()))?;
         // SAFETY: the layout has a non-zero size.
         let raw = unsafe { alloc::alloc(layout) };
@@ -80,9 +119,13 @@ impl Slab {
                 format!("could not allocate {bytes} bytes for one layer"),
             )
         })?;
+        if huge {
+            advise_huge_pages(ptr.as_ptr(), bytes);
+        }
         Ok(Self {
             ptr,
             layout,
+            head_stride,
             heads,
             capacity,
             head_dim,
@@ -114,8 +157,7 @@ impl Slab {
 
     /// Byte strides of a half seen as `[heads, tokens, head_dim]`.
     pub fn strides(&self) -> [usize; 3] {
-        let row = self.row_bytes();
-        [self.capacity * row, row, self.dtype.itemsize()]
+        [self.head_stride, self.row_bytes(), self.dtype.itemsize()]
     }
 
     /// Pointer to row `token` of `head` in `half`.
@@ -128,7 +170,7 @@ impl Slab {
             Half::Keys => 0,
             Half::Values => 1,
         };
-        let offset = ((half_index * self.heads + head) * self.capacity + token) * self.row_bytes();
+        let offset = (half_index * self.heads + head) * self.head_stride + token * self.row_bytes();
         // SAFETY: the offset is within (or one past) the allocation.
         unsafe { self.ptr.as_ptr().add(offset) }
     }
@@ -156,6 +198,19 @@ impl Drop for Slab {
         unsafe { alloc::dealloc(self.ptr.as_ptr(), self.layout) }
     }
 }
+
+/// Ask Linux to back `[ptr, ptr + len)` with transparent huge pages (advice only).
+#[cfg(target_os = "linux")]
+fn advise_huge_pages(ptr: *mut u8, len: usize) {
+    // SAFETY: the range is one live allocation of ours; MADV_HUGEPAGE changes
+    // no contents and its failure (e.g. THP disabled) is harmless.
+    unsafe {
+        libc::madvise(ptr.cast(), len, libc::MADV_HUGEPAGE);
+    }
+}
+
+#[cfg(not(target_os = "linux"))]
+fn advise_huge_pages(_ptr: *mut u8, _len: usize) {}
 
 fn add(map: &mut BTreeMap<usize, usize>, len: usize) {
     *map.entry(len).or_insert(0) += 1;

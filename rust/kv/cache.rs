@@ -226,7 +226,7 @@ impl KvCache {
                 }
             }
         }
-        let mut claim = Claim::new(fresh, 0);
+        let mut claim = Claim::extent(fresh, 0);
         let grown = claim.try_grow(end);
         debug_assert!(grown, "a private slab of max_seq rows always grows to end");
         Ok(claim)
@@ -291,7 +291,9 @@ impl KvCache {
             )));
         }
         for (slot, claim) in self.layers.iter_mut().zip(snap.claims()) {
-            *slot = claim.as_ref().map(|c| c.share(c.len()));
+            *slot = claim
+                .as_ref()
+                .map(|c| Claim::extent(Arc::clone(c.slab()), c.len()));
         }
         Ok(())
     }

@@ -21,10 +21,10 @@ from pathlib import Path
 from typing import Protocol
 
 import numpy as np
-import numpy.typing as npt
 
 from rlx_lm._core import KvSnapshot
 from rlx_lm.errors import InvalidOptionError, RlxError, SnapshotMismatchError
+from rlx_lm.runner import Logits
 from rlx_lm.session import ModelFingerprint, SessionSnapshot, read_header
 
 __all__ = ["PromptCache", "PromptCacheStats", "SessionRunner", "cached_prefill_logits"]
@@ -403,15 +403,16 @@ class PromptCache:
 
 
 class SessionRunner(Protocol):
-    """What `cached_prefill_logits` needs from a runner."""
+    """What `cached_prefill_logits` needs: `SupportsHostDriven.prefill_logits` and
+    `SupportsPromptCache.prefill_logits_reusing` / `export_session`."""
 
-    def prefill_logits(self, prompt_ids: Sequence[int], /) -> npt.NDArray[np.float32]:
+    def prefill_logits(self, prompt_ids: Sequence[int], /) -> Logits:
         """Start a sequence from `prompt_ids`; the last position's logits."""
         ...
 
     def prefill_logits_reusing(
         self, prompt_ids: Sequence[int], snapshot: SessionSnapshot, reuse_len: int, /
-    ) -> npt.NDArray[np.float32]:
+    ) -> Logits:
         """Prefill `prompt_ids` whose first `reuse_len` tokens `snapshot` covers."""
         ...
 
@@ -422,7 +423,7 @@ class SessionRunner(Protocol):
 
 def cached_prefill_logits(
     runner: SessionRunner, prompt: Sequence[int], cache: PromptCache
-) -> npt.NDArray[np.float32]:
+) -> Logits:
     """Prefill `prompt` reusing the longest cached prefix, then cache the new session.
 
     Returns what ``runner.prefill_logits(prompt)`` returns; at least the last

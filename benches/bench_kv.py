@@ -155,9 +155,11 @@ def as_one_array(setup: Setup) -> np.ndarray:
 
 
 def _fresh(path: Path) -> None:
-    """Saves go to a new file each round (not timed): both sides then measure the
-    write, not ext4's flush-on-rename-over-an-existing-file (see docs/kv_cache.md)."""
+    """Before each timed save (not timed): remove the target, so both sides measure the
+    write and not ext4's flush-on-rename-over-an-existing-file (docs/kv_cache.md), and
+    flush dirty pages, so a save is not throttled by the writeback of earlier rounds."""
     path.unlink(missing_ok=True)
+    os.sync()
 
 
 def _rounds(setup: Setup) -> int:

@@ -156,6 +156,8 @@ def test_bad_calls_raise_typed_errors_and_change_nothing(
         ({"head_dim": 0}, "head_dim"),
         ({"max_seq": 0}, "max_seq"),
         ({"max_seq": 2**62}, "max_seq"),
+        ({"n_layers": 2**40}, "n_layers"),
+        ({"head_dim": 2**62}, "head_dim"),
         ({"dtype": "int8"}, "dtype"),
     ],
 )

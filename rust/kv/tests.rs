@@ -340,3 +340,39 @@ fn large_loaded_snapshots_use_padded_huge_page_storage_transparently() {
     );
     assert_eq!(floats[(len - 1) * 128], 7.0);
 }
+
+#[test]
+fn hostile_sizes_are_errors_not_panics() {
+    for (n_layers, heads, dim) in [(1 << 40, 1, 1), (1, 1 << 40, 1), (1, 1, usize::MAX / 2)] {
+        let g = Geometry {
+            n_layers,
+            n_kv_heads: heads,
+            head_dim: dim,
+            dtype: Dtype::F32,
+        };
+        assert!(matches!(
+            KvCache::new(g, 4),
+            Err(CoreError::InvalidOption { .. })
+        ));
+    }
+    assert!(KvCache::new(geometry(1, Dtype::F32), usize::MAX / 4).is_err());
+    // A pickled state claiming absurd geometry or capacity.
+    let mut c = KvCache::new(geometry(1, Dtype::F32), 4).unwrap();
+    c.append(0, rows(1.0, 0, 2).view(), rows(1.0, 0, 2).view())
+        .unwrap();
+    let good = c.snapshot().unwrap().to_state().unwrap();
+    for (field, value) in [
+        (0, 1u64 << 40),
+        (1, 1 << 62),
+        (2, u64::MAX),
+        (4, 1 << 50),
+        (5, 1 << 61),
+    ] {
+        let mut bad = good.clone();
+        bad[8 + 8 * field..16 + 8 * field].copy_from_slice(&value.to_le_bytes());
+        assert!(
+            matches!(KvSnapshot::from_state(&bad), Err(CoreError::Format(_))),
+            "field {field}"
+        );
+    }
+}

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import pickle
 from collections.abc import Callable
 
@@ -246,6 +247,14 @@ def test_snapshot_pickles() -> None:
         assert fresh.len() == 8
     empty = pickle.loads(pickle.dumps(cache().snapshot()))
     assert empty.len() == 0
+
+
+def test_copies_of_an_immutable_snapshot_are_the_snapshot() -> None:
+    c = cache()
+    fill(c, 2)
+    snap = c.snapshot()
+    assert copy.copy(snap) is snap
+    assert copy.deepcopy(snap) is snap
 
 
 def test_corrupt_pickle_state_is_refused() -> None:

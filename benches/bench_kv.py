@@ -163,7 +163,7 @@ def _fresh(path: Path) -> None:
 
 
 def _rounds(setup: Setup) -> int:
-    return 5 if setup.tokens > 1000 else 1
+    return 7 if setup.tokens > 1000 else 1
 
 
 def test_save_numpy(benchmark: Any, setup: Setup, as_one_array: np.ndarray, tmp_path: Path) -> None:

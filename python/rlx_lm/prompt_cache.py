@@ -292,7 +292,11 @@ class PromptCache:
         )
 
     def kv_store_stats(self) -> tuple[int, int, int]:
-        """``(blocks, tokens, disk_bytes)`` held, as a runner's `kv_store_stats` reports it."""
+        """``(blocks, tokens, disk_bytes)`` for a runner's `kv_store_stats`.
+
+        Blocks are 16-token blocks of one layer's keys and values, shared ones
+        counted once; tokens sum over entries; disk_bytes sums their files.
+        """
         s = self.stats()
         return (s.blocks, s.tokens, s.disk_bytes)
 

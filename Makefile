@@ -3,6 +3,7 @@
 #   make check   lint + tests (what CI runs against the installed wheel)
 VENV ?= .venv
 PY := $(VENV)/bin/python
+PYPATHS := python tests benches $(wildcard examples)
 export HYPOTHESIS_PROFILE ?= ci
 
 .PHONY: dev lint test test-py test-rust check bench fmt
@@ -15,13 +16,13 @@ dev:
 	$(VENV)/bin/maturin develop -q
 
 fmt:
-	$(VENV)/bin/ruff format python tests benches examples
-	$(VENV)/bin/ruff check --fix python tests benches examples
+	$(VENV)/bin/ruff format $(PYPATHS)
+	$(VENV)/bin/ruff check --fix $(PYPATHS)
 	cargo fmt
 
 lint:
-	$(VENV)/bin/ruff check python tests benches examples
-	$(VENV)/bin/ruff format --check python tests benches examples
+	$(VENV)/bin/ruff check $(PYPATHS)
+	$(VENV)/bin/ruff format --check $(PYPATHS)
 	$(PY) -m mypy --strict python/rlx_lm
 	cargo fmt --check
 	cargo clippy --all-targets -- -D warnings

@@ -51,7 +51,7 @@ def random_runner(
     )
 
     def mat(o: int, i: int) -> DenseMatrix:
-        return DenseMatrix((rng.standard_normal((o, i), dtype=np.float32) / np.sqrt(i)))
+        return DenseMatrix(rng.standard_normal((o, i), dtype=np.float32) / np.sqrt(i))
 
     ones = np.ones(hidden, dtype=np.float32)
     blocks = [

@@ -6,7 +6,7 @@ PY := $(VENV)/bin/python
 PYPATHS := python tests benches $(wildcard examples)
 export HYPOTHESIS_PROFILE ?= ci
 
-.PHONY: dev lint test test-py test-rust check bench fmt
+.PHONY: dev lint test test-py test-rust test-bench check bench fmt
 
 dev:
 	test -x $(PY) || python3 -m venv $(VENV)
@@ -34,9 +34,13 @@ test-rust:
 test-py:
 	$(PY) -m pytest -q -p no:cacheprovider tests
 
-test: test-rust test-py
+# Each bench once, untimed, so benches cannot rot.
+test-bench:
+	$(PY) -m pytest -q -p no:cacheprovider benches --benchmark-disable
+
+test: test-rust test-py test-bench
 
 check: lint test
 
 bench:
-	$(PY) -m pytest -q benches --benchmark-only
+	$(PY) -m pytest -q -p no:cacheprovider benches --benchmark-only

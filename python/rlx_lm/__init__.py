@@ -6,7 +6,7 @@ a reference Llama-family runner.
 
 from __future__ import annotations
 
-from rlx_lm._core import __version__, argmax, build_profile
+from rlx_lm._core import KvCache, KvSnapshot, __version__, argmax, build_profile
 from rlx_lm.errors import (
     CapacityError,
     DtypeError,
@@ -50,6 +50,8 @@ __all__ = [
     "HostDriven",
     "InvalidLogitsError",
     "InvalidOptionError",
+    "KvCache",
+    "KvSnapshot",
     "LmCore",
     "LmRunner",
     "Logits",

@@ -4,6 +4,7 @@
 mod argmax;
 mod arrays;
 mod errors;
+mod kv;
 
 use pyo3::prelude::*;
 
@@ -14,6 +15,8 @@ mod _core {
 
     #[pymodule_export]
     use super::argmax::argmax;
+    #[pymodule_export]
+    use super::kv::{_kv_snapshot_from_state, PyKvCache, PyKvSnapshot};
 
     #[pymodule_init]
     fn init(m: &Bound<'_, PyModule>) -> PyResult<()> {

@@ -8,12 +8,6 @@ from pathlib import Path
 import gguf
 import numpy as np
 import pytest
-
-import rlx_lm
-
-if not hasattr(rlx_lm, "KvCache"):  # until the kv branch (issue 4) is merged
-    pytest.skip("needs rlx_lm.KvCache (issue 4)", allow_module_level=True)
-
 from llama_reference import reference_logits
 from model_factory import TinyModel, make_tiny, write_gguf, write_safetensors_dir
 

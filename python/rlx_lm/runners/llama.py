@@ -17,7 +17,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from rlx_lm._core import argmax
+from rlx_lm._core import KvCache, argmax
 from rlx_lm.errors import (
     CapacityError,
     InvalidOptionError,
@@ -43,9 +43,7 @@ ProgressCallback = Callable[[int, int], None]
 """Called with ``(tokens_done, tokens_total)`` after each prefill chunk."""
 
 
-def _new_cache(cfg: LlamaConfig, max_seq: int) -> Any:
-    from rlx_lm import KvCache  # type: ignore[attr-defined]
-
+def _new_cache(cfg: LlamaConfig, max_seq: int) -> KvCache:
     return KvCache(
         n_layers=cfg.n_layers, n_kv_heads=cfg.n_kv_heads, head_dim=cfg.head_dim, max_seq=max_seq
     )

@@ -210,3 +210,44 @@ def test_fingerprints_tell_models_apart(tmp_path: Path) -> None:
     a2 = load_llama(tmp_path / "a.gguf")
     assert a.fingerprint == a2.fingerprint
     assert a.fingerprint != b.fingerprint
+
+
+def test_the_builder_picks_this_runner_for_every_layout(tmp_path: Path) -> None:
+    from rlx_lm import ConfigSource, LmRunnerBuilder
+    from rlx_lm.errors import UnknownArchitectureError
+
+    m = make_tiny("qwen2", seed=6)
+    want = reference_logits(m.config, m.tensors, PROMPT)[-1]
+    d = write_safetensors_dir(m, tmp_path / "hf")
+    g = (
+        write_gguf(m, tmp_path / "ggufs" / "m-Q8_0.gguf")
+        if (tmp_path / "ggufs").mkdir() is None
+        else None
+    )
+    assert g is not None
+    for path in (d, d / "model.safetensors", g, tmp_path / "ggufs"):
+        runner = LmRunnerBuilder().weights(path).max_seq(32).build()
+        assert isinstance(runner, LlamaRunner), path
+        assert runner.max_seq == 32
+        np.testing.assert_allclose(runner.predict_logits(PROMPT), want, rtol=0, atol=1e-4)
+    cfg_file = tmp_path / "elsewhere.json"
+    cfg_file.write_text(json.dumps(m.config))
+    (d / "config.json").write_text(json.dumps(m.config | {"rope_theta": 1.0}))
+    from_json = LmRunnerBuilder().weights(d).config(ConfigSource.JsonFile(cfg_file)).build()
+    np.testing.assert_allclose(from_json.predict_logits(PROMPT), want, rtol=0, atol=1e-4)
+    explicit = LmRunnerBuilder().weights(d).config(ConfigSource.Explicit(m.config)).build()
+    np.testing.assert_allclose(explicit.predict_logits(PROMPT), want, rtol=0, atol=1e-4)
+    embedded = LmRunnerBuilder().weights(d).build()
+    assert not np.allclose(embedded.predict_logits(PROMPT), want, atol=1e-4), "config.json used"
+    q8 = write_gguf(m, tmp_path / "q8.gguf", qtype="Q8_0")
+    packed = LmRunnerBuilder().weights(q8).packed_weights(True).build()
+    dense = LmRunnerBuilder().weights(q8).packed_weights(False).build()
+    assert isinstance(packed, LlamaRunner)
+    assert isinstance(dense, LlamaRunner)
+    assert packed.weights.nbytes < dense.weights.nbytes
+    np.testing.assert_allclose(
+        packed.predict_logits(PROMPT), dense.predict_logits(PROMPT), atol=1e-5
+    )
+    odd = write_gguf(m, tmp_path / "odd.gguf", arch_override="rwkv6")
+    with pytest.raises(UnknownArchitectureError, match="llama"):
+        LmRunnerBuilder().weights(odd).build()

@@ -115,8 +115,8 @@ def _mirostat_mode(modes: Any, n: int) -> Any:
 
 
 def _generate(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
+    from rlx_lm.builder import LmRunnerBuilder
     from rlx_lm.generation import GenerationEvent, stream
-    from rlx_lm.runners.llama import load_llama
     from rlx_lm.tokenizer import Tokenizer
 
     if args.n_predict < 0:
@@ -127,7 +127,7 @@ def _generate(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
     ids = tokenizer.encode(args.prompt)
     ctx = args.ctx_size or len(ids) + max(args.n_predict, 1)
     progress.update("loading", 0, 1)
-    runner = load_llama(args.model, max_seq=ctx)
+    runner = LmRunnerBuilder().weights(args.model).max_seq(ctx).build()
     progress.update("loading", 1, 1)
     progress.clear()
 
@@ -162,7 +162,7 @@ def _generate(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
 
 
 def _inspect(args: argparse.Namespace, out: TextIO) -> int:
-    from rlx_lm import inspect  # type: ignore[attr-defined]
+    from rlx_lm import inspect
 
     out.write(f"{inspect(args.model)}\n")
     return 0

@@ -341,11 +341,20 @@ def load_model(
     on_event: EventCallback | None = None,
     **builder: Any,
 ) -> tuple[LmCore, Tokenizer]:
-    """Build the runner for ``path`` through the registry and load its tokenizer."""
-    from rlx_lm.runners.llama import load_llama
+    """Build the runner for ``path`` through the family registry and load its tokenizer.
+
+    ``builder`` names `LmRunnerBuilder` setters and their values (``max_seq=512``, ...).
+    """
+    from rlx_lm.builder import LmRunnerBuilder
 
     _emit(on_event, "load", 0, 1, str(path))
-    runner = load_llama(path, **builder)
+    b = LmRunnerBuilder().weights(path)
+    for name, value in builder.items():
+        setter = getattr(b, name, None)
+        if setter is None or name.startswith("_") or not callable(setter):
+            raise InvalidOptionError(f"LmRunnerBuilder has no setting {name!r}")
+        b = setter(value)
+    runner = b.build()
     tokenizer = Tokenizer.load(path)
     _emit(on_event, "load", 1, 1, str(path))
     return runner, tokenizer

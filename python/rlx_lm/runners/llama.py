@@ -12,7 +12,7 @@ import hashlib
 from collections.abc import Callable, Mapping, Sequence
 from os import PathLike
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import numpy.typing as npt
@@ -27,6 +27,7 @@ from rlx_lm.errors import (
     UnsupportedError,
     WeightFormatError,
 )
+from rlx_lm.registry import match_architectures, register_model
 from rlx_lm.runners.gguf_loader import open_gguf
 from rlx_lm.runners.llama_config import LLAMA_ARCHITECTURES, LlamaConfig
 from rlx_lm.runners.llama_forward import LlamaForward
@@ -34,7 +35,10 @@ from rlx_lm.runners.llama_weights import LlamaWeights
 from rlx_lm.runners.safetensors_loader import SafetensorsCheckpoint, read_config_json
 from rlx_lm.session import ModelFingerprint, SessionSnapshot
 
-__all__ = ["FAMILY", "LlamaRunner", "load_llama"]
+if TYPE_CHECKING:
+    from rlx_lm.builder import LmRunnerBuilder
+
+__all__ = ["FAMILY", "LlamaRunner", "load_from_builder", "load_llama"]
 
 FAMILY = "llama"
 
@@ -351,6 +355,34 @@ def _config_beside(cfg_path: Path | None, weights: Path) -> LlamaConfig:
     return LlamaConfig.from_hf(read_config_json(cfg_path), where=str(cfg_path))
 
 
-def supported_architecture(arch: str) -> bool:
-    """Whether ``arch`` (case-insensitive) is one this runner implements."""
-    return arch.lower() in LLAMA_ARCHITECTURES
+@register_model(
+    FAMILY,
+    "Llama, Mistral, Qwen2 and Qwen3 in float32 numpy with the Rust KV cache "
+    "(GGUF F32/F16/BF16/Q8_0/Q4_0/Q4_K/Q6_K, safetensors, MLX)",
+    matches=match_architectures(*LLAMA_ARCHITECTURES),
+)
+def load_from_builder(builder: LmRunnerBuilder) -> LlamaRunner:
+    """Build a `LlamaRunner` from a resolved builder (weights, format, config source, max_seq)."""
+    from rlx_lm.config import ConfigSource
+
+    source = builder.config()
+    config: LlamaConfig | Mapping[str, Any] | Path | None = None
+    if isinstance(source, ConfigSource.JsonFile):
+        config = source.path
+    elif isinstance(source, ConfigSource.Explicit):
+        value = source.value
+        if not isinstance(value, LlamaConfig | Mapping):
+            raise InvalidOptionError(
+                f"explicit config for {FAMILY} must be a LlamaConfig or a config.json mapping, "
+                f"got {type(value).__name__}"
+            )
+        config = value
+    weights = builder.weights()
+    if weights is None:
+        raise InvalidOptionError("the builder has no weights path")
+    return load_llama(
+        weights,
+        config=config,
+        packed=builder.resolved_packed(builder.format()),
+        max_seq=builder.max_seq(),
+    )

@@ -6,7 +6,15 @@ a reference Llama-family runner.
 
 from __future__ import annotations
 
-from rlx_lm._core import KvCache, KvSnapshot, __version__, argmax, build_profile
+from rlx_lm._core import (
+    KvCache,
+    KvSnapshot,
+    SamplerChain,
+    SampleResult,
+    __version__,
+    argmax,
+    build_profile,
+)
 from rlx_lm.builder import LmRunnerBuilder
 from rlx_lm.config import ConfigSource, Device
 from rlx_lm.errors import (
@@ -51,6 +59,7 @@ from rlx_lm.runner import (
     supports_prompt_cache,
     with_defaults,
 )
+from rlx_lm.sample_opts import MirostatMode, SampleOpts
 from rlx_lm.session import ModelFingerprint, SessionSnapshot
 from rlx_lm.weight_report import WeightReport, inspect
 from rlx_lm.weights import WeightFormat
@@ -70,10 +79,14 @@ __all__ = [
     "LmRunner",
     "LmRunnerBuilder",
     "Logits",
+    "MirostatMode",
     "ModelFingerprint",
     "ModelRegistration",
     "RlxError",
     "RunnerAdapter",
+    "SampleOpts",
+    "SampleResult",
+    "SamplerChain",
     "SequenceStateError",
     "SessionSnapshot",
     "ShapeError",

@@ -86,7 +86,7 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def _sample_opts(args: argparse.Namespace) -> Any:
-    from rlx_lm import SampleOpts  # type: ignore[attr-defined]
+    from rlx_lm import SampleOpts
 
     kw: dict[str, Any] = {}
     for field, _ in _SAMPLER_FLAGS.values():
@@ -94,7 +94,7 @@ def _sample_opts(args: argparse.Namespace) -> Any:
         if value is not None:
             kw[field] = value
     if "mirostat" in kw:
-        from rlx_lm import MirostatMode  # type: ignore[attr-defined]
+        from rlx_lm import MirostatMode
 
         kw["mirostat"] = _mirostat_mode(MirostatMode, kw["mirostat"])
     if args.seed is not None:

@@ -156,7 +156,7 @@ class Generator:
 
 
 def _make_chain(opts: Any, seed: int | None) -> Any:
-    from rlx_lm import SampleOpts  # type: ignore[attr-defined]
+    from rlx_lm import SampleOpts
 
     if opts is None:
         opts = SampleOpts() if seed is None else SampleOpts(seed=seed)

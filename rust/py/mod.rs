@@ -5,6 +5,7 @@ mod argmax;
 mod arrays;
 mod errors;
 mod kv;
+mod sampling;
 
 use pyo3::prelude::*;
 
@@ -17,6 +18,7 @@ mod _core {
     use super::argmax::argmax;
     #[pymodule_export]
     use super::kv::{_kv_snapshot_from_state, PyKvCache, PyKvSnapshot};
+    use super::sampling::{PySamplerChain, SampleResult};
 
     #[pymodule_init]
     fn init(m: &Bound<'_, PyModule>) -> PyResult<()> {

@@ -18,6 +18,7 @@ mod _core {
     use super::argmax::argmax;
     #[pymodule_export]
     use super::kv::{_kv_snapshot_from_state, PyKvCache, PyKvSnapshot};
+    #[pymodule_export]
     use super::sampling::{PySamplerChain, SampleResult};
 
     #[pymodule_init]

@@ -114,7 +114,7 @@ class _MatmulClock:
 def decode_steps(runner: LlamaRunner, ctx: int, steps: int) -> tuple[float, float]:
     """Median step time of the generation loop (sample + accept + decode) at ``ctx`` context,
     and the median fraction of each step spent outside the weight matmuls of that same step."""
-    from rlx_lm import SampleOpts  # type: ignore[attr-defined]
+    from rlx_lm import SampleOpts
 
     chain = SampleOpts().into_chain()
     prompt = [int(t) for t in np.random.default_rng(3).integers(0, runner.vocab_size, ctx)]

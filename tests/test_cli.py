@@ -9,12 +9,6 @@ from pathlib import Path
 
 import gguf
 import pytest
-
-import rlx_lm
-
-if not (hasattr(rlx_lm, "KvCache") and hasattr(rlx_lm, "SampleOpts")):  # until merged
-    pytest.skip("needs rlx_lm.KvCache and rlx_lm.SampleOpts (issues 3, 4)", allow_module_level=True)
-
 from model_factory import make_tiny, write_gguf
 from tokenizer_factory import spm_gguf_fields, spm_vocab
 

@@ -112,3 +112,19 @@ def test_inspect_prints_the_report(model: Path, capsys: pytest.CaptureFixture[st
     out = capsys.readouterr().out.lower()
     assert "gguf" in out
     assert "llama" in out
+
+
+def test_stop_strings_and_context_size_flags(
+    model: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert main(["generate", str(model), "-p", "hello", "-n", "8"]) == 0
+    full = capsys.readouterr().out.rstrip("\n")
+    assert len(full) > 2
+    stop = full[1:3]
+    assert main(["generate", str(model), "-p", "hello", "-n", "8", "--stop", stop]) == 0
+    out, err = capsys.readouterr()
+    assert out.rstrip("\n") == full[: full.find(stop)]
+    assert "stop: stop" in err
+    assert main(["generate", str(model), "-p", "hello", "-n", "8", "-c", "4"]) == 2
+    assert "max_seq=4" in capsys.readouterr().err
+    assert main(["generate", str(model), "-p", "hello", "-n", "-1"]) == 2

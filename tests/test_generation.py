@@ -181,3 +181,17 @@ def test_prompt_cache_reuses_a_prefix_and_changes_nothing(spm_model: Path, tok: 
 
 def test_runner_type_is_the_reference_runner(spm_model: Path) -> None:
     assert isinstance(load_llama(spm_model), LlamaRunner)
+
+
+def test_load_model_builds_through_the_registry_and_reports_load(spm_model: Path) -> None:
+    from rlx_lm.errors import InvalidOptionError
+    from rlx_lm.generation import load_model
+
+    events: list[GenerationEvent] = []
+    runner, tok = load_model(spm_model, on_event=events.append, max_seq=40)
+    assert isinstance(runner, LlamaRunner)
+    assert runner.max_seq == 40
+    assert tok.eos_ids == {EOS}
+    assert [(e.phase, e.done, e.total) for e in events] == [("load", 0, 1), ("load", 1, 1)]
+    with pytest.raises(InvalidOptionError, match="no_such_setting"):
+        load_model(spm_model, no_such_setting=1)

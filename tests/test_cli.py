@@ -128,3 +128,15 @@ def test_stop_strings_and_context_size_flags(
     assert main(["generate", str(model), "-p", "hello", "-n", "8", "-c", "4"]) == 2
     assert "max_seq=4" in capsys.readouterr().err
     assert main(["generate", str(model), "-p", "hello", "-n", "-1"]) == 2
+
+
+def test_packed_and_unpacked_generate_the_same_text(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    m = make_tiny("llama", seed=8, vocab=len(TOKENS))
+    path = write_gguf(m, tmp_path / "q8.gguf", qtype="Q8_0", tokenizer=spm_gguf_fields())
+    outs = []
+    for flag in ("--packed", "--no-packed"):
+        assert main(["generate", str(path), "-p", "the cat", "-n", "6", flag]) == 0
+        outs.append(capsys.readouterr().out)
+    assert outs[0] == outs[1]

@@ -192,6 +192,12 @@ def test_load_model_builds_through_the_registry_and_reports_load(spm_model: Path
     assert isinstance(runner, LlamaRunner)
     assert runner.max_seq == 40
     assert tok.eos_ids == {EOS}
-    assert [(e.phase, e.done, e.total) for e in events] == [("load", 0, 1), ("load", 1, 1)]
+    # a start event, then one per block (2 layers + head) through load_progress
+    assert [(e.phase, e.done, e.total) for e in events] == [
+        ("load", 0, 1),
+        ("load", 1, 3),
+        ("load", 2, 3),
+        ("load", 3, 3),
+    ]
     with pytest.raises(InvalidOptionError, match="no_such_setting"):
         load_model(spm_model, no_such_setting=1)

@@ -77,6 +77,13 @@ def _parser() -> argparse.ArgumentParser:
     g.add_argument("-c", "--ctx-size", type=int, default=0, help="KV capacity (0: prompt + n)")
     g.add_argument("--seed", type=int, default=None, help="sampling seed")
     g.add_argument("--stop", action="append", default=[], help="stop string (repeatable)")
+    g.add_argument(
+        "--packed",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="keep quantised GGUF weights packed, dequantised per use (less memory, slower); "
+        "default: packed for GGUF files of 256 MiB or more",
+    )
     for flag, (field, typ) in _SAMPLER_FLAGS.items():
         g.add_argument(flag, dest=field, type=typ, default=None, help=f"SampleOpts.{field}")
 
@@ -117,6 +124,7 @@ def _mirostat_mode(modes: Any, n: int) -> Any:
 def _generate(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
     from rlx_lm.builder import LmRunnerBuilder
     from rlx_lm.generation import GenerationEvent, stream
+    from rlx_lm.runners.llama import load_progress
     from rlx_lm.tokenizer import Tokenizer
 
     if args.n_predict < 0:
@@ -126,9 +134,11 @@ def _generate(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
     tokenizer = Tokenizer.load(args.model)
     ids = tokenizer.encode(args.prompt)
     ctx = args.ctx_size or len(ids) + max(args.n_predict, 1)
-    progress.update("loading", 0, 1)
-    runner = LmRunnerBuilder().weights(args.model).max_seq(ctx).build()
-    progress.update("loading", 1, 1)
+    builder = LmRunnerBuilder().weights(args.model).max_seq(ctx)
+    if args.packed is not None:
+        builder = builder.packed_weights(args.packed)
+    with load_progress(lambda done, total: progress.update("loading", done, total)):
+        runner = builder.build()
     progress.clear()
 
     def on_event(ev: GenerationEvent) -> None:

@@ -346,6 +346,7 @@ def load_model(
     ``builder`` names `LmRunnerBuilder` setters and their values (``max_seq=512``, ...).
     """
     from rlx_lm.builder import LmRunnerBuilder
+    from rlx_lm.runners.llama import load_progress
 
     _emit(on_event, "load", 0, 1, str(path))
     b = LmRunnerBuilder().weights(path)
@@ -354,7 +355,7 @@ def load_model(
         if setter is None or name.startswith("_") or not callable(setter):
             raise InvalidOptionError(f"LmRunnerBuilder has no setting {name!r}")
         b = setter(value)
-    runner = b.build()
+    with load_progress(lambda done, total: _emit(on_event, "load", done, total, str(path))):
+        runner = b.build()
     tokenizer = Tokenizer.load(path)
-    _emit(on_event, "load", 1, 1, str(path))
     return runner, tokenizer

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -77,7 +78,13 @@ class GgufFile:
             raise WeightFormatError(f"{self.path}: cannot decode tensor {t.name}: {exc}") from None
         return np.asarray(out, dtype=np.float32).reshape(shape)
 
-    def weights(self, cfg: LlamaConfig, *, packed: bool) -> LlamaWeights:
+    def weights(
+        self,
+        cfg: LlamaConfig,
+        *,
+        packed: bool,
+        on_progress: Callable[[int, int], None] | None = None,
+    ) -> LlamaWeights:
         """Load every tensor; ``packed`` keeps quantised matrices as blocks, dequantised per use."""
         self.check_quant_types()
         permute = cfg.arch in _PERMUTED_ARCHS
@@ -105,7 +112,7 @@ class GgufFile:
             w = self._dequant(t)
             return DenseMatrix(_f32(unpermute_rope_rows(w, heads)) if heads else w)
 
-        return LlamaWeights.gather(cfg, get, where=str(self.path))
+        return LlamaWeights.gather(cfg, get, where=str(self.path), on_progress=on_progress)
 
 
 def open_gguf(path: str | Path) -> GgufFile:

@@ -9,7 +9,9 @@ cache, greedy ``generate`` on the cached pair, session export/restore and prefix
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from contextvars import ContextVar
 from os import PathLike
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -38,7 +40,7 @@ from rlx_lm.session import ModelFingerprint, SessionSnapshot
 if TYPE_CHECKING:
     from rlx_lm.builder import LmRunnerBuilder
 
-__all__ = ["FAMILY", "LlamaRunner", "load_from_builder", "load_llama"]
+__all__ = ["FAMILY", "LlamaRunner", "load_from_builder", "load_llama", "load_progress"]
 
 FAMILY = "llama"
 
@@ -299,6 +301,25 @@ def _model_id(cfg: LlamaConfig, w: LlamaWeights) -> str:
     return h.hexdigest()[:16]
 
 
+_LOAD_PROGRESS: ContextVar[ProgressCallback | None] = ContextVar(
+    "rlx_lm_load_progress", default=None
+)
+
+
+@contextmanager
+def load_progress(callback: ProgressCallback | None) -> Iterator[None]:
+    """Within this block, Llama loads report ``(blocks_done, blocks_total)`` to ``callback``.
+
+    Lets a caller that builds through `LmRunnerBuilder` (which takes no callback) show
+    progress; the setting is per thread/task (a context variable).
+    """
+    token = _LOAD_PROGRESS.set(callback)
+    try:
+        yield
+    finally:
+        _LOAD_PROGRESS.reset(token)
+
+
 def load_llama(
     path: str | PathLike[str],
     *,
@@ -306,6 +327,7 @@ def load_llama(
     packed: bool | None = None,
     max_seq: int = 128,
     chunk: int = 128,
+    on_progress: ProgressCallback | None = None,
 ) -> LlamaRunner:
     """Load a GGUF file, a safetensors file, or a Hugging Face / MLX directory.
 
@@ -313,20 +335,23 @@ def load_llama(
     config.json-style mapping, or a path to a JSON file (default: embedded in the GGUF,
     or config.json beside the safetensors). ``packed`` keeps quantised GGUF matrices as
     blocks, dequantised per use (default: on for GGUF files of 256 MiB or more).
+    ``on_progress(done, total)`` follows the blocks as they load (default: the callback
+    of an enclosing `load_progress` block).
     """
     p = Path(path)
     if not p.exists():
         raise WeightFormatError(f"{p}: no such file or directory")
+    progress = on_progress or _LOAD_PROGRESS.get()
     if p.is_file() and _is_gguf(p):
         g = open_gguf(p)
         cfg = _explicit_config(config) or g.config()
         g.check_quant_types()
         use_packed = packed if packed is not None else p.stat().st_size >= 256 * 1024 * 1024
-        weights = g.weights(cfg, packed=use_packed)
+        weights = g.weights(cfg, packed=use_packed, on_progress=progress)
     else:
         ckpt, cfg_path = SafetensorsCheckpoint.locate(p)
         cfg = _explicit_config(config) or _config_beside(cfg_path, p)
-        weights = ckpt.weights(cfg)
+        weights = ckpt.weights(cfg, on_progress=progress)
     return LlamaRunner(cfg, weights, max_seq=max_seq, chunk=chunk, source=str(p))
 
 

@@ -63,8 +63,18 @@ class LlamaWeights:
         return total
 
     @classmethod
-    def gather(cls, cfg: LlamaConfig, get: TensorGetter, *, where: str) -> LlamaWeights:
-        """Collect and shape-check every tensor ``cfg`` needs from ``get`` (llama.cpp names)."""
+    def gather(
+        cls,
+        cfg: LlamaConfig,
+        get: TensorGetter,
+        *,
+        where: str,
+        on_progress: Callable[[int, int], None] | None = None,
+    ) -> LlamaWeights:
+        """Collect and shape-check every tensor ``cfg`` needs from ``get`` (llama.cpp names).
+
+        ``on_progress(done, total)`` is called after each block and after the head.
+        """
         hd, h, f = cfg.head_dim, cfg.hidden_size, cfg.intermediate_size
         q_out, kv_out = cfg.n_heads * hd, cfg.n_kv_heads * hd
 
@@ -114,13 +124,18 @@ class LlamaWeights:
                     k_norm=vector(p + "attn_k_norm", hd, required=cfg.qk_norm),
                 )
             )
+            if on_progress is not None:
+                on_progress(i + 1, cfg.n_layers + 1)
         embed = matrix("token_embd", (cfg.vocab_size, h))
         head = get("output", "matrix")
         if head is None or isinstance(head, np.ndarray):
             output = embed
         else:
             output = matrix("output", (cfg.vocab_size, h))
-        return cls(embed=embed, layers=layers, norm=must(vector("output_norm", h)), output=output)
+        norm = must(vector("output_norm", h))
+        if on_progress is not None:
+            on_progress(cfg.n_layers + 1, cfg.n_layers + 1)
+        return cls(embed=embed, layers=layers, norm=norm, output=output)
 
 
 def unpermute_rope_rows(w: npt.NDArray[np.generic], n_heads: int) -> npt.NDArray[np.generic]:

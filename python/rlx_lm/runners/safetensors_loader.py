@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -158,7 +158,9 @@ class SafetensorsCheckpoint:
         cfg = path.parent / "config.json"
         return cls([path]), cfg if cfg.is_file() else None
 
-    def weights(self, cfg: LlamaConfig) -> LlamaWeights:
+    def weights(
+        self, cfg: LlamaConfig, *, on_progress: Callable[[int, int], None] | None = None
+    ) -> LlamaWeights:
         """Load every tensor under llama.cpp's names as float32."""
         renamed: dict[str, str] = {}
         for hf_name in self.index:
@@ -179,7 +181,7 @@ class SafetensorsCheckpoint:
                 raise WeightFormatError(f"tensor {hf_name} is not a matrix: shape {arr.shape}")
             return DenseMatrix(arr)
 
-        return LlamaWeights.gather(cfg, get, where=str(self.files[0].path))
+        return LlamaWeights.gather(cfg, get, where=str(self.files[0].path), on_progress=on_progress)
 
 
 def config_from_mapping(cfg: Mapping[str, Any], where: str) -> LlamaConfig:

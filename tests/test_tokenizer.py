@@ -123,3 +123,31 @@ def test_unknown_tokenizer_model_and_missing_tokenizer_are_refused(tmp_path: Pat
         Tokenizer.load(bare)
     with pytest.raises(WeightFormatError, match=r"no tokenizer\.json"):
         Tokenizer.load(tmp_path)
+
+
+@pytest.mark.parametrize(
+    ("pre", "digits"),
+    [("llama-bpe", ["123", "45"]), ("qwen2", ["1", "2", "3", "4", "5"]), ("default", ["12345"])],
+)
+def test_gguf_pre_tokenizer_name_picks_the_split_rules(
+    tmp_path: Path, pre: str, digits: list[str]
+) -> None:
+    # llama3 groups digits by three, qwen2 splits every digit, GPT-2 keeps the run whole.
+    fields = bpe_gguf_fields(TRAINED) | {"tokenizer.ggml.pre": pre}
+    tok = Tokenizer.load(write_gguf(make_tiny(vocab=300), tmp_path / "m.gguf", tokenizer=fields))
+    pieces = [p for p, _ in tok.inner.pre_tokenizer.pre_tokenize_str("I'm 12345")]
+    assert pieces[:2] == ["I", "'m"]
+    assert [p.lstrip("Ġ") for p in pieces[2:] if p.lstrip("Ġ")] == digits
+    assert tok.decode(tok.encode("I'm 12345 ok", add_special_tokens=False)) == "I'm 12345 ok"
+
+
+def test_sentencepiece_without_space_prefix(tmp_path: Path) -> None:
+    fields = spm_gguf_fields() | {"tokenizer.ggml.add_space_prefix": False}
+    tok = Tokenizer.load(
+        write_gguf(make_tiny(vocab=len(SPM_TOKENS)), tmp_path / "m.gguf", tokenizer=fields)
+    )
+    ids = tok.encode("the cat", add_special_tokens=False)
+    # "the" without the leading ▁ cannot use the "▁the" piece
+    assert ids[0] != SPM_TOKENS.index("▁the")
+    assert ids == spm_reference_encode("the cat", SPM_TOKENS, SPM_SCORES, space_prefix=False)
+    assert tok.decode(ids) == "the cat"

@@ -93,13 +93,15 @@ def spm_gguf_fields() -> dict[str, Any]:
     }
 
 
-def spm_reference_encode(text: str, tokens: list[str], scores: list[float]) -> list[int]:
+def spm_reference_encode(
+    text: str, tokens: list[str], scores: list[float], *, space_prefix: bool = True
+) -> list[int]:
     """llama.cpp's SPM tokenizer, plainly: merge the best-scoring adjacent pair until none is
     in the vocabulary; unknown symbols become their UTF-8 bytes' ``<0xNN>`` tokens."""
     if not text:
         return []
     vocab = {t: i for i, t in enumerate(tokens)}
-    symbols = list("▁" + text.replace(" ", "▁"))
+    symbols = list(("▁" if space_prefix else "") + text.replace(" ", "▁"))
     while True:
         best = None
         for i in range(len(symbols) - 1):

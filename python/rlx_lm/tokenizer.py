@@ -32,6 +32,8 @@ _QWEN2_SPLIT = (
     r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}|"
     r" ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
 )
+# Pre-tokenizer names whose tokenizer.json sets ignore_merges (whole-word vocabulary hits win).
+_IGNORE_MERGES = ("llama3", "llama-v3", "llama-bpe", "smaug-bpe")
 _PRE_SPLITS = {
     "llama3": _LLAMA3_SPLIT,
     "llama-v3": _LLAMA3_SPLIT,
@@ -137,7 +139,13 @@ class Tokenizer:
             default_bos = False
         elif model == "llama":
             scores = g.field("tokenizer.ggml.scores") or [0.0] * len(tokens)
-            inner = _spm_tokenizer(tokens, scores, types)
+            space_prefix = g.field("tokenizer.ggml.add_space_prefix")
+            inner = _spm_tokenizer(
+                tokens,
+                scores,
+                types,
+                space_prefix=True if space_prefix is None else bool(space_prefix),
+            )
             default_bos = True
         else:
             raise UnsupportedError(
@@ -240,18 +248,20 @@ def _specials(tokens: Sequence[str], types: Sequence[int]) -> list[Any]:
 def _gpt2_tokenizer(
     tokens: Sequence[str], merges: Sequence[str], types: Sequence[int], pre: str
 ) -> Any:
-    from tokenizers import Regex, decoders, models, pre_tokenizers
+    from tokenizers import Regex, decoders, models, normalizers, pre_tokenizers
     from tokenizers import Tokenizer as HfTokenizer
 
     vocab = {t: i for i, t in enumerate(tokens)}
+    split = _PRE_SPLITS.get(pre)
     pairs = []
     for m in merges:
         left, sep, right = m.partition(" ")
         if not sep:
             raise WeightFormatError(f"malformed merge {m!r} in tokenizer.ggml.merges")
         pairs.append((left, right))
-    inner = HfTokenizer(models.BPE(vocab, pairs, ignore_merges=pre in _PRE_SPLITS))
-    split = _PRE_SPLITS.get(pre)
+    inner = HfTokenizer(models.BPE(vocab, pairs, ignore_merges=pre in _IGNORE_MERGES))
+    if split is _QWEN2_SPLIT:
+        inner.normalizer = normalizers.NFC()
     if split is None:
         inner.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
     else:
@@ -266,7 +276,9 @@ def _gpt2_tokenizer(
     return inner
 
 
-def _spm_tokenizer(tokens: Sequence[str], scores: Sequence[float], types: Sequence[int]) -> Any:
+def _spm_tokenizer(
+    tokens: Sequence[str], scores: Sequence[float], types: Sequence[int], *, space_prefix: bool
+) -> Any:
     from tokenizers import Tokenizer as HfTokenizer
     from tokenizers import decoders, models, normalizers
 
@@ -293,16 +305,11 @@ def _spm_tokenizer(tokens: Sequence[str], scores: Sequence[float], types: Sequen
             byte_fallback=True,
         )
     )
-    inner.normalizer = normalizers.Sequence(
-        [normalizers.Prepend("\u2581"), normalizers.Replace(" ", "\u2581")]
-    )
+    prepend = [normalizers.Prepend("\u2581")] if space_prefix else []
+    inner.normalizer = normalizers.Sequence([*prepend, normalizers.Replace(" ", "\u2581")])
+    strip = [decoders.Strip(" ", 1, 0)] if space_prefix else []
     inner.decoder = decoders.Sequence(
-        [
-            decoders.Replace("\u2581", " "),
-            decoders.ByteFallback(),
-            decoders.Fuse(),
-            decoders.Strip(" ", 1, 0),
-        ]
+        [decoders.Replace("\u2581", " "), decoders.ByteFallback(), decoders.Fuse(), *strip]
     )
     inner.add_special_tokens(_specials(tokens, types))
     return inner

@@ -32,6 +32,7 @@ from rlx_lm.errors import (
     WeightFormatError,
 )
 from rlx_lm.host_driven import HostDriven
+from rlx_lm.prompt_cache import PromptCache, PromptCacheStats, cached_prefill_logits
 from rlx_lm.registry import (
     ModelRegistration,
     auto_runner_name,
@@ -82,6 +83,8 @@ __all__ = [
     "MirostatMode",
     "ModelFingerprint",
     "ModelRegistration",
+    "PromptCache",
+    "PromptCacheStats",
     "RlxError",
     "RunnerAdapter",
     "SampleOpts",
@@ -106,6 +109,7 @@ __all__ = [
     "as_logits",
     "auto_runner_name",
     "build_profile",
+    "cached_prefill_logits",
     "find_registration",
     "greedy_generate",
     "inspect",

@@ -10,8 +10,7 @@ import pytest
 from model_factory import make_tiny, write_gguf
 from tokenizer_factory import spm_gguf_fields, spm_vocab
 
-import rlx_lm
-from rlx_lm import SampleOpts
+from rlx_lm import PromptCache, SampleOpts
 from rlx_lm.generation import GenerationEvent, generate, stream
 from rlx_lm.runners.llama import LlamaRunner, load_llama
 from rlx_lm.tokenizer import Tokenizer
@@ -161,12 +160,10 @@ def test_logprobs_are_the_log_softmax_of_the_logits(spm_model: Path, tok: Tokeni
 
 
 def test_prompt_cache_reuses_a_prefix_and_changes_nothing(spm_model: Path, tok: Tokenizer) -> None:
-    PromptCache = getattr(rlx_lm, "PromptCache", None)
-    if PromptCache is None:  # until the kv branch lands its PromptCache (issue 4)
-        pytest.skip("needs rlx_lm.PromptCache (issue 4)")
-
     runner = load_llama(spm_model, max_seq=64)
-    cache = PromptCache()
+    cache = PromptCache(64 * 1024 * 1024)
+    runner.attach_prompt_cache(cache)
+    assert runner.kv_store_stats() == (0, 0, 0)
     first = generate(runner, tok, "hello world the", max_tokens=6, prompt_cache=cache)
     events: list[GenerationEvent] = []
     second = generate(
@@ -177,6 +174,10 @@ def test_prompt_cache_reuses_a_prefix_and_changes_nothing(spm_model: Path, tok: 
     assert second.reused_tokens > 0
     assert any(e.phase == "cache_lookup" and e.detail == "hit" for e in events)
     assert first.reused_tokens == 0
+    blocks, tokens, disk = runner.kv_store_stats() or (0, 0, 0)
+    assert (blocks, tokens, disk) == cache.kv_store_stats()
+    assert tokens > 0
+    assert blocks > 0
 
 
 def test_runner_type_is_the_reference_runner(spm_model: Path) -> None:

@@ -21,6 +21,7 @@ from rlx_lm.errors import (
 )
 from rlx_lm.runner import greedy_generate
 from rlx_lm.runners.llama import LlamaRunner, load_llama
+from rlx_lm.session import SessionSnapshot
 
 PROMPT = [3, 17, 42, 8, 99, 5, 61]
 
@@ -110,6 +111,9 @@ def test_a_foreign_snapshot_is_refused_and_changes_nothing(gguf_path: Path, tmp_
         runner.restore_session(foreign)
     with pytest.raises(SnapshotMismatchError):
         runner.prefill_logits_reusing(PROMPT, foreign, 3)
+    anonymous = SessionSnapshot(foreign.kv, foreign.tokens, None)
+    with pytest.raises(SnapshotMismatchError, match="no model fingerprint"):
+        runner.restore_session(anonymous)
     assert runner.tokens == tuple(PROMPT[:3])
     np.testing.assert_allclose(
         runner.decode_logits(5), runner.predict_logits([*PROMPT[:3], 5]), atol=2e-5

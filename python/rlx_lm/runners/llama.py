@@ -221,19 +221,17 @@ class LlamaRunner:
         return SessionSnapshot(self._cache.snapshot(), self._tokens, self.fingerprint)
 
     def _check_snapshot(self, snap: SessionSnapshot) -> None:
-        if snap.fingerprint != self.fingerprint:
+        if snap.fingerprint is None:
             raise SnapshotMismatchError(
-                f"snapshot belongs to {snap.fingerprint}, not to this model ({self.fingerprint})"
+                f"snapshot has no model fingerprint; this runner only restores its own "
+                f"({self.fingerprint})"
             )
-        if len(snap.tokens) > self._max_seq:
-            raise CapacityError(
-                f"snapshot holds {len(snap.tokens)} tokens, more than max_seq={self._max_seq}"
-            )
+        snap.check(self.fingerprint, self._cache)
 
     def restore_session(self, snapshot: SessionSnapshot, /) -> bool:
         """Resume from ``snapshot``; a snapshot of another model raises SnapshotMismatchError."""
         self._check_snapshot(snapshot)
-        self._cache.restore(snapshot.kv)
+        snapshot.restore_into(self._cache, self.fingerprint)
         self._tokens = list(snapshot.tokens)
         return True
 
@@ -254,8 +252,7 @@ class LlamaRunner:
                 f"the snapshot's first {reuse_len} tokens differ from the prompt's"
             )
         keep = min(reuse_len, len(ids) - 1)
-        self._cache.restore(snapshot.kv)
-        self._cache.truncate(keep)
+        snapshot.restore_into(self._cache, self.fingerprint, keep)
         self._tokens = [int(t) for t in ids[:keep]]
         logits = self._run(ids[keep:], keep)
         self._tokens = [int(t) for t in ids]

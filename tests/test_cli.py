@@ -140,3 +140,15 @@ def test_packed_and_unpacked_generate_the_same_text(
         assert main(["generate", str(path), "-p", "the cat", "-n", "6", flag]) == 0
         outs.append(capsys.readouterr().out)
     assert outs[0] == outs[1]
+
+
+def test_a_directory_of_ggufs_uses_the_picked_file_and_its_tokenizer(
+    model: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    d = tmp_path / "ggufs"
+    d.mkdir()
+    (d / "m-Q4_K_M.gguf").write_bytes(model.read_bytes())
+    assert main(["generate", str(d), "-p", "hello world", "-n", "5"]) == 0
+    from_dir = capsys.readouterr().out
+    assert main(["generate", str(model), "-p", "hello world", "-n", "5"]) == 0
+    assert from_dir == capsys.readouterr().out

@@ -131,10 +131,12 @@ def _generate(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
         raise _usage(f"-n must be >= 0, got {args.n_predict}")
     progress = _Progress(err)
     opts = _sample_opts(args)
-    tokenizer = Tokenizer.load(args.model)
+    builder = LmRunnerBuilder().weights(args.model)
+    # the concrete file (a directory of GGUFs resolves to the one it picks)
+    tokenizer = Tokenizer.load(builder.resolved_weights())
     ids = tokenizer.encode(args.prompt)
     ctx = args.ctx_size or len(ids) + max(args.n_predict, 1)
-    builder = LmRunnerBuilder().weights(args.model).max_seq(ctx)
+    builder = builder.max_seq(ctx)
     if args.packed is not None:
         builder = builder.packed_weights(args.packed)
     with load_progress(lambda done, total: progress.update("loading", done, total)):

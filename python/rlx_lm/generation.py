@@ -387,5 +387,5 @@ def load_model(
         b = setter(value)
     with load_progress(lambda done, total: _emit(on_event, "load", done, total, str(path))):
         runner = b.build()
-    tokenizer = Tokenizer.load(path)
+    tokenizer = Tokenizer.load(b.resolved_weights())
     return runner, tokenizer

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -86,10 +86,6 @@ class LlamaConfig:
             self.hidden_size,
             self.vocab_size,
         )
-
-    def with_vocab(self, vocab_size: int) -> LlamaConfig:
-        """A copy with another vocabulary size (taken from the embedding when a header omits it)."""
-        return replace(self, vocab_size=vocab_size)
 
     def inv_freq(self) -> npt.NDArray[np.float64]:
         """Per-pair RoPE inverse frequencies ``[head_dim / 2]``, with any scaling applied."""

@@ -152,3 +152,23 @@ def test_a_directory_of_ggufs_uses_the_picked_file_and_its_tokenizer(
     from_dir = capsys.readouterr().out
     assert main(["generate", str(model), "-p", "hello world", "-n", "5"]) == 0
     assert from_dir == capsys.readouterr().out
+
+
+def test_default_packing_follows_free_memory(
+    model: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from rlx_lm import LmRunnerBuilder, cli
+
+    b = LmRunnerBuilder().weights(model)
+    dense_bytes = model.stat().st_size  # F32 file: about the float32 size
+    monkeypatch.setattr(cli, "_available_memory", lambda: 100 * dense_bytes)
+    assert cli._packed_by_memory(b) is False
+    monkeypatch.setattr(cli, "_available_memory", lambda: dense_bytes)
+    assert cli._packed_by_memory(b) is True
+    monkeypatch.setattr(cli, "_available_memory", lambda: None)
+    assert cli._packed_by_memory(b) is None
+    m = make_tiny("llama")
+    from model_factory import write_safetensors_dir
+
+    st = LmRunnerBuilder().weights(write_safetensors_dir(m, tmp_path / "st"))
+    assert cli._packed_by_memory(st) is None

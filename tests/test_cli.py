@@ -172,3 +172,36 @@ def test_default_packing_follows_free_memory(
 
     st = LmRunnerBuilder().weights(write_safetensors_dir(m, tmp_path / "st"))
     assert cli._packed_by_memory(st) is None
+
+
+def test_every_llama_cpp_flag_sets_its_sample_opts_field() -> None:
+    from rlx_lm import MirostatMode
+    from rlx_lm.cli import _parser, _sample_opts
+
+    values = {
+        "--temp": ("temperature", "0.7", 0.7),
+        "--top-k": ("top_k", "40", 40),
+        "--top-p": ("top_p", "0.9", 0.9),
+        "--min-p": ("min_p", "0.05", 0.05),
+        "--typical": ("typical_p", "0.8", 0.8),
+        "--repeat-penalty": ("repetition_penalty", "1.1", 1.1),
+        "--repeat-last-n": ("repetition_window", "32", 32),
+        "--presence-penalty": ("presence_penalty", "0.5", 0.5),
+        "--frequency-penalty": ("frequency_penalty", "0.25", 0.25),
+        "--dry-multiplier": ("dry_multiplier", "0.8", 0.8),
+        "--dry-base": ("dry_base", "1.5", 1.5),
+        "--dry-allowed-length": ("dry_allowed_length", "3", 3),
+        "--xtc-probability": ("xtc_prob", "0.5", 0.5),
+        "--xtc-threshold": ("xtc_threshold", "0.1", 0.1),
+        "--top-nsigma": ("top_n_sigma", "1.5", 1.5),
+        "--mirostat": ("mirostat", "2", MirostatMode.V2),
+        "--mirostat-lr": ("mirostat_eta", "0.2", 0.2),
+        "--mirostat-ent": ("mirostat_tau", "4.0", 4.0),
+        "--seed": ("seed", "7", 7),
+    }
+    argv = ["generate", "m.gguf", "-p", "x"]
+    for flag, (_, text, _) in values.items():
+        argv += [flag, text]
+    opts = _sample_opts(_parser().parse_args(argv))
+    for flag, (field, _, want) in values.items():
+        assert getattr(opts, field) == pytest.approx(want), flag

@@ -141,3 +141,15 @@ def test_chunked_prefill_never_holds_all_scores_at_once(tmp_path: Path) -> None:
     full_scores = 8 * 256 * 256 * 4  # heads x seq x seq float32: 2 MiB
     assert peaks[256] > full_scores
     assert peaks[16] < full_scores / 2
+
+
+@pytest.mark.parametrize("chunk", [1, 4, 64])
+def test_mistral_sliding_window_matches_the_reference(tmp_path: Path, chunk: int) -> None:
+    m = make_tiny("mistral", seed=12)
+    m.config["sliding_window"] = 3
+    want = reference_logits(m.config, m.tensors, IDS)
+    fw = forward_from_dir(write_safetensors_dir(m, tmp_path / "m"), chunk=chunk)
+    _close(all_logits(fw, IDS), want)
+    # the window matters: without it the later positions differ
+    unwindowed = reference_logits(m.config | {"sliding_window": None}, m.tensors, IDS)
+    assert not np.allclose(want[-1], unwindowed[-1], atol=1e-3)

@@ -6,7 +6,7 @@ a reference Llama-family runner.
 
 from __future__ import annotations
 
-from rlx_lm._core import __version__, argmax, build_profile
+from rlx_lm._core import SamplerChain, SampleResult, __version__, argmax, build_profile
 from rlx_lm.errors import (
     CapacityError,
     DtypeError,
@@ -41,6 +41,7 @@ from rlx_lm.runner import (
     supports_prompt_cache,
     with_defaults,
 )
+from rlx_lm.sample_opts import MirostatMode, SampleOpts
 from rlx_lm.session import ModelFingerprint, SessionSnapshot
 
 __all__ = [
@@ -53,9 +54,13 @@ __all__ = [
     "LmCore",
     "LmRunner",
     "Logits",
+    "MirostatMode",
     "ModelFingerprint",
     "RlxError",
     "RunnerAdapter",
+    "SampleOpts",
+    "SampleResult",
+    "SamplerChain",
     "SequenceStateError",
     "SessionSnapshot",
     "ShapeError",

@@ -4,6 +4,7 @@
 mod argmax;
 mod arrays;
 mod errors;
+mod sampling;
 
 use pyo3::prelude::*;
 
@@ -14,6 +15,8 @@ mod _core {
 
     #[pymodule_export]
     use super::argmax::argmax;
+    #[pymodule_export]
+    use super::sampling::{PySamplerChain, SampleResult};
 
     #[pymodule_init]
     fn init(m: &Bound<'_, PyModule>) -> PyResult<()> {

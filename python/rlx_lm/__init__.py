@@ -7,6 +7,8 @@ a reference Llama-family runner.
 from __future__ import annotations
 
 from rlx_lm._core import SamplerChain, SampleResult, __version__, argmax, build_profile
+from rlx_lm.builder import LmRunnerBuilder
+from rlx_lm.config import ConfigSource, Device
 from rlx_lm.errors import (
     CapacityError,
     DtypeError,
@@ -22,6 +24,14 @@ from rlx_lm.errors import (
     WeightFormatError,
 )
 from rlx_lm.host_driven import HostDriven
+from rlx_lm.registry import (
+    ModelRegistration,
+    auto_runner_name,
+    find_registration,
+    match_architectures,
+    register_model,
+    registered_models,
+)
 from rlx_lm.runner import (
     FullLmRunner,
     LmCore,
@@ -43,9 +53,13 @@ from rlx_lm.runner import (
 )
 from rlx_lm.sample_opts import MirostatMode, SampleOpts
 from rlx_lm.session import ModelFingerprint, SessionSnapshot
+from rlx_lm.weight_report import WeightReport, inspect
+from rlx_lm.weights import WeightFormat
 
 __all__ = [
     "CapacityError",
+    "ConfigSource",
+    "Device",
     "DtypeError",
     "FullLmRunner",
     "HostDriven",
@@ -53,9 +67,11 @@ __all__ = [
     "InvalidOptionError",
     "LmCore",
     "LmRunner",
+    "LmRunnerBuilder",
     "Logits",
     "MirostatMode",
     "ModelFingerprint",
+    "ModelRegistration",
     "RlxError",
     "RunnerAdapter",
     "SampleOpts",
@@ -72,12 +88,20 @@ __all__ = [
     "TokenOutOfRangeError",
     "UnknownArchitectureError",
     "UnsupportedError",
+    "WeightFormat",
     "WeightFormatError",
+    "WeightReport",
     "__version__",
     "argmax",
     "as_logits",
+    "auto_runner_name",
     "build_profile",
+    "find_registration",
     "greedy_generate",
+    "inspect",
+    "match_architectures",
+    "register_model",
+    "registered_models",
     "supports_generate",
     "supports_host_driven",
     "supports_kv_stats",

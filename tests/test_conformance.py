@@ -1,4 +1,4 @@
-"""The conformance kit: a correct runner passes, each broken runner is caught by the right clause."""
+"""The conformance kit: a correct runner passes; each broken one is caught by the right clause."""
 
 from __future__ import annotations
 
@@ -315,7 +315,7 @@ def test_the_report_formats_and_indexes() -> None:
     assert not report.ok
     assert len(report) == 4
     assert [r.clause for r in report] == report.clauses()
-    with pytest.raises(KeyError, match="greedy.stop"):
+    with pytest.raises(KeyError, match=r"greedy\.stop"):
         report["greedy.stop"]
     named = check_runner(ToyRunner, clauses=["structure"], name="my runner")
     assert named.target == "my runner"

@@ -39,6 +39,10 @@ Row = npt.NDArray[np.float32]
 F32_MAX = float(np.finfo(np.float32).max)
 
 
+def _f32(x: float) -> float:
+    return float(np.float32(x))
+
+
 def vocab_sizes(min_size: int = 1, max_size: int = 256) -> st.SearchStrategy[int]:
     """Vocabulary sizes in ``[min_size, max_size]``, with the smallest ones drawn often."""
     if not 1 <= min_size <= max_size:
@@ -81,7 +85,7 @@ def _with_a_finite_value(draw: st.DrawFn, rows: st.SearchStrategy[Row]) -> Row:
 def adversarial_logits(
     vocab_size: int | None = None, *, min_vocab: int = 1, max_vocab: int = 256
 ) -> st.SearchStrategy[Row]:
-    """Rows that break careless samplers: ties, ``-inf``, huge or subnormal values, tiny vocabularies.
+    """Rows that break careless samplers: ties, -inf, huge or subnormal values, tiny vocabularies.
 
     Every row has at least one finite value (a row banned entirely is an error, not a logit row).
     """
@@ -89,12 +93,13 @@ def adversarial_logits(
     tiny_sizes = sizes if vocab_size is not None else st.integers(1, 2)
     ties = st.sampled_from([0.0, 1.0, -1.0, 2.5])
     neg_inf = st.one_of(st.just(-math.inf), st.floats(-5.0, 5.0, width=32))
+    big, tiny = _f32(1e30), _f32(1.2e-38)
     huge = st.one_of(
-        st.sampled_from([F32_MAX, -F32_MAX, 1e38, -1e38, 3e38]),
-        st.floats(1e30, F32_MAX, width=32),
-        st.floats(-F32_MAX, -1e30, width=32),
+        st.sampled_from([F32_MAX, -F32_MAX, _f32(1e38), _f32(-1e38), _f32(3e38)]),
+        st.floats(big, F32_MAX, width=32),
+        st.floats(-F32_MAX, -big, width=32),
     )
-    subnormal = st.floats(-1.2e-38, 1.2e-38, width=32, allow_subnormal=True)
+    subnormal = st.floats(-tiny, tiny, width=32, allow_subnormal=True)
     anything = st.floats(width=32, allow_nan=False, allow_infinity=False)
     constant = sizes.flatmap(
         lambda n: st.floats(-1e3, 1e3, width=32).map(lambda v: np.full(n, v, np.float32))
@@ -168,17 +173,18 @@ def _sample_opts(draw: st.DrawFn, vocab_size: int | None, greedy: bool | None) -
         kw["dynamic_temp"] = (lo, draw(st.floats(lo, 2.0)))
         kw["dynamic_temp_exponent"] = draw(st.floats(0.0, 2.0))
     if greedy is not True:
-        kw["mirostat"] = draw(st.sampled_from(list(MirostatMode)))
-        kw["mirostat_tau"] = draw(st.floats(0.0, 10.0))
-        kw["mirostat_eta"] = draw(st.floats(0.0, 1.0))
-        kw["mirostat_m"] = draw(st.integers(2, 200))
+        kw["mirostat"] = mode = draw(st.sampled_from(list(MirostatMode)))
+        if mode != MirostatMode.OFF:
+            kw["mirostat_tau"] = draw(st.floats(0.0, 10.0))
+            kw["mirostat_eta"] = draw(st.floats(0.0, 1.0))
+            kw["mirostat_m"] = draw(st.integers(2, 200))
 
     kw["top_k"] = draw(_or_default(None, st.integers(0, vocab)))
     kw["top_p"] = draw(_or_default(1.0, st.floats(0.01, 1.0)))
     kw["min_p"] = draw(_or_default(0.0, unit))
     kw["typical_p"] = draw(_or_default(1.0, st.floats(0.01, 1.0)))
     kw["top_n_sigma"] = draw(_or_default(0.0, st.floats(0.0, 3.0)))
-    xtc_prob = draw(_or_default(0.0, unit))
+    xtc_prob: float = draw(st.one_of(st.just(0.0), unit))
     kw["xtc_prob"] = xtc_prob
     kw["xtc_threshold"] = draw(
         st.floats(0.01, 1.0) if xtc_prob > 0 else _or_default(0.0, st.floats(0.01, 1.0))
@@ -191,7 +197,7 @@ def _sample_opts(draw: st.DrawFn, vocab_size: int | None, greedy: bool | None) -
     kw["dry_base"] = draw(_or_default(1.75, st.floats(1.0, 3.0)))
     kw["dry_allowed_length"] = draw(_or_default(2, st.integers(1, 4)))
     kw["dry_max_ngram"] = draw(_or_default(32, st.integers(0, 32)))
-    kw["dry_sequence_breakers"] = tuple(draw(st.lists(token, max_size=3)))
+    kw["dry_sequence_breakers"] = draw(_or_default((), st.lists(token, max_size=3).map(tuple)))
     kw["min_keep"] = draw(_or_default(1, st.integers(1, 4)))
     kw["seed"] = draw(_or_default(None, st.integers(0, 2**64 - 1)))
     # Never ban the whole vocabulary: at most vocab - 1 entries.

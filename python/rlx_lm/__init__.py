@@ -6,7 +6,15 @@ a reference Llama-family runner.
 
 from __future__ import annotations
 
-from rlx_lm._core import SamplerChain, SampleResult, __version__, argmax, build_profile
+from rlx_lm._core import (
+    KvCache,
+    KvSnapshot,
+    SamplerChain,
+    SampleResult,
+    __version__,
+    argmax,
+    build_profile,
+)
 from rlx_lm.builder import LmRunnerBuilder
 from rlx_lm.config import ConfigSource, Device
 from rlx_lm.errors import (
@@ -24,6 +32,7 @@ from rlx_lm.errors import (
     WeightFormatError,
 )
 from rlx_lm.host_driven import HostDriven
+from rlx_lm.prompt_cache import PromptCache, PromptCacheStats, cached_prefill_logits
 from rlx_lm.registry import (
     ModelRegistration,
     auto_runner_name,
@@ -65,6 +74,8 @@ __all__ = [
     "HostDriven",
     "InvalidLogitsError",
     "InvalidOptionError",
+    "KvCache",
+    "KvSnapshot",
     "LmCore",
     "LmRunner",
     "LmRunnerBuilder",
@@ -72,6 +83,8 @@ __all__ = [
     "MirostatMode",
     "ModelFingerprint",
     "ModelRegistration",
+    "PromptCache",
+    "PromptCacheStats",
     "RlxError",
     "RunnerAdapter",
     "SampleOpts",
@@ -96,6 +109,7 @@ __all__ = [
     "as_logits",
     "auto_runner_name",
     "build_profile",
+    "cached_prefill_logits",
     "find_registration",
     "greedy_generate",
     "inspect",

@@ -114,3 +114,31 @@ def test_load_factory_finds_a_module_in_the_working_directory(
     monkeypatch.setattr(sys, "path", [p for p in sys.path if p not in ("", str(tmp_path))])
     factory = load_factory("cwd_runner_module:make")
     assert factory() == 42
+
+
+def test_rlx_lm_check_hands_over_to_the_kit(capsys: pytest.CaptureFixture[str]) -> None:
+    from rlx_lm.cli import main
+
+    assert main(["check", "conformance_runners:ToyRunner", "--clause=structure"]) == 0
+    assert "3 passed, 0 failed, 0 skipped" in capsys.readouterr().out
+    assert main(["check", "conformance_runners:ZeroVocab", "--clause=structure"]) == 1
+    assert "FAIL  structure.vocab_size" in capsys.readouterr().out
+    with pytest.raises(SystemExit):
+        main(["--help"])
+    assert "check" in capsys.readouterr().out
+
+
+def test_the_installed_rlx_lm_command_runs_check() -> None:
+    command = Path(sys.executable).parent / "rlx-lm"
+    if not command.exists():
+        pytest.skip(f"no rlx-lm console script next to {sys.executable}")
+    proc = subprocess.run(
+        [str(command), "check", "conformance_runners:DropsStopToken", "--clause=greedy"],
+        cwd=TESTS,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert proc.returncode == 1, proc.stderr
+    assert "FAIL  greedy.stop" in proc.stdout
+    assert "the stopping token is kept" in proc.stdout

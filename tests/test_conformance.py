@@ -32,7 +32,7 @@ from rlx_lm.testing import (
     require_hypothesis,
     run_clause,
 )
-from rlx_lm.testing.conformance import MEMBERS
+from rlx_lm.testing.capabilities import MEMBERS
 
 # Few examples keep the suite fast; every defect shows on the smallest prompt anyway.
 FAST = {"max_examples": 10}

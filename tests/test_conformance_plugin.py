@@ -102,12 +102,12 @@ def test_without_the_option_nothing_is_added(runner_path: pytest.Pytester) -> No
 def test_a_missing_hypothesis_is_a_usage_error_naming_the_extra(
     runner_path: pytest.Pytester, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    import rlx_lm.testing.conformance as conformance
+    import rlx_lm.testing.options as options
 
     def missing() -> None:
         raise ImportError("install it with: pip install 'rlx-lm[testing]'")
 
-    monkeypatch.setattr(conformance, "require_hypothesis", missing)
+    monkeypatch.setattr(options, "require_hypothesis", missing)
     result = runner_path.runpytest_inprocess("--rlx-runner=conformance_runners:ToyRunner")
     assert result.ret == pytest.ExitCode.USAGE_ERROR
     result.stderr.fnmatch_lines(["*pip install 'rlx-lm[[]testing[]]'*"])

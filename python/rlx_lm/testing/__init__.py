@@ -14,21 +14,18 @@ strategies for logits rows, token histories and sampler options are in
 
 from __future__ import annotations
 
+from rlx_lm.testing.capabilities import Factory
+from rlx_lm.testing.clauses import CLAUSES, Clause, clause_names
 from rlx_lm.testing.cli import cli_check, load_factory
-from rlx_lm.testing.conformance import (
-    CLAUSES,
+from rlx_lm.testing.conformance import check_runner, run_clause
+from rlx_lm.testing.options import (
     DEFAULT_ATOL,
     DEFAULT_MAX_EXAMPLES,
     DEFAULT_MAX_NEW_TOKENS,
     DEFAULT_MAX_PROMPT_LEN,
     DEFAULT_RTOL,
     CheckOptions,
-    Clause,
-    Factory,
-    check_runner,
-    clause_names,
     require_hypothesis,
-    run_clause,
 )
 from rlx_lm.testing.report import ClauseResult, ConformanceError, Report, Status
 

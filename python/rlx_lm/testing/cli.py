@@ -10,15 +10,15 @@ from collections.abc import Sequence
 from typing import TextIO
 
 from rlx_lm.errors import InvalidOptionError
-from rlx_lm.testing.conformance import (
-    CLAUSES,
+from rlx_lm.testing.capabilities import Factory
+from rlx_lm.testing.clauses import CLAUSES
+from rlx_lm.testing.conformance import check_runner
+from rlx_lm.testing.options import (
     DEFAULT_ATOL,
     DEFAULT_MAX_EXAMPLES,
     DEFAULT_MAX_NEW_TOKENS,
     DEFAULT_MAX_PROMPT_LEN,
     DEFAULT_RTOL,
-    Factory,
-    check_runner,
     require_hypothesis,
 )
 

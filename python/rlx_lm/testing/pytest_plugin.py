@@ -13,7 +13,8 @@ from typing import TYPE_CHECKING, Any
 import pytest
 
 if TYPE_CHECKING:
-    from rlx_lm.testing.conformance import CheckOptions, Factory
+    from rlx_lm.testing.capabilities import Factory
+    from rlx_lm.testing.options import CheckOptions
     from rlx_lm.testing.report import ClauseResult
 
 __all__ = ["ClauseFailed", "ClauseItem", "RunnerCollector"]
@@ -39,7 +40,7 @@ def pytest_addoption(parser: pytest.Parser) -> None:
 
 def _options(config: pytest.Config) -> CheckOptions:
     from rlx_lm.errors import InvalidOptionError
-    from rlx_lm.testing.conformance import CheckOptions
+    from rlx_lm.testing.options import CheckOptions
 
     kw: dict[str, Any] = {}
     for option, field in (
@@ -115,8 +116,9 @@ class RunnerCollector(pytest.Collector):
     def collect(self) -> list[pytest.Item | pytest.Collector]:
         """One `ClauseItem` per clause."""
         from rlx_lm.errors import InvalidOptionError
+        from rlx_lm.testing.clauses import clause_names
         from rlx_lm.testing.cli import load_factory
-        from rlx_lm.testing.conformance import clause_names, require_hypothesis
+        from rlx_lm.testing.options import require_hypothesis
 
         try:
             require_hypothesis()

@@ -6,7 +6,7 @@ from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Literal
 
-__all__ = ["ClauseResult", "ConformanceError", "Report", "Status", "format_example"]
+__all__ = ["ClauseResult", "ConformanceError", "Report", "Status", "format_error", "format_example"]
 
 Status = Literal["pass", "fail", "skip"]
 """How a clause ended: it held, it was broken, or it did not apply to this runner."""
@@ -14,6 +14,12 @@ Status = Literal["pass", "fail", "skip"]
 
 class ConformanceError(AssertionError):
     """A runner broke one or more conformance clauses; the message lists them."""
+
+
+def format_error(exc: BaseException) -> str:
+    """An exception as ``Type: message`` (just ``Type`` when the message is empty)."""
+    text = str(exc)
+    return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
 
 
 def format_example(example: Mapping[str, object]) -> str:

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import math
 
-from rlx_lm.testing.conformance import require_hypothesis
+from rlx_lm.testing.options import require_hypothesis
 
 require_hypothesis()
 

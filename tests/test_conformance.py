@@ -103,18 +103,16 @@ def test_the_printed_example_reproduces_the_failure() -> None:
 
 
 def test_non_determinism_is_named_when_a_failure_does_not_replay() -> None:
-    calls = itertools.count()
+    predictions = itertools.count()
 
-    class Negated(ToyRunner):
+    class WrongOnce(ToyRunner):
+        """Only the first predict_logits of the whole run is wrong, so it cannot replay."""
+
         def predict_logits(self, prompt_ids: Sequence[int], /) -> Any:
-            return -super().predict_logits(prompt_ids)
+            row = super().predict_logits(prompt_ids)
+            return -row if next(predictions) == 0 else row
 
-    def factory() -> ToyRunner:
-        # Call 0 is the kit's capability probe; call 2 builds the first example's
-        # reference runner. Only that one is wrong, so the failure cannot replay.
-        return Negated() if next(calls) == 2 else ToyRunner()
-
-    report = check_runner(factory, clauses=["host_driven.prefill"], **FAST)
+    report = check_runner(WrongOnce, clauses=["host_driven.prefill"], **FAST)
     failure = report["host_driven.prefill"]
     assert failure.failed
     assert "did not reproduce when the example was replayed" in failure.message
@@ -342,3 +340,16 @@ def test_the_toy_is_what_it_says() -> None:
     np.testing.assert_array_equal(toy.predict_logits(prompt), logits_at(states(prompt)[-1], VOCAB))
     toy.prefill_logits(prompt[:2])
     np.testing.assert_array_equal(toy.decode_logits(4), toy.predict_logits(prompt))
+
+
+def test_a_factory_must_build_a_fresh_runner_each_call() -> None:
+    shared = ToyRunner()
+    report = check_runner(lambda: shared, **FAST)
+    assert report.failed_clauses == {"structure.members"}
+    assert "returned the same object twice" in report["structure.members"].message
+    assert all("same object" in r.message for r in report.skips)
+
+
+def test_passing_a_runner_instead_of_a_factory_says_so() -> None:
+    with pytest.raises(InvalidOptionError, match="got a ToyRunner instance"):
+        check_runner(ToyRunner())  # type: ignore[arg-type]

@@ -30,6 +30,7 @@ from rlx_lm.testing.report import format_error
 
 __all__ = [
     "MEMBERS",
+    "SAME_OBJECT",
     "Capabilities",
     "Factory",
     "Member",
@@ -163,13 +164,20 @@ class Capabilities:
     multimodal: str | None = "not probed"
 
 
+SAME_OBJECT = "factory() returned the same object twice; it must build a fresh runner per call"
+
+
 def probe_capabilities(factory: Factory) -> Capabilities:
     """Build one runner and record what it claims, or why its core members are unusable."""
     caps = Capabilities()
     try:
         runner = factory()
+        again = factory()
     except Exception as exc:
         caps.core_problem = f"factory() raised {format_error(exc)}"
+        return caps
+    if again is runner:
+        caps.core_problem = SAME_OBJECT
         return caps
     _, caps.bad_signatures = member_problems(runner)
     try:

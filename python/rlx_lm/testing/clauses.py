@@ -15,7 +15,7 @@ import numpy as np
 
 from rlx_lm._core import argmax
 from rlx_lm.session import ModelFingerprint, SessionSnapshot
-from rlx_lm.testing.capabilities import MEMBERS, as_vocab_size, member_problems
+from rlx_lm.testing.capabilities import MEMBERS, SAME_OBJECT, as_vocab_size, member_problems
 from rlx_lm.testing.checks import (
     ClauseContext,
     ClauseFailure,
@@ -48,6 +48,8 @@ class Clause:
 
 def _structure_members(ctx: ClauseContext) -> str | None:
     runner = ctx.fresh()
+    if ctx.fresh() is runner:
+        raise ClauseFailure(SAME_OBJECT)
     problems, _ = member_problems(runner)
     if problems:
         raise ClauseFailure("; ".join(problems))

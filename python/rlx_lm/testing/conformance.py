@@ -1,4 +1,4 @@
-"""The conformance clauses a runner must keep, and `check_runner`, which runs them.
+"""Running the conformance clauses: `check_runner` for all of them, `run_clause` for one.
 
 The kit works on any object: a third-party runner need not import rlx_lm. Members are
 found by attribute probes and checked with `inspect.signature`; capabilities (a cached
@@ -113,6 +113,11 @@ def check_runner(
     examples (None draws new ones each run). The report lists pass/fail/skip per
     clause; call `Report.raise_for_failures` to turn failures into an exception.
     """
+    if not callable(factory):
+        raise InvalidOptionError(
+            f"check_runner needs a factory that builds a fresh runner, got a "
+            f"{type(factory).__name__} instance; pass its class or a function that returns one"
+        )
     require_hypothesis()
     opts = CheckOptions(
         atol=atol,

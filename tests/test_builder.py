@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import importlib.util
 import json
 from pathlib import Path
 
@@ -19,6 +18,7 @@ from rlx_lm import (
     InvalidOptionError,
     LmRunnerBuilder,
     ModelRegistration,
+    SampleOpts,
     UnknownArchitectureError,
     UnsupportedError,
     WeightFormat,
@@ -75,14 +75,15 @@ def test_defaults_match_the_seed() -> None:
     assert b.prefer_gguf() is None
 
 
-def test_default_sampling_is_greedy() -> None:
-    sample = LmRunnerBuilder().sample()
-    if importlib.util.find_spec("rlx_lm.sample_opts") is None:
-        # The sampler options have not landed: None stands for greedy until then.
-        assert sample is None
-    else:
-        assert sample is not None
-        assert sample.is_greedy()
+def test_sampling_defaults_to_greedy_and_takes_sample_opts() -> None:
+    b = LmRunnerBuilder()
+    assert b.sample() == SampleOpts.greedy()
+    assert b.sample().is_greedy()
+    hot = SampleOpts(temperature=0.8, top_p=0.9)
+    assert b.sample(hot).sample() is hot
+    assert b.sample().is_greedy(), "the original keeps greedy"
+    with pytest.raises(TypeError, match="sample: expected SampleOpts, got dict"):
+        b.sample({"temperature": 0.8})  # type: ignore[call-overload]
 
 
 def test_setters_return_a_changed_copy_and_getters_read(tmp_path: Path) -> None:

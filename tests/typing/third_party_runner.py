@@ -101,3 +101,13 @@ def narrow(runner: rlx_lm.LmRunner) -> None:
     if rlx_lm.supports_host_driven(runner):
         runner.decode_logits(1)
         runner.generate([1], 1)
+
+
+@rlx_lm.register_model("third-party", "typing check", matches=rlx_lm.match_architectures("tp"))
+def load(builder: rlx_lm.LmRunnerBuilder) -> ThirdPartyRunner:
+    assert builder.max_seq() > 0
+    return ThirdPartyRunner()
+
+
+registration = rlx_lm.ModelRegistration("core-only", "", lambda arch, path: True, load)
+built: rlx_lm.LmCore = rlx_lm.LmRunnerBuilder().weights("m.gguf").max_seq(64).build()

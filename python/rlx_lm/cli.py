@@ -9,6 +9,7 @@ exit status 2.
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from collections.abc import Sequence
 from typing import Any, TextIO
@@ -81,8 +82,8 @@ def _parser() -> argparse.ArgumentParser:
         "--packed",
         action=argparse.BooleanOptionalAction,
         default=None,
-        help="keep quantised GGUF weights packed, dequantised per use (less memory, slower); "
-        "default: packed for GGUF files of 256 MiB or more",
+        help="keep quantised GGUF weights packed, dequantised per use (less memory, much "
+        "slower); default: packed only when float32 weights would not fit in half the free memory",
     )
     for flag, (field, typ) in _SAMPLER_FLAGS.items():
         g.add_argument(flag, dest=field, type=typ, default=None, help=f"SampleOpts.{field}")
@@ -124,6 +125,33 @@ def _mirostat_mode(modes: Any, n: int) -> Any:
     return modes(n)
 
 
+def _available_memory() -> int | None:
+    try:
+        return int(os.sysconf("SC_AVPHYS_PAGES")) * int(os.sysconf("SC_PAGE_SIZE"))
+    except (AttributeError, ValueError, OSError):
+        return None
+
+
+def _packed_by_memory(builder: Any) -> bool | None:
+    """For GGUF: dequantise up front when float32 weights fit in half the free memory.
+
+    Dense decoding runs at BLAS speed; packed weights are dequantised on every use,
+    which in numpy costs seconds per token for a 1B model. None leaves the builder's rule.
+    """
+    from rlx_lm.runners.gguf_loader import open_gguf
+    from rlx_lm.weights import WeightFormat
+
+    if builder.resolved_format() is not WeightFormat.GGUF:
+        return None
+    free = _available_memory()
+    if free is None:
+        return None
+    elements = sum(
+        int(t.n_elements) for t in open_gguf(builder.resolved_weights()).tensors.values()
+    )
+    return elements * 4 > free // 2
+
+
 def _generate(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
     from rlx_lm.builder import LmRunnerBuilder
     from rlx_lm.generation import GenerationEvent, stream
@@ -134,12 +162,15 @@ def _generate(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
         raise _usage(f"-n must be >= 0, got {args.n_predict}")
     progress = _Progress(err)
     opts = _sample_opts(args)
-    tokenizer = Tokenizer.load(args.model)
+    builder = LmRunnerBuilder().weights(args.model)
+    # the concrete file (a directory of GGUFs resolves to the one it picks)
+    tokenizer = Tokenizer.load(builder.resolved_weights())
     ids = tokenizer.encode(args.prompt)
     ctx = args.ctx_size or len(ids) + max(args.n_predict, 1)
-    builder = LmRunnerBuilder().weights(args.model).max_seq(ctx)
-    if args.packed is not None:
-        builder = builder.packed_weights(args.packed)
+    builder = builder.max_seq(ctx)
+    packed = args.packed if args.packed is not None else _packed_by_memory(builder)
+    if packed is not None:
+        builder = builder.packed_weights(packed)
     with load_progress(lambda done, total: progress.update("loading", done, total)):
         runner = builder.build()
     progress.clear()

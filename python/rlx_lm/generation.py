@@ -31,18 +31,23 @@ from rlx_lm.runner import LmCore, as_logits, supports_host_driven, supports_prom
 from rlx_lm.tokenizer import Tokenizer
 
 __all__ = [
+    "EventCallback",
     "GenerationChunk",
     "GenerationEvent",
     "GenerationResult",
     "Generator",
+    "LogprobMode",
+    "Phase",
     "StopReason",
     "TokenLogprob",
     "generate",
+    "load_model",
     "stream",
 ]
 
 StopReason = Literal["eos", "stop", "length", "cancelled"]
 Phase = Literal["load", "cache_lookup", "prefill", "decode", "stop"]
+LogprobMode = Literal["raw", "penalized", "final"]
 
 
 @dataclass(frozen=True)
@@ -188,10 +193,15 @@ def stream(
     max_tokens: int = 128,
     stop: Sequence[str] = (),
     logprobs: int | None = None,
+    logprob_mode: LogprobMode = "raw",
     on_event: EventCallback | None = None,
     prompt_cache: Any = None,
 ) -> Generator:
-    """Generate from ``prompt`` one token at a time (see the module docstring)."""
+    """Generate from ``prompt`` one token at a time (see the module docstring).
+
+    ``logprobs=n`` records each token's log-probability and the ``n`` likeliest
+    alternatives, under the raw, penalized or final distribution (``logprob_mode``).
+    """
     if max_tokens < 0:
         raise InvalidOptionError(f"max_tokens must be >= 0, got {max_tokens}")
     if logprobs is not None and logprobs < 0:
@@ -200,7 +210,17 @@ def stream(
     chain = _make_chain(opts, seed)
     result = GenerationResult(prompt_tokens=len(ids), logprobs=[] if logprobs is not None else None)
     steps = _steps(
-        runner, tokenizer, ids, chain, max_tokens, stop, logprobs, on_event, prompt_cache, result
+        runner,
+        tokenizer,
+        ids,
+        chain,
+        max_tokens,
+        stop,
+        logprobs,
+        logprob_mode,
+        on_event,
+        prompt_cache,
+        result,
     )
     return Generator(steps, result)
 
@@ -264,11 +284,15 @@ def _prefill(
 
 
 def _sample(
-    chain: Any, logits: npt.NDArray[np.float32], history: list[int], top_n: int | None
+    chain: Any,
+    logits: npt.NDArray[np.float32],
+    history: npt.NDArray[np.int64],
+    top_n: int | None,
+    mode: LogprobMode,
 ) -> tuple[int, TokenLogprob | None]:
     if top_n is None:
         return int(chain.sample(logits, history)), None
-    out = chain.sample_with_logprobs(logits, history, top_n)
+    out = chain.sample_with_logprobs(logits, history, top_n, mode=mode)
     tok = int(out.token)
     top = tuple((int(t), float(lp)) for t, lp in out.top)
     return tok, TokenLogprob(tok, float(out.logprob), top)
@@ -282,6 +306,7 @@ def _steps(
     max_tokens: int,
     stop: Sequence[str],
     top_n: int | None,
+    logprob_mode: LogprobMode,
     on_event: EventCallback | None,
     prompt_cache: Any,
     result: GenerationResult,
@@ -290,7 +315,11 @@ def _steps(
     t0 = time.perf_counter()
     logits, result.reused_tokens, driver = _prefill(runner, ids, on_event, prompt_cache)
     result.prefill_seconds = time.perf_counter() - t0
-    history = list(ids)
+    # One int64 buffer, viewed up to the current length: the chain reads it without
+    # converting a Python list every step.
+    buffer = np.empty(len(ids) + max_tokens, dtype=np.int64)
+    buffer[: len(ids)] = ids
+    filled = len(ids)
     detok = tokenizer.detokenizer(ids)
     matcher = _StopMatcher(stop)
     text: list[str] = []
@@ -298,9 +327,10 @@ def _steps(
     t1 = time.perf_counter()
     try:
         for step in range(max_tokens):
-            tok, lp = _sample(chain, logits, history, top_n)
+            tok, lp = _sample(chain, logits, buffer[:filled], top_n, logprob_mode)
             chain.accept(tok)
-            history.append(tok)
+            buffer[filled] = tok
+            filled += 1
             if tokenizer.is_eos(tok):
                 reason = "eos"
                 break
@@ -357,5 +387,5 @@ def load_model(
         b = setter(value)
     with load_progress(lambda done, total: _emit(on_event, "load", done, total, str(path))):
         runner = b.build()
-    tokenizer = Tokenizer.load(path)
+    tokenizer = Tokenizer.load(b.resolved_weights())
     return runner, tokenizer

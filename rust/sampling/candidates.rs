@@ -215,11 +215,10 @@ impl<'a> Work<'a> {
     pub fn best(&self) -> Cand {
         match &self.dense {
             Some(d) => {
-                let row = d.row.as_slice();
-                let id = row.iter().position(|&v| v == d.max).unwrap_or(0);
+                let (id, max, _) = dense::argmax_nan(d.row.as_slice());
                 Cand {
                     id: id as u32,
-                    logit: d.max * d.scale,
+                    logit: max * d.scale,
                 }
             }
             None => {

@@ -682,7 +682,7 @@ impl SamplerChain {
         if row.is_empty() {
             return Err(CoreError::EmptyLogits);
         }
-        let (max, nan) = crate::argmax::max_and_nan(row);
+        let (best, max, nan) = dense::argmax_nan(row);
         if nan {
             let index = row.iter().position(|v| v.is_nan()).unwrap_or(0);
             return Err(CoreError::NanLogit { index });
@@ -714,9 +714,8 @@ impl SamplerChain {
             }
         }
         if self.selector == Selector::Argmax && logprobs.is_none() {
-            let token = crate::argmax::argmax(row)? as u32;
             return Ok(Sampled {
-                token,
+                token: best as u32,
                 surprises: None,
                 logprobs: None,
             });

@@ -13,26 +13,42 @@ const LN2_LO: f32 = -2.121_944_4e-4;
 /// 1.5 * 2^23: adding it rounds to an integer held in the low mantissa bits.
 const MAGIC: f32 = 12_582_912.0;
 
-/// `exp(z)` for `z <= 0` with about 1e-7 relative error; `z < -87` (and
+/// `a * b + c`, fused when the kernel is compiled for FMA.
+#[inline(always)]
+fn madd<const FMA: bool>(a: f32, b: f32, c: f32) -> f32 {
+    if FMA {
+        a.mul_add(b, c)
+    } else {
+        a * b + c
+    }
+}
+
+/// `exp(z)` for `z <= 0` with about 2e-7 relative error; `z < -87` (and
 /// `-inf`) gives exactly 0. Branch-free so that loops over it vectorise.
 #[inline(always)]
 pub fn exp_neg(z: f32) -> f32 {
+    exp_neg_impl::<false>(z)
+}
+
+#[inline(always)]
+fn exp_neg_impl<const FMA: bool>(z: f32) -> f32 {
     let zc = if z < -87.0 { -87.0 } else { z };
-    let t = zc * LOG2E + MAGIC;
+    let t = madd::<FMA>(zc, LOG2E, MAGIC);
     let n = t - MAGIC;
-    let r = zc - n * LN2_HI - n * LN2_LO;
+    let r = madd::<FMA>(-n, LN2_HI, zc);
+    let r = madd::<FMA>(-n, LN2_LO, r);
     let mut p = 1.987_569_1e-4f32;
-    p = p * r + 1.398_199_9e-3;
-    p = p * r + 8.333_452e-3;
-    p = p * r + 4.166_579_6e-2;
-    p = p * r + 1.666_666_5e-1;
-    p = p * r + 0.5;
-    let e = p * r * r + r + 1.0;
+    p = madd::<FMA>(p, r, 1.398_199_9e-3);
+    p = madd::<FMA>(p, r, 8.333_452e-3);
+    p = madd::<FMA>(p, r, 4.166_579_6e-2);
+    p = madd::<FMA>(p, r, 1.666_666_5e-1);
+    p = madd::<FMA>(p, r, 0.5);
+    let e = madd::<FMA>(p, r * r, r) + 1.0;
+    // 2^n from the rounded value's low mantissa bits.
     let bits = t
         .to_bits()
-        .wrapping_sub(MAGIC.to_bits())
-        .wrapping_add(127)
-        .wrapping_shl(23);
+        .wrapping_shl(23)
+        .wrapping_add(127u32.wrapping_sub(MAGIC.to_bits()).wrapping_shl(23));
     let v = e * f32::from_bits(bits);
     if z < -87.0 {
         0.0
@@ -54,15 +70,62 @@ macro_rules! dispatch {
                     return unsafe { $avx($($arg),*) };
                 }
             }
-            $generic($($arg),*)
+            $generic::<false>($($arg),*)
         }
 
         #[cfg(target_arch = "x86_64")]
         #[target_feature(enable = "avx2,fma")]
         unsafe fn $avx($($arg: $ty),*) -> $ret {
-            $generic($($arg),*)
+            $generic::<true>($($arg),*)
         }
     };
+}
+
+dispatch! {
+    /// One pass: `(index of the first maximum, maximum, whether any entry is
+    /// NaN)`. NaN never becomes the maximum; an all `-inf` row gives index 0.
+    pub fn argmax_nan / argmax_nan_avx2 / argmax_nan_generic(row: &[f32]) -> (usize, f32, bool)
+}
+
+#[inline(always)]
+fn argmax_nan_generic<const FMA: bool>(row: &[f32]) -> (usize, f32, bool) {
+    // Block maxima in one vectorised pass; the first block holding the
+    // overall maximum is then scanned for its position.
+    const BLOCK_ARGMAX: usize = 256;
+    let (mut best_v, mut best_b, mut any_nan) = (f32::NEG_INFINITY, 0usize, false);
+    for (b, block) in row.chunks(BLOCK_ARGMAX).enumerate() {
+        let mut lane_max = [f32::NEG_INFINITY; LANES];
+        let mut lane_nan = [0u32; LANES];
+        let chunks = block.chunks_exact(LANES);
+        let tail = chunks.remainder();
+        for c in chunks {
+            let c: &[f32; LANES] = c.try_into().unwrap_or(&[0.0; LANES]);
+            for l in 0..LANES {
+                let v = c[l];
+                lane_max[l] = if v > lane_max[l] { v } else { lane_max[l] };
+                lane_nan[l] |= v.is_nan() as u32;
+            }
+        }
+        let mut m = f32::NEG_INFINITY;
+        for l in 0..LANES {
+            m = if lane_max[l] > m { lane_max[l] } else { m };
+            any_nan |= lane_nan[l] != 0;
+        }
+        for &v in tail {
+            m = if v > m { v } else { m };
+            any_nan |= v.is_nan();
+        }
+        if m > best_v {
+            best_v = m;
+            best_b = b;
+        }
+    }
+    let start = best_b * BLOCK_ARGMAX;
+    let pos = row[start..]
+        .iter()
+        .position(|&v| v == best_v)
+        .map_or(0, |p| start + p);
+    (pos, best_v, any_nan)
 }
 
 dispatch! {
@@ -71,7 +134,7 @@ dispatch! {
 }
 
 #[inline(always)]
-fn exp_sum_generic(row: &[f32], max: f32, scale: f32) -> f64 {
+fn exp_sum_generic<const FMA: bool>(row: &[f32], max: f32, scale: f32) -> f64 {
     let ms = max * scale;
     let mut total = 0.0f64;
     for block in row.chunks(BLOCK) {
@@ -79,8 +142,9 @@ fn exp_sum_generic(row: &[f32], max: f32, scale: f32) -> f64 {
         let chunks = block.chunks_exact(LANES);
         let tail = chunks.remainder();
         for c in chunks {
+            let c: &[f32; LANES] = c.try_into().unwrap_or(&[0.0; LANES]);
             for i in 0..LANES {
-                acc[i] += exp_neg(c[i] * scale - ms);
+                acc[i] += exp_neg_impl::<FMA>(c[i] * scale - ms);
             }
         }
         let mut s = 0.0f32;
@@ -88,7 +152,7 @@ fn exp_sum_generic(row: &[f32], max: f32, scale: f32) -> f64 {
             s += a;
         }
         for &v in tail {
-            s += exp_neg(v * scale - ms);
+            s += exp_neg_impl::<FMA>(v * scale - ms);
         }
         total += s as f64;
     }
@@ -101,7 +165,12 @@ dispatch! {
 }
 
 #[inline(always)]
-fn exp_store_generic(row: &[f32], max: f32, scale: f32, out: &mut Vec<f32>) -> f64 {
+fn exp_store_generic<const FMA: bool>(
+    row: &[f32],
+    max: f32,
+    scale: f32,
+    out: &mut Vec<f32>,
+) -> f64 {
     let ms = max * scale;
     out.clear();
     out.resize(row.len(), 0.0);
@@ -112,8 +181,9 @@ fn exp_store_generic(row: &[f32], max: f32, scale: f32, out: &mut Vec<f32>) -> f
         let tail = chunks.remainder();
         let mut ochunks = oblock.chunks_exact_mut(LANES);
         for (c, o) in chunks.zip(&mut ochunks) {
+            let c: &[f32; LANES] = c.try_into().unwrap_or(&[0.0; LANES]);
             for i in 0..LANES {
-                let e = exp_neg(c[i] * scale - ms);
+                let e = exp_neg_impl::<FMA>(c[i] * scale - ms);
                 o[i] = e;
                 acc[i] += e;
             }
@@ -123,7 +193,7 @@ fn exp_store_generic(row: &[f32], max: f32, scale: f32, out: &mut Vec<f32>) -> f
             s += a;
         }
         for (&v, o) in tail.iter().zip(ochunks.into_remainder()) {
-            let e = exp_neg(v * scale - ms);
+            let e = exp_neg_impl::<FMA>(v * scale - ms);
             *o = e;
             s += e;
         }
@@ -139,7 +209,7 @@ dispatch! {
 }
 
 #[inline(always)]
-fn entropy_sums_generic(row: &[f32], max: f32, scale: f32) -> (f64, f64) {
+fn entropy_sums_generic<const FMA: bool>(row: &[f32], max: f32, scale: f32) -> (f64, f64) {
     let ms = max * scale;
     let (mut s_tot, mut ez_tot) = (0.0f64, 0.0f64);
     for block in row.chunks(BLOCK) {
@@ -150,7 +220,7 @@ fn entropy_sums_generic(row: &[f32], max: f32, scale: f32) -> (f64, f64) {
         for c in chunks {
             for i in 0..LANES {
                 let z = c[i] * scale - ms;
-                let e = exp_neg(z);
+                let e = exp_neg_impl::<FMA>(z);
                 acc[i] += e;
                 // e == 0 for banned entries; guard -inf * 0.
                 acz[i] += if e > 0.0 { e * z } else { 0.0 };
@@ -163,7 +233,7 @@ fn entropy_sums_generic(row: &[f32], max: f32, scale: f32) -> (f64, f64) {
         }
         for &v in tail {
             let z = v * scale - ms;
-            let e = exp_neg(z);
+            let e = exp_neg_impl::<FMA>(z);
             s += e;
             sz += if e > 0.0 { e * z } else { 0.0 };
         }
@@ -179,7 +249,7 @@ dispatch! {
 }
 
 #[inline(always)]
-fn moments_generic(row: &[f32]) -> (usize, f64, f64) {
+fn moments_generic<const FMA: bool>(row: &[f32]) -> (usize, f64, f64) {
     let (mut n, mut s) = (0usize, 0.0f64);
     for block in row.chunks(BLOCK) {
         let mut acc = 0.0f32;
@@ -216,7 +286,7 @@ dispatch! {
 }
 
 #[inline(always)]
-fn gather_ge_generic(row: &[f32], scale: f32, thr: f32, out: &mut Vec<Cand>) {
+fn gather_ge_generic<const FMA: bool>(row: &[f32], scale: f32, thr: f32, out: &mut Vec<Cand>) {
     // -inf * scale is -inf, which never reaches a threshold >= f32::MIN.
     let thr = if thr >= f32::MIN { thr } else { f32::MIN };
     let chunks = row.chunks_exact(LANES);
@@ -300,6 +370,11 @@ mod tests {
         while z > -87.0 {
             let want = (z as f64).exp();
             let got = exp_neg(z) as f64;
+            let fused = exp_neg_impl::<true>(z) as f64;
+            assert!(
+                ((fused - want) / want).abs() < 4e-7,
+                "z={z} fused={fused} want={want}"
+            );
             assert!(
                 ((got - want) / want).abs() < 4e-7,
                 "z={z} got={got} want={want}"
@@ -324,6 +399,26 @@ mod tests {
         let got2 = exp_store(&row, max, 0.5, &mut buf);
         assert_eq!(got, got2);
         assert_eq!(buf.len(), row.len());
+    }
+
+    #[test]
+    fn argmax_nan_finds_the_first_maximum() {
+        for len in [1usize, 5, 16, 17, 33, 100, 1000] {
+            for pos in [0, len / 3, len - 1] {
+                let mut row: Vec<f32> = (0..len).map(|i| (i % 7) as f32).collect();
+                row[pos] = 50.0;
+                if pos + 1 < len {
+                    row[len - 1] = 50.0;
+                }
+                assert_eq!(argmax_nan(&row), (pos, 50.0, false), "len {len} pos {pos}");
+            }
+        }
+        let mut row = vec![f32::NEG_INFINITY; 40];
+        assert_eq!(argmax_nan(&row).1, f32::NEG_INFINITY);
+        row[39] = f32::NAN;
+        assert!(argmax_nan(&row).2);
+        row[3] = f32::INFINITY;
+        assert_eq!(argmax_nan(&row), (3, f32::INFINITY, true));
     }
 
     #[test]

@@ -82,15 +82,40 @@ def _parser() -> argparse.ArgumentParser:
         help="run only this clause or group (e.g. 'sessions'); repeatable",
     )
     p.add_argument("--list", action="store_true", help="list the clauses and exit")
-    p.add_argument("--atol", type=float, default=DEFAULT_ATOL, help="absolute logits tolerance")
-    p.add_argument("--rtol", type=float, default=DEFAULT_RTOL, help="relative logits tolerance")
     p.add_argument(
-        "--max-examples", type=int, default=DEFAULT_MAX_EXAMPLES, help="examples per clause"
+        "--atol",
+        type=float,
+        default=DEFAULT_ATOL,
+        help="absolute logits tolerance (default: %(default)s)",
     )
-    p.add_argument("--max-prompt-len", type=int, default=DEFAULT_MAX_PROMPT_LEN)
-    p.add_argument("--max-new-tokens", type=int, default=DEFAULT_MAX_NEW_TOKENS)
     p.add_argument(
-        "--seed", default="0", help="hypothesis seed (an int, or 'random' for new examples)"
+        "--rtol",
+        type=float,
+        default=DEFAULT_RTOL,
+        help="relative logits tolerance (default: %(default)s)",
+    )
+    p.add_argument(
+        "--max-examples",
+        type=int,
+        default=DEFAULT_MAX_EXAMPLES,
+        help="hypothesis examples per clause (default: %(default)s)",
+    )
+    p.add_argument(
+        "--max-prompt-len",
+        type=int,
+        default=DEFAULT_MAX_PROMPT_LEN,
+        help="longest prompt drawn (default: %(default)s)",
+    )
+    p.add_argument(
+        "--max-new-tokens",
+        type=int,
+        default=DEFAULT_MAX_NEW_TOKENS,
+        help="most tokens generated or decoded per example (default: %(default)s)",
+    )
+    p.add_argument(
+        "--seed",
+        default="0",
+        help="hypothesis seed: an int, or 'random' for new examples (default: %(default)s)",
     )
     return p
 

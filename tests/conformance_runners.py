@@ -342,6 +342,82 @@ class PhasesOutOfOrder(ToyRunner):
         super()._phase({"vision": "prefill", "prefill": "vision"}[name])
 
 
+class NegInfLogit(ToyRunner):
+    """A padded LM head whose last logit is always -inf."""
+
+    def _logits(self, state: int) -> Any:
+        row = logits_at(state, self.vocab_size)
+        row[-1] = -np.inf
+        return row
+
+
+class RequiresOnToken(ToyRunner):
+    """generate needs on_token, as in the seed's Rust trait; the protocol makes it optional."""
+
+    def generate(  # type: ignore[override]
+        self, prompt_ids: Sequence[int], n_new: int, on_token: Callable[[int], bool], /
+    ) -> list[int]:
+        return super().generate(prompt_ids, n_new, on_token)
+
+
+class IgnoresStop(ToyRunner):
+    """generate calls on_token but never stops when it returns False."""
+
+    def generate(
+        self,
+        prompt_ids: Sequence[int],
+        n_new: int,
+        on_token: Callable[[int], bool] | None = None,
+        /,
+    ) -> list[int]:
+        out = super().generate(prompt_ids, n_new, None)
+        for t in out:
+            if on_token is not None:
+                on_token(t)
+        return out
+
+
+class PrefillKeepsOldContext(ToyRunner):
+    """prefill_logits continues the previous sequence instead of starting a new one."""
+
+    def prefill_logits(self, prompt_ids: Sequence[int], /) -> Any:
+        ids = self._check(prompt_ids)
+        self.kv = self.kv + states(ids, self.kv[-1] if self.kv else ROOT)
+        self.tokens, self.started = self.tokens + ids, True
+        return self._logits(self.kv[-1])
+
+
+class RestoreReturnsNone(ToyRunner):
+    """restore_session applies the snapshot but returns None instead of True."""
+
+    def restore_session(self, snapshot: SessionSnapshot, /) -> bool:
+        super().restore_session(snapshot)
+        return None  # type: ignore[return-value]
+
+
+class ClobbersBeforeCheck(ToyRunner):
+    """restore_session overwrites the live session before it checks the fingerprint."""
+
+    def restore_session(self, snapshot: SessionSnapshot, /) -> bool:
+        self.kv, self.tokens = list(snapshot.kv), list(snapshot.tokens)
+        return super().restore_session(snapshot)
+
+
+class NeverClears(ToyRunner):
+    """set_multimodal_phase_callback(None) leaves the old callback in place."""
+
+    def set_multimodal_phase_callback(self, callback: Callable[[str], None] | None, /) -> None:
+        if callback is not None:
+            self.phase_cb = callback
+
+
+class NoPhases(ToyRunner):
+    """The phase callback is stored but never fired."""
+
+    def _phase(self, name: str) -> None:
+        pass
+
+
 DEFECTS: dict[str, tuple[type, str]] = {
     # the issue's list
     "off-by-one context in decode": (OffByOneDecode, "host_driven.decode"),
@@ -364,5 +440,13 @@ DEFECTS: dict[str, tuple[type, str]] = {
     "restore accepts a foreign snapshot": (AcceptsForeign, "sessions.foreign"),
     "restore shares state with the snapshot": (RestoreShares, "sessions.roundtrip"),
     "phase callback out of order": (PhasesOutOfOrder, "multimodal.phases"),
+    "a -inf logit": (NegInfLogit, "logits.row"),
+    "generate requires on_token": (RequiresOnToken, "structure.members"),
+    "generate ignores on_token's stop": (IgnoresStop, "greedy.stop"),
+    "prefill continues the old sequence": (PrefillKeepsOldContext, "host_driven.prefill"),
+    "restore_session returns None": (RestoreReturnsNone, "sessions.roundtrip"),
+    "a refused restore clobbers the session": (ClobbersBeforeCheck, "sessions.foreign"),
+    "a None phase callback does not clear": (NeverClears, "multimodal.phases"),
+    "the phase callback never fires": (NoPhases, "multimodal.phases"),
 }
 """Defect -> (runner class, the clause that must report it)."""

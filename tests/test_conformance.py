@@ -353,3 +353,49 @@ def test_a_factory_must_build_a_fresh_runner_each_call() -> None:
 def test_passing_a_runner_instead_of_a_factory_says_so() -> None:
     with pytest.raises(InvalidOptionError, match="got a ToyRunner instance"):
         check_runner(ToyRunner())  # type: ignore[arg-type]
+
+
+def test_nan_is_reported_by_the_logits_clause_not_by_every_comparison() -> None:
+    class NanLogit(ToyRunner):
+        def _logits(self, state: int) -> Any:
+            row = logits_at(state, self.vocab_size)
+            row[3] = np.nan
+            return row
+
+    report = check_runner(NanLogit, **FAST)
+    assert "logits.row" in report.failed_clauses
+    assert "not finite float32, first at index 3: nan" in report["logits.row"].message
+    # The pair agrees with predict_logits (NaN for NaN), so those clauses hold; only
+    # greedy, whose reference is rlx_lm.argmax, cannot run on a NaN row.
+    assert report.failed_clauses == {"logits.row", "greedy.argmax"}
+    assert "InvalidLogitsError" in report["greedy.argmax"].message
+
+
+def test_a_row_that_does_not_convert_is_named() -> None:
+    class Text(CoreOnly):
+        def predict_logits(self, tokens: Sequence[int], /) -> Any:
+            return "0.5 1.5"
+
+    report = check_runner(Text, clauses=["logits.row"], **FAST)
+    assert "returned str, which does not convert to a row of floats" in (
+        report["logits.row"].message
+    )
+
+
+def test_generated_tokens_must_be_in_the_vocabulary() -> None:
+    class OutOfVocab(ToyRunner):
+        def generate(self, prompt_ids: Sequence[int], n_new: int, on_token: Any = None, /) -> Any:
+            return [t + VOCAB for t in super().generate(prompt_ids, n_new, on_token)]
+
+    report = check_runner(OutOfVocab, clauses=["greedy.argmax"], **FAST)
+    assert "outside the vocabulary 0..31" in report["greedy.argmax"].message
+
+
+def test_a_member_that_is_not_callable_is_reported() -> None:
+    class Attribute(ToyRunner):
+        decode_logits = 5  # type: ignore[assignment]
+
+    report = check_runner(Attribute, clauses=["structure", "host_driven"], **FAST)
+    assert report.failed_clauses == {"structure.members"}
+    assert "decode_logits is a int, not a method" in report["structure.members"].message
+    assert "incompatible signature" in report["host_driven.decode"].message

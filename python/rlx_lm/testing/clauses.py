@@ -110,7 +110,7 @@ def _logits_row(ctx: ClauseContext) -> str | None:
         if bad.size:
             raise ClauseFailure(
                 f"{what} has {bad.size} value(s) that are not finite float32, first at index "
-                f"{int(bad[0])}: {row[bad[0]]!r}; expected {vocab} finite float32 values"
+                f"{int(bad[0])}: {float(row[bad[0]])}; expected {vocab} finite float32 values"
             )
 
     ctx.for_all(st.fixed_dictionaries({"prompt": ctx.prompts()}), body)
@@ -449,15 +449,20 @@ def _sessions_foreign(ctx: ClauseContext) -> str | None:
     _need_sessions(ctx)
 
     def body(ex: dict[str, Any]) -> None:
-        prompt, nxt = ex["prompt"], ex["next"]
+        prompt, moved, nxt = ex["prompt"], ex["moved"], ex["next"]
+        # The live session moves on after the export, so a restore that overwrote it
+        # before refusing would be seen in the last decode.
         start = f"prefill_logits({show_tokens(prompt)})"
+        live = f"{start}, export_session(), decode_logits({moved})"
         reference = ctx.fresh()
         call(start, reference.prefill_logits, list(prompt))
+        call(f"decode_logits({moved})", reference.decode_logits, moved)
         want = as_row(call(f"decode_logits({nxt})", reference.decode_logits, nxt), start)
 
         runner = ctx.fresh()
         call(start, runner.prefill_logits, list(prompt))
         own = _export(runner, f"after {start}")
+        call(f"decode_logits({moved}) after {start}", runner.decode_logits, moved)
         for fp in _foreign_fingerprints(own.fingerprint, ctx.caps.family):
             foreign = SessionSnapshot(own.kv, own.tokens, fp)
             what = f"restore_session(a snapshot with fingerprint {fp})"
@@ -474,19 +479,18 @@ def _sessions_foreign(ctx: ClauseContext) -> str | None:
                 f"{what} returned {applied!r} (runner's own fingerprint: {own.fingerprint}); "
                 f"expected rlx_lm.SnapshotMismatchError"
             )
-        after = f"decode_logits({nxt}) after {start} and refused foreign restores"
+        after = f"decode_logits({nxt}) after {live} and the refused foreign restores"
         got = as_row(call(after, runner.decode_logits, nxt), after)
         assert_close(
             got,
             want,
             after,
-            f"decode_logits({nxt}) after {start} (the session as it was)",
+            f"decode_logits({nxt}) after {start}, decode_logits({moved}) (the session as it was)",
             ctx.opts,
         )
 
-    examples = st.fixed_dictionaries(
-        {"prompt": ctx.prompts(), "next": st.integers(0, ctx.vocab - 1)}
-    )
+    token = st.integers(0, ctx.vocab - 1)
+    examples = st.fixed_dictionaries({"prompt": ctx.prompts(), "moved": token, "next": token})
     ctx.for_all(examples, body)
     return None
 

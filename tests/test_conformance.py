@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import itertools
+import subprocess
 import sys
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -399,3 +400,27 @@ def test_a_member_that_is_not_callable_is_reported() -> None:
     assert report.failed_clauses == {"structure.members"}
     assert "decode_logits is a int, not a method" in report["structure.members"].message
     assert "incompatible signature" in report["host_driven.decode"].message
+
+
+def test_the_kit_imports_without_hypothesis_and_says_what_to_install() -> None:
+    # A backend that only imports rlx_lm (or whose pytest loads the plugin) must not need
+    # hypothesis; the kit asks for it when it runs, and the strategies when imported.
+    code = """
+import sys
+sys.modules["hypothesis"] = None
+import rlx_lm.testing, rlx_lm.testing.pytest_plugin
+try:
+    rlx_lm.testing.check_runner(lambda: None)
+except ImportError as e:
+    print("check:", e)
+try:
+    import rlx_lm.testing.strategies
+except ImportError as e:
+    print("strategies:", e)
+"""
+    proc = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=True
+    )
+    lines = proc.stdout.splitlines()
+    assert [line.split(":")[0] for line in lines] == ["check", "strategies"]
+    assert all("pip install 'rlx-lm[testing]'" in line for line in lines)

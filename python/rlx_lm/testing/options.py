@@ -44,7 +44,11 @@ def require_hypothesis() -> None:
 
 @dataclass(frozen=True)
 class CheckOptions:
-    """Tolerances and search budget of a conformance run (defaults: the ``DEFAULT_*`` constants)."""
+    """Tolerances and search budget of a conformance run (defaults: the ``DEFAULT_*`` constants).
+
+    The longest token sequence a clause builds is ``max_prompt_len + 2 * max_new_tokens``,
+    so a runner with a fixed context must hold at least that many.
+    """
 
     atol: float = DEFAULT_ATOL
     rtol: float = DEFAULT_RTOL

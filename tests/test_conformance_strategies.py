@@ -21,6 +21,8 @@ from rlx_lm.testing.strategies import (
 )
 
 F32_MAX = float(np.finfo(np.float32).max)
+# Drawing SampleOpts validates every field; a smaller budget keeps these few tests cheap.
+FEW = settings(max_examples=60)
 FIND = settings(max_examples=2000, database=None, phases=[Phase.generate])
 
 
@@ -32,6 +34,7 @@ def test_finite_rows_are_finite_float32(row: np.ndarray) -> None:
     assert np.isfinite(row).all()
 
 
+@FEW
 @given(st.integers(1, 50), st.data())
 def test_a_fixed_vocab_size_fixes_the_length(vocab: int, data: st.DataObject) -> None:
     assert data.draw(logits_rows(vocab)).shape == (vocab,)
@@ -100,6 +103,7 @@ def test_token_histories_include_repeated_patterns() -> None:
     assert len(set(tokens)) == 2
 
 
+@FEW
 @given(st.integers(1, 64), st.data())
 def test_sample_opts_are_valid_and_stay_in_the_vocabulary(vocab: int, data: st.DataObject) -> None:
     opts = data.draw(sample_opts(vocab))
@@ -112,11 +116,13 @@ def test_sample_opts_are_valid_and_stay_in_the_vocabulary(vocab: int, data: st.D
     assert SampleOpts(**{f: getattr(opts, f) for f in opts.__dataclass_fields__}) == opts
 
 
+@FEW
 @given(sample_opts(32, greedy=True))
 def test_greedy_opts_are_greedy(opts: SampleOpts) -> None:
     assert opts.is_greedy()
 
 
+@FEW
 @given(sample_opts(32, greedy=False))
 def test_sampling_opts_are_not_greedy(opts: SampleOpts) -> None:
     assert not opts.is_greedy()

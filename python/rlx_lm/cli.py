@@ -12,9 +12,13 @@ import argparse
 import os
 import sys
 from collections.abc import Sequence
-from typing import Any, TextIO
+from typing import TYPE_CHECKING, Any, TextIO
 
-from rlx_lm.errors import RlxError
+from rlx_lm.errors import InvalidOptionError, RlxError
+from rlx_lm.sample_opts import MirostatMode
+
+if TYPE_CHECKING:
+    from rlx_lm.sample_opts import SampleOpts
 
 __all__ = ["main"]
 
@@ -96,8 +100,8 @@ def _parser() -> argparse.ArgumentParser:
     return p
 
 
-def _sample_opts(args: argparse.Namespace) -> Any:
-    from rlx_lm import SampleOpts
+def _sample_opts(args: argparse.Namespace) -> SampleOpts:
+    from rlx_lm.sample_opts import SampleOpts
 
     kw: dict[str, Any] = {}
     for field, _ in _SAMPLER_FLAGS.values():
@@ -105,24 +109,12 @@ def _sample_opts(args: argparse.Namespace) -> Any:
         if value is not None:
             kw[field] = value
     if "mirostat" in kw:
-        from rlx_lm import MirostatMode
-
-        kw["mirostat"] = _mirostat_mode(MirostatMode, kw["mirostat"])
+        if kw["mirostat"] not in (0, 1, 2):
+            raise InvalidOptionError(f"--mirostat must be 0, 1 or 2, got {kw['mirostat']}")
+        kw["mirostat"] = MirostatMode(kw["mirostat"])
     if args.seed is not None:
         kw["seed"] = args.seed
     return SampleOpts(**kw)
-
-
-def _mirostat_mode(modes: Any, n: int) -> Any:
-    names = {0: "OFF", 1: "V1", 2: "V2"}
-    if n not in names:
-        from rlx_lm.errors import InvalidOptionError
-
-        raise InvalidOptionError(f"--mirostat must be 0, 1 or 2, got {n}")
-    for name in (names[n], names[n].capitalize(), names[n].lower()):
-        if hasattr(modes, name):
-            return getattr(modes, name)
-    return modes(n)
 
 
 def _available_memory() -> int | None:

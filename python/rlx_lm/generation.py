@@ -18,16 +18,19 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Literal
 
 import numpy as np
 import numpy.typing as npt
 
+from rlx_lm._core import SamplerChain
 from rlx_lm.errors import InvalidOptionError
 from rlx_lm.host_driven import HostDriven
+from rlx_lm.prompt_cache import PromptCache
 from rlx_lm.runner import LmCore, as_logits, supports_host_driven, supports_prompt_cache
+from rlx_lm.sample_opts import SampleOpts
 from rlx_lm.tokenizer import Tokenizer
 
 __all__ = [
@@ -160,20 +163,12 @@ class Generator:
             close()
 
 
-def _make_chain(opts: Any, seed: int | None) -> Any:
-    from rlx_lm import SampleOpts
-
+def _make_chain(opts: SampleOpts | None, seed: int | None) -> SamplerChain:
     if opts is None:
-        opts = SampleOpts() if seed is None else SampleOpts(seed=seed)
-    elif seed is not None:
-        opts = opts.with_seed(seed) if hasattr(opts, "with_seed") else _reseeded(opts, seed)
+        opts = SampleOpts()
+    if seed is not None:
+        opts = replace(opts, seed=seed)
     return opts.into_chain()
-
-
-def _reseeded(opts: Any, seed: int) -> Any:
-    from dataclasses import replace
-
-    return replace(opts, seed=seed)
 
 
 def _encode(tokenizer: Tokenizer, prompt: str | Sequence[int]) -> list[int]:
@@ -188,14 +183,14 @@ def stream(
     tokenizer: Tokenizer,
     prompt: str | Sequence[int],
     *,
-    opts: Any = None,
+    opts: SampleOpts | None = None,
     seed: int | None = None,
     max_tokens: int = 128,
     stop: Sequence[str] = (),
     logprobs: int | None = None,
     logprob_mode: LogprobMode = "raw",
     on_event: EventCallback | None = None,
-    prompt_cache: Any = None,
+    prompt_cache: PromptCache | None = None,
 ) -> Generator:
     """Generate from ``prompt`` one token at a time (see the module docstring).
 
@@ -229,10 +224,30 @@ def generate(
     runner: LmCore,
     tokenizer: Tokenizer,
     prompt: str | Sequence[int],
-    **kwargs: Any,
+    *,
+    opts: SampleOpts | None = None,
+    seed: int | None = None,
+    max_tokens: int = 128,
+    stop: Sequence[str] = (),
+    logprobs: int | None = None,
+    logprob_mode: LogprobMode = "raw",
+    on_event: EventCallback | None = None,
+    prompt_cache: PromptCache | None = None,
 ) -> GenerationResult:
     """Run `stream` to the end and return its `GenerationResult`."""
-    gen = stream(runner, tokenizer, prompt, **kwargs)
+    gen = stream(
+        runner,
+        tokenizer,
+        prompt,
+        opts=opts,
+        seed=seed,
+        max_tokens=max_tokens,
+        stop=stop,
+        logprobs=logprobs,
+        logprob_mode=logprob_mode,
+        on_event=on_event,
+        prompt_cache=prompt_cache,
+    )
     for _ in gen:
         pass
     return gen.result
@@ -246,7 +261,7 @@ def _emit(
 
 
 def _prefill(
-    runner: Any, ids: list[int], on_event: EventCallback | None, prompt_cache: Any
+    runner: Any, ids: list[int], on_event: EventCallback | None, prompt_cache: PromptCache | None
 ) -> tuple[npt.NDArray[np.float32], int, Any]:
     """Prefill through the prompt cache when possible; return (logits, reused tokens, driver)."""
     n = len(ids)
@@ -284,7 +299,7 @@ def _prefill(
 
 
 def _sample(
-    chain: Any,
+    chain: SamplerChain,
     logits: npt.NDArray[np.float32],
     history: npt.NDArray[np.int64],
     top_n: int | None,
@@ -302,13 +317,13 @@ def _steps(
     runner: Any,
     tokenizer: Tokenizer,
     ids: list[int],
-    chain: Any,
+    chain: SamplerChain,
     max_tokens: int,
     stop: Sequence[str],
     top_n: int | None,
     logprob_mode: LogprobMode,
     on_event: EventCallback | None,
-    prompt_cache: Any,
+    prompt_cache: PromptCache | None,
     result: GenerationResult,
 ) -> Iterator[GenerationChunk]:
     result.stop_reason = "cancelled"

@@ -3,7 +3,7 @@
 Registered through the ``pytest11`` entry point, so it is active wherever rlx-lm is
 installed; without ``--rlx-runner`` it adds nothing and imports nothing heavy. The items
 are named ``rlx-conformance[<spec>]::<clause>``, so ``-k`` selects clauses and a CI log
-shows which clause broke.
+shows which clause broke. ``-p no:rlx_lm`` turns the plugin off.
 """
 
 from __future__ import annotations

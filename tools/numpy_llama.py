@@ -80,8 +80,10 @@ class GgufLlama:
         out[..., 1::2] = a * sin + b * cos
         return out
 
-    def logits(self, ids: list[int], cache: list[list[np.ndarray]]) -> np.ndarray:
-        """Logits of the last of ``ids`` (appended after the ``cache``'s positions)."""
+    def logits(
+        self, ids: list[int], cache: list[list[np.ndarray]], *, every: bool = False
+    ) -> np.ndarray:
+        """Logits of the last of ``ids`` (of each, if ``every``), appended after the cache."""
         t = self.t
         p0 = cache[0][0].shape[0] if cache[0] else 0
         n = len(ids)
@@ -110,8 +112,20 @@ class GgufLlama:
             gate = h @ t[b + "ffn_gate.weight"].T
             up = h @ t[b + "ffn_up.weight"].T
             x = x + ((gate / (1 + np.exp(-gate))) * up) @ t[b + "ffn_down.weight"].T
-        x = self._rms(x[-1:], t["output_norm.weight"])
-        return (x @ self.out_w.T)[0]
+        x = self._rms(x if every else x[-1:], t["output_norm.weight"])
+        z = x @ self.out_w.T
+        return z if every else z[0]
+
+    def mean_nll(self, windows: np.ndarray) -> float:
+        """Mean next-token negative log-likelihood over rows of token ids."""
+        total = 0.0
+        for row in windows:
+            z = self.logits(list(row[:-1]), [[] for _ in range(self.n_layers)], every=True)
+            z = z.astype(np.float64)
+            z -= z.max(-1, keepdims=True)
+            logp = z - np.log(np.exp(z).sum(-1, keepdims=True))
+            total += float(-logp[np.arange(len(row) - 1), row[1:]].mean())
+        return total / len(windows)
 
     def generate(self, prompt: str, n: int, temp: float, seed: int, top_p: float = 1.0) -> str:
         """Continuation of ``prompt`` (BOS prepended); greedy when ``temp`` is 0."""

@@ -463,7 +463,9 @@ def export_gguf(cfg: Config, work: Path, out: Path, qtype: str, ckpt: str) -> No
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("stage", choices=["tokenizer", "train", "export", "sample", "bench"])
+    parser.add_argument(
+        "stage", choices=["tokenizer", "train", "export", "card", "sample", "bench"]
+    )
     parser.add_argument("--work", type=Path, default=ROOT / "build")
     parser.add_argument("--out", type=Path, default=ROOT / "python/rlx_lm/models/default.gguf")
     parser.add_argument("--budget-minutes", type=float, default=55.0)
@@ -484,6 +486,8 @@ def main() -> None:
         train(cfg, args.work, args.budget_minutes, args.log_every, args.ckpt_every)
     elif args.stage == "export":
         export_gguf(cfg, args.work, args.out, args.qtype, args.ckpt)
+    elif args.stage == "card":
+        write_card(cfg, args.work, args.out)
     elif args.stage == "sample":
         sys.path.insert(0, str(ROOT / "tools"))
         from numpy_llama import main as sample_main
@@ -491,6 +495,117 @@ def main() -> None:
         sample_main([str(args.out)])
     elif args.stage == "bench":
         bench(cfg)
+
+
+CARD_PROMPTS = ("Once upon a time", "It is a truth universally acknowledged", "Mr. Darcy")
+
+
+def write_card(cfg: Config, work: Path, out: Path) -> None:
+    """MODEL_CARD.md beside the GGUF: provenance, figures, samples (numpy forward of the file)."""
+    sys.path.insert(0, str(ROOT / "tools"))
+    from numpy_llama import GgufLlama
+
+    meta = json.loads((work / "train_meta.json").read_text())
+    best = json.loads((work / "best_meta.json").read_text())
+    source = (work / "corpus" / "SOURCE.txt").read_text().strip()
+    model = GgufLlama(out)
+    valid_ids, valid_starts = encode_corpus(work / "tokenizer.json", work / "corpus", "valid")
+    vrng = np.random.default_rng(cfg.seed + 1)
+    windows = np.concatenate(
+        [make_batch(valid_ids, valid_starts, vrng, cfg.batch, cfg.ctx, 0) for _ in range(8)]
+    )
+    file_nll = model.mean_nll(windows)
+    t0 = time.time()
+    model.generate("Once upon a time", 100, 0.0, 0)
+    gen_s = time.time() - t0
+    samples = []
+    for prompt in CARD_PROMPTS:
+        for temp, top_p in ((0.0, 1.0), (0.8, 0.95)):
+            text = model.generate(prompt, 60, temp, 7, top_p)
+            label = "greedy" if temp == 0 else f"temperature {temp}, top-p {top_p}, seed 7"
+            quoted = (prompt + text).replace("\n", "\n> ")
+            samples.append(f"**{label}**\n\n> {quoted}\n")
+    c = cfg
+    size = out.stat().st_size
+    seen = meta["step"] * c.batch * c.ctx
+    epochs = seen / meta["train_tokens"]
+
+    def loss(x: float) -> str:
+        return f"{x:.3f} (perplexity {math.exp(x):.1f})"
+
+    arch = [
+        ("architecture", "llama: RMSNorm, RoPE, SwiGLU MLP, grouped-query attention, tied output"),
+        ("layers / hidden / feed-forward", f"{c.n_layers} / {c.dim} / {c.ffn_dim}"),
+        ("heads / kv heads / head dim", f"{c.n_heads} / {c.n_kv_heads} / {c.head_dim}"),
+        ("context", f"{c.ctx} tokens; rope theta {c.rope_theta:g}, rms eps {c.norm_eps:g}"),
+        ("vocabulary", f"{c.vocab_size}, byte-level BPE, GPT-2 pre-tokeniser"),
+        ("special tokens", "`<s>` = 0 (BOS, prepended to prompts), `</s>` = 1 (EOS)"),
+        ("parameters", f"{meta['n_params']:,}"),
+        ("file", f"`default.gguf`, {size:,} bytes; matrices Q8_0, norms F32"),
+    ]
+    training = [
+        ("seed", f"{c.seed}"),
+        ("steps", f"{meta['step']} of {c.steps} planned, batch {c.batch} x {c.ctx} tokens"),
+        ("tokens seen", f"{seen:,} ({epochs:.1f} epochs of {meta['train_tokens']:,})"),
+        ("optimiser", f"AdamW (0.9, 0.95), weight decay {c.weight_decay:g}, clip {c.grad_clip:g}"),
+        ("schedule", f"lr {c.lr:g}, {c.warmup} warm-up steps, cosine to {c.min_lr_frac:g}x"),
+        ("wall time", f"{meta['wall_seconds'] / 60:.1f} min (1 CPU thread, nice 19, shared)"),
+        ("final train loss", f"{loss(meta['train_loss'])}, mean of the last 25 steps"),
+        ("final validation loss", loss(meta["valid_loss"])),
+        ("shipped checkpoint", f"step {best['step']} (lowest validation loss)"),
+        ("its validation loss", loss(best["valid_loss"])),
+        ("same, Q8_0 file, numpy", loss(file_nll)),
+        ("chance level", f"ln {c.vocab_size} = {math.log(c.vocab_size):.2f}"),
+    ]
+
+    def table(rows: list[tuple[str, str]]) -> str:
+        return "\n".join(["| | |", "|---|---|", *(f"| {k} | {v} |" for k, v in rows)])
+
+    text = "\n".join(
+        [
+            "# rlx-lm default model",
+            "",
+            "A tiny Llama-architecture model trained from scratch on Jane Austen's six novels,",
+            "shipped in the wheel so `rlx-lm generate -p ...` and `rlx_lm.load_default()` work",
+            "with no download. It writes Austen-flavoured English a clause or two at a time and",
+            "knows nothing else: a demonstration and test fixture, not a useful language model.",
+            "",
+            "## Provenance",
+            "",
+            "```",
+            source,
+            "```",
+            "",
+            "The corpus is rebuilt by `tools/build_corpus.py` (the Debian package is fetched with",
+            "`apt-get download`; headings, `_italic_` markers and line wrapping are removed, one",
+            "paragraph per line); the last 4% of each novel's paragraphs are the validation split.",
+            "Trained by `tools/train_default_model.py` (see `tools/README.md`): JAX on the CPU.",
+            "",
+            "## Architecture",
+            "",
+            table(arch),
+            "",
+            "RoPE rotates adjacent pairs (x[2i], x[2i+1]) of each head, the convention llama.cpp",
+            'uses for architecture "llama". The model was trained that way, so its q/k rows are',
+            "stored as trained, with no HF-to-GGUF row permutation.",
+            "",
+            "## Training",
+            "",
+            table(training),
+            "",
+            f"Validation: 128 windows of {c.ctx} tokens (BOS, then text from a paragraph start)",
+            f"from the held-out split ({meta['valid_tokens']:,} tokens in all).",
+            "",
+            "## Samples",
+            "",
+            "BOS + prompt, 60 new tokens, from `tools/numpy_llama.py` (an independent numpy",
+            f"forward of the file; 100 greedy tokens took {gen_s:.2f} s there).",
+            "",
+            *samples,
+        ]
+    )
+    (out.parent / "MODEL_CARD.md").write_text(text, encoding="utf-8")
+    print(text)
 
 
 def bench(cfg: Config) -> None:

@@ -6,32 +6,120 @@ a reference Llama-family runner.
 
 from __future__ import annotations
 
-from rlx_lm._core import __version__, argmax, build_profile
+from rlx_lm._core import (
+    KvCache,
+    KvSnapshot,
+    SamplerChain,
+    SampleResult,
+    __version__,
+    argmax,
+    build_profile,
+)
+from rlx_lm.builder import LmRunnerBuilder
+from rlx_lm.config import ConfigSource, Device
 from rlx_lm.errors import (
     CapacityError,
     DtypeError,
     InvalidLogitsError,
     InvalidOptionError,
     RlxError,
+    SequenceStateError,
     ShapeError,
     SnapshotMismatchError,
     TokenOutOfRangeError,
+    UnknownArchitectureError,
     UnsupportedError,
     WeightFormatError,
 )
+from rlx_lm.host_driven import HostDriven
+from rlx_lm.prompt_cache import PromptCache, PromptCacheStats, cached_prefill_logits
+from rlx_lm.registry import (
+    ModelRegistration,
+    auto_runner_name,
+    find_registration,
+    match_architectures,
+    register_model,
+    registered_models,
+)
+from rlx_lm.runner import (
+    FullLmRunner,
+    LmCore,
+    LmRunner,
+    Logits,
+    RunnerAdapter,
+    SupportsHostDriven,
+    SupportsKvStats,
+    SupportsMultimodal,
+    SupportsPromptCache,
+    as_logits,
+    greedy_generate,
+    supports_generate,
+    supports_host_driven,
+    supports_kv_stats,
+    supports_multimodal,
+    supports_prompt_cache,
+    with_defaults,
+)
+from rlx_lm.sample_opts import MirostatMode, SampleOpts
+from rlx_lm.session import ModelFingerprint, SessionSnapshot
+from rlx_lm.weight_report import WeightReport, inspect
+from rlx_lm.weights import WeightFormat
 
 __all__ = [
     "CapacityError",
+    "ConfigSource",
+    "Device",
     "DtypeError",
+    "FullLmRunner",
+    "HostDriven",
     "InvalidLogitsError",
     "InvalidOptionError",
+    "KvCache",
+    "KvSnapshot",
+    "LmCore",
+    "LmRunner",
+    "LmRunnerBuilder",
+    "Logits",
+    "MirostatMode",
+    "ModelFingerprint",
+    "ModelRegistration",
+    "PromptCache",
+    "PromptCacheStats",
     "RlxError",
+    "RunnerAdapter",
+    "SampleOpts",
+    "SampleResult",
+    "SamplerChain",
+    "SequenceStateError",
+    "SessionSnapshot",
     "ShapeError",
     "SnapshotMismatchError",
+    "SupportsHostDriven",
+    "SupportsKvStats",
+    "SupportsMultimodal",
+    "SupportsPromptCache",
     "TokenOutOfRangeError",
+    "UnknownArchitectureError",
     "UnsupportedError",
+    "WeightFormat",
     "WeightFormatError",
+    "WeightReport",
     "__version__",
     "argmax",
+    "as_logits",
+    "auto_runner_name",
     "build_profile",
+    "cached_prefill_logits",
+    "find_registration",
+    "greedy_generate",
+    "inspect",
+    "match_architectures",
+    "register_model",
+    "registered_models",
+    "supports_generate",
+    "supports_host_driven",
+    "supports_kv_stats",
+    "supports_multimodal",
+    "supports_prompt_cache",
+    "with_defaults",
 ]

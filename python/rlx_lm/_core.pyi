@@ -1,12 +1,203 @@
 """Types of the compiled module `rlx_lm._core`; import public names from `rlx_lm`."""
 
-from typing import Final
+from collections.abc import Sequence
+from os import PathLike
+from typing import Any, Final, Literal, final
 
 import numpy as np
 import numpy.typing as npt
+from typing_extensions import Self
 
 __version__: Final[str]
 build_profile: Final[str]
 
 def argmax(logits: npt.NDArray[np.float32], /) -> int:
     """Index of the largest logit in a float32 row (lowest index on ties)."""
+
+# --- KV cache (rust/py/kv.rs) -------------------------------------------------
+
+@final
+class KvCache:
+    """Per-layer key/value cache for attention, with cheap snapshots."""
+
+    def __init__(
+        self,
+        *,
+        n_layers: int,
+        n_kv_heads: int,
+        head_dim: int,
+        max_seq: int,
+        dtype: str | np.dtype[Any] | type | None = None,
+    ) -> None: ...
+    def append(
+        self,
+        layer: int,
+        k: npt.NDArray[np.float32],
+        v: npt.NDArray[np.float32],
+    ) -> None:
+        """Append rows `k`, `v` (float32 `[n_kv_heads, n_new, head_dim]`) to one layer."""
+    def keys(self, layer: int) -> npt.NDArray[Any]:
+        """The keys of one layer as a read-only view `[n_kv_heads, len, head_dim]`."""
+    def values(self, layer: int) -> npt.NDArray[Any]:
+        """The values of one layer as a read-only view `[n_kv_heads, len, head_dim]`."""
+    def truncate(self, n: int) -> None:
+        """Keep the first `n` tokens (at most `len()`)."""
+    def clear(self) -> None:
+        """Drop every token."""
+    def snapshot(self) -> KvSnapshot:
+        """Freeze the current contents; costs one reference per layer, copies nothing."""
+    def restore(self, snapshot: KvSnapshot) -> None:
+        """Replace the contents with a snapshot's; copies nothing."""
+    def len(self) -> int:
+        """Tokens every layer holds."""
+    def layer_len(self, layer: int) -> int:
+        """Tokens held by one layer (differs from `len()` only mid forward pass)."""
+    @property
+    def nbytes(self) -> int:
+        """Bytes of the stored rows (keys and values, all layers)."""
+    @property
+    def n_layers(self) -> int:
+        """Number of layers."""
+    @property
+    def n_kv_heads(self) -> int:
+        """Key/value heads per layer."""
+    @property
+    def head_dim(self) -> int:
+        """Elements per head."""
+    @property
+    def max_seq(self) -> int:
+        """Tokens each layer can hold."""
+    @property
+    def dtype(self) -> str:
+        """Storage dtype name, "float32" or "float16"."""
+
+@final
+class KvSnapshot:
+    """An immutable copy-on-write snapshot of a KvCache."""
+
+    def len(self) -> int:
+        """Tokens held."""
+    def keys(self, layer: int) -> npt.NDArray[Any]:
+        """The keys of one layer as a read-only view `[n_kv_heads, len, head_dim]`."""
+    def values(self, layer: int) -> npt.NDArray[Any]:
+        """The values of one layer as a read-only view `[n_kv_heads, len, head_dim]`."""
+    def storage(self) -> list[tuple[int, int, int]]:
+        """Shared storage pinned, as `(storage_id, blocks, block_bytes)` per layer."""
+    @property
+    def nbytes(self) -> int:
+        """Bytes of the rows held (keys and values, all layers)."""
+    @property
+    def n_layers(self) -> int:
+        """Number of layers."""
+    @property
+    def n_kv_heads(self) -> int:
+        """Key/value heads per layer."""
+    @property
+    def head_dim(self) -> int:
+        """Elements per head."""
+    @property
+    def max_seq(self) -> int:
+        """Capacity of the cache the snapshot was taken from."""
+    @property
+    def dtype(self) -> str:
+        """Storage dtype name, "float32" or "float16"."""
+    def _write_data(self, path: str | PathLike[str]) -> None: ...
+    @staticmethod
+    def _read_data(
+        path: str | PathLike[str],
+        offset: int,
+        n_layers: int,
+        n_kv_heads: int,
+        head_dim: int,
+        dtype: str,
+        max_seq: int,
+        len: int,
+    ) -> KvSnapshot: ...
+    def __reduce__(self) -> tuple[Any, ...]: ...
+
+def _kv_snapshot_from_state(state: bytes, /) -> KvSnapshot: ...
+
+# --- sampler chain (rust/py/sampling.rs) ------------------------------------
+
+_History = Sequence[int] | npt.NDArray[np.integer[Any]] | None
+
+@final
+class SampleResult:
+    """A sampled token with its log-probability and the most likely alternatives."""
+
+    @property
+    def token(self) -> int:
+        """The sampled token id."""
+    @property
+    def logprob(self) -> float:
+        """Its natural-log probability under the chosen distribution."""
+    @property
+    def top(self) -> list[tuple[int, float]]:
+        """The `top_n` most likely tokens as (token, logprob), best first."""
+    @property
+    def mode(self) -> Literal["raw", "penalized", "final"]:
+        """Which distribution the log-probabilities describe."""
+
+@final
+class SamplerChain:
+    """A sampler chain built from `SampleOpts`: stages, order and per-sequence state."""
+
+    def __init__(
+        self, opts: Any, order: str | Sequence[str] | None = None, sequence_id: int = 0
+    ) -> None: ...
+    def sample(
+        self,
+        logits: npt.NDArray[np.float32],
+        history: _History = None,
+        *,
+        uniform: float | None = None,
+    ) -> int:
+        """Sample one token from a float32 logits row given the history so far."""
+    def sample_with_logprobs(
+        self,
+        logits: npt.NDArray[np.float32],
+        history: _History = None,
+        top_n: int = 0,
+        *,
+        mode: Literal["raw", "penalized", "final"] = "raw",
+        uniform: float | None = None,
+    ) -> SampleResult:
+        """Sample one token and report log-probabilities under `mode`'s distribution."""
+    def sample_batch(
+        self,
+        logits: npt.NDArray[np.float32],
+        histories: Sequence[_History] | None = None,
+        *,
+        sequence_ids: Sequence[int] | None = None,
+        uniforms: Sequence[float] | None = None,
+    ) -> npt.NDArray[np.int64]:
+        """Sample every row of a 2-D float32 array (rows in parallel, GIL released)."""
+    def accept(self, token: int, /) -> None:
+        """Record the emitted token: advances the step and mirostat's mu."""
+    def reset(self) -> None:
+        """Return to step 0 and the initial mirostat mu (same seed, same tokens)."""
+    def clone(self) -> Self:
+        """An independent copy with the same knobs, seed and state."""
+    def __copy__(self) -> Self: ...
+    def __deepcopy__(self, memo: dict[int, Any], /) -> Self: ...
+    @property
+    def step(self) -> int:
+        """Tokens accepted since construction or the last reset."""
+    @property
+    def seed(self) -> int:
+        """The seed of the draw (chosen at random when the options had none)."""
+    @property
+    def sequence_id(self) -> int:
+        """The sequence id keyed into the draw."""
+    @property
+    def mu(self) -> float | None:
+        """Mirostat's current mu, or None without mirostat."""
+    @property
+    def stages(self) -> list[str]:
+        """The stages that run, in order, ending with the selector."""
+    @property
+    def order(self) -> str:
+        """The order's name: "default", a preset, or "custom"."""
+    @property
+    def is_greedy(self) -> bool:
+        """Whether the chain is a plain argmax (no RNG)."""

@@ -10,11 +10,14 @@ naturally catch, so ``except ValueError`` keeps working::
     ├── CapacityError        (ValueError)   a write past a cache's capacity
     ├── SnapshotMismatchError(ValueError)   a snapshot from another model or geometry
     ├── WeightFormatError    (ValueError)   a malformed, truncated or hostile file
+    ├── UnknownArchitectureError (ValueError)  no registered family claims a model
+    ├── SequenceStateError   (RuntimeError) a call out of order, e.g. decode before prefill
     ├── DtypeError           (TypeError)    wrong dtype or memory layout
     ├── TokenOutOfRangeError (IndexError)   a token id outside the vocabulary
     └── UnsupportedError     (NotImplementedError)  a runner lacks a capability
 
-The Rust core raises these same classes through one mapping (``rust/py/errors.rs``).
+The Rust core raises these same classes through one mapping (``rust/py/errors.rs``);
+`UnknownArchitectureError` and `SequenceStateError` come only from Python code.
 """
 
 from __future__ import annotations
@@ -25,9 +28,11 @@ __all__ = [
     "InvalidLogitsError",
     "InvalidOptionError",
     "RlxError",
+    "SequenceStateError",
     "ShapeError",
     "SnapshotMismatchError",
     "TokenOutOfRangeError",
+    "UnknownArchitectureError",
     "UnsupportedError",
     "WeightFormatError",
 ]
@@ -59,6 +64,14 @@ class SnapshotMismatchError(RlxError, ValueError):
 
 class WeightFormatError(RlxError, ValueError):
     """A weight file or directory that is malformed, truncated, hostile or unrecognised."""
+
+
+class UnknownArchitectureError(RlxError, ValueError):
+    """No registered model family claims an architecture; the message lists the families."""
+
+
+class SequenceStateError(RlxError, RuntimeError):
+    """A call made out of order, such as decoding before any prefill."""
 
 
 class DtypeError(RlxError, TypeError):

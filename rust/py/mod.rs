@@ -4,6 +4,8 @@
 mod argmax;
 mod arrays;
 mod errors;
+mod kv;
+mod sampling;
 
 use pyo3::prelude::*;
 
@@ -14,6 +16,10 @@ mod _core {
 
     #[pymodule_export]
     use super::argmax::argmax;
+    #[pymodule_export]
+    use super::kv::{_kv_snapshot_from_state, PyKvCache, PyKvSnapshot};
+    #[pymodule_export]
+    use super::sampling::{PySamplerChain, SampleResult};
 
     #[pymodule_init]
     fn init(m: &Bound<'_, PyModule>) -> PyResult<()> {

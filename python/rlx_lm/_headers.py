@@ -1,0 +1,425 @@
+"""Bounds-checked reading of GGUF and safetensors headers.
+
+Every count and length a header claims is checked against the bytes the file
+actually has before anything is allocated or looped over, so a hostile or
+truncated file fails fast with `WeightFormatError` naming the path and the
+reason. Only headers are read (through a memory map); tensor data never is.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import mmap
+import struct
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import IO, Any, BinaryIO
+
+from rlx_lm.errors import WeightFormatError
+
+GGUF_MAGIC = b"GGUF"
+GGUF_VERSIONS = (2, 3)
+GGML_MAX_DIMS = 4
+MAX_METADATA_ARRAY = 1 << 24
+"""Longest metadata array accepted (a 256k-token vocabulary is far below it)."""
+MAX_NESTING = 4
+SAFETENSORS_MAX_HEADER = 100_000_000
+"""The safetensors format's own cap on its JSON header, in bytes."""
+
+# GGUF metadata value types: id -> (struct code, size) for scalars.
+_GGUF_SCALARS: dict[int, tuple[str, int]] = {
+    0: ("B", 1),
+    1: ("b", 1),
+    2: ("H", 2),
+    3: ("h", 2),
+    4: ("I", 4),
+    5: ("i", 4),
+    6: ("f", 4),
+    7: ("?", 1),
+    10: ("Q", 8),
+    11: ("q", 8),
+    12: ("d", 8),
+}
+_GGUF_STRING = 8
+_GGUF_ARRAY = 9
+
+SAFETENSORS_DTYPE_BITS: dict[str, int] = {
+    "BOOL": 8,
+    "U8": 8,
+    "I8": 8,
+    "F8_E5M2": 8,
+    "F8_E4M3": 8,
+    "F8_E8M0": 8,
+    "I16": 16,
+    "U16": 16,
+    "F16": 16,
+    "BF16": 16,
+    "I32": 32,
+    "U32": 32,
+    "F32": 32,
+    "I64": 64,
+    "U64": 64,
+    "F64": 64,
+    "C64": 64,
+    "F4": 4,
+    "F6_E2M3": 6,
+    "F6_E3M2": 6,
+}
+
+
+def fail(path: Path, reason: str) -> WeightFormatError:
+    """The format error for ``path``: it always names the file and the reason."""
+    return WeightFormatError(f"{path}: {reason}")
+
+
+@contextmanager
+def mapped(path: Path) -> Iterator[memoryview]:
+    """A read-only memory map of ``path`` (pages are read only when touched)."""
+    with open(path, "rb") as f:
+        if _size(f) == 0:
+            raise fail(path, "the file is empty")
+        with mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as mm:
+            view = memoryview(mm)
+            try:
+                yield view
+            finally:
+                view.release()
+
+
+def _size(f: BinaryIO) -> int:
+    f.seek(0, 2)
+    size = f.tell()
+    f.seek(0)
+    return size
+
+
+# -- GGUF ------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class GgufTensorInfo:
+    """One tensor's header entry: name, GGML type id, shape (GGUF order), data range."""
+
+    name: str
+    ggml_type: int
+    shape: tuple[int, ...]
+    offset: int
+    n_bytes: int
+
+
+@dataclass(frozen=True)
+class GgufHeader:
+    """A GGUF header that has been checked against the file's size."""
+
+    version: int
+    byte_order: str
+    metadata: dict[str, Any]
+    """Scalar and string values; arrays are kept only as their lengths."""
+    array_lengths: dict[str, int]
+    tensors: tuple[GgufTensorInfo, ...]
+    data_offset: int
+    file_size: int
+
+
+class _Cursor:
+    __slots__ = ("buf", "order", "path", "pos", "size")
+
+    def __init__(self, buf: memoryview, path: Path, order: str) -> None:
+        self.buf, self.path, self.order = buf, path, order
+        self.pos, self.size = 0, len(buf)
+
+    def need(self, n: int, what: str) -> None:
+        if n < 0 or self.pos + n > self.size:
+            raise fail(
+                self.path,
+                f"truncated or corrupt GGUF header: {what} needs {n} bytes at offset "
+                f"{self.pos}, but the file has {self.size} bytes",
+            )
+
+    def scalar(self, code: str, width: int, what: str) -> Any:
+        self.need(width, what)
+        (value,) = struct.unpack_from(self.order + code, self.buf, self.pos)
+        self.pos += width
+        return value
+
+    def u32(self, what: str) -> int:
+        return int(self.scalar("I", 4, what))
+
+    def u64(self, what: str) -> int:
+        return int(self.scalar("Q", 8, what))
+
+    def string(self, what: str) -> str:
+        n = self.u64(f"length of {what}")
+        self.need(n, what)
+        raw = bytes(self.buf[self.pos : self.pos + n])
+        self.pos += n
+        try:
+            return raw.decode("utf-8")
+        except UnicodeDecodeError as exc:
+            raise fail(self.path, f"{what} is not valid UTF-8 ({exc.reason})") from None
+
+    def skip_string(self, what: str) -> None:
+        n = self.u64(f"length of {what}")
+        self.need(n, what)
+        self.pos += n
+
+    def room(self) -> int:
+        return self.size - self.pos
+
+
+def read_gguf_header(path: Path) -> GgufHeader:
+    """Walk a GGUF header, checking every count and length against the file size."""
+    with mapped(path) as buf:
+        return _walk_gguf(buf, path)
+
+
+def _walk_gguf(buf: memoryview, path: Path) -> GgufHeader:
+    if len(buf) < 4 or bytes(buf[:4]) != GGUF_MAGIC:
+        raise fail(path, f"not a GGUF file (first bytes {bytes(buf[:4])!r}, expected b'GGUF')")
+    if len(buf) < 24:
+        raise fail(path, f"truncated GGUF header: {len(buf)} bytes, the fixed part needs 24")
+    order = "<"
+    (version,) = struct.unpack_from("<I", buf, 4)
+    if version & 0xFFFF == 0:
+        order = ">"
+        (version,) = struct.unpack_from(">I", buf, 4)
+    if version not in GGUF_VERSIONS:
+        raise fail(path, f"unsupported GGUF version {version} (supported: 2, 3)")
+    cur = _Cursor(buf, path, order)
+    cur.pos = 8
+    n_tensors = cur.u64("tensor count")
+    n_kv = cur.u64("metadata count")
+    # Smallest possible entries: a key/value is 8 (key length) + 4 (type) + 1
+    # byte; a tensor info is 8 (name length) + 4 (dims) + 4 (type) + 8 (offset).
+    if n_kv > cur.room() // 13:
+        raise fail(
+            path,
+            f"GGUF header claims {n_kv} metadata entries, but the file has room for at "
+            f"most {cur.room() // 13}",
+        )
+    if n_tensors > cur.room() // 24:
+        raise fail(
+            path,
+            f"GGUF header claims {n_tensors} tensors, but the file has room for at most "
+            f"{cur.room() // 24}",
+        )
+    metadata: dict[str, Any] = {}
+    arrays: dict[str, int] = {}
+    for i in range(n_kv):
+        key = cur.string(f"metadata key #{i}")
+        if key in metadata or key in arrays:
+            raise fail(path, f"duplicate metadata key {key!r}")
+        vtype = cur.u32(f"type of {key!r}")
+        if vtype == _GGUF_ARRAY:
+            arrays[key] = _skip_array(cur, key, 0)
+        else:
+            metadata[key] = _value(cur, vtype, key)
+    alignment = metadata.get("general.alignment", 32)
+    if not isinstance(alignment, int) or alignment <= 0 or alignment & (alignment - 1):
+        raise fail(path, f"general.alignment must be a power of two, got {alignment!r}")
+    infos = [_tensor_info(cur, i) for i in range(n_tensors)]
+    data_offset = -(-cur.pos // alignment) * alignment
+    names: set[str] = set()
+    for info in infos:
+        if info.name in names:
+            raise fail(path, f"duplicate tensor name {info.name!r}")
+        names.add(info.name)
+        if info.offset % alignment:
+            raise fail(path, f"tensor {info.name!r} data offset {info.offset} is not aligned")
+        end = data_offset + info.offset + info.n_bytes
+        if end > cur.size:
+            raise fail(
+                path,
+                f"truncated: tensor {info.name!r} needs bytes up to {end}, but the file has "
+                f"{cur.size}",
+            )
+    return GgufHeader(
+        version=version,
+        byte_order=order,
+        metadata=metadata,
+        array_lengths=arrays,
+        tensors=tuple(infos),
+        data_offset=data_offset,
+        file_size=cur.size,
+    )
+
+
+def _value(cur: _Cursor, vtype: int, key: str) -> Any:
+    if vtype == _GGUF_STRING:
+        return cur.string(f"value of {key!r}")
+    scalar = _GGUF_SCALARS.get(vtype)
+    if scalar is None:
+        raise fail(cur.path, f"metadata {key!r} has unknown value type {vtype}")
+    return cur.scalar(scalar[0], scalar[1], f"value of {key!r}")
+
+
+def _skip_array(cur: _Cursor, key: str, depth: int) -> int:
+    if depth >= MAX_NESTING:
+        raise fail(cur.path, f"metadata {key!r} nests arrays deeper than {MAX_NESTING}")
+    itype = cur.u32(f"item type of {key!r}")
+    count = cur.u64(f"length of {key!r}")
+    if count > MAX_METADATA_ARRAY:
+        raise fail(
+            cur.path, f"metadata array {key!r} claims {count} items (limit {MAX_METADATA_ARRAY})"
+        )
+    if itype in _GGUF_SCALARS:
+        width = _GGUF_SCALARS[itype][1]
+        cur.need(count * width, f"{count} items of {key!r}")
+        cur.pos += count * width
+    elif itype == _GGUF_STRING:
+        if count > cur.room() // 8:
+            raise fail(
+                cur.path,
+                f"metadata array {key!r} claims {count} strings, but the file has room for "
+                f"at most {cur.room() // 8}",
+            )
+        for i in range(count):
+            cur.skip_string(f"item {i} of {key!r}")
+    elif itype == _GGUF_ARRAY:
+        if count > cur.room() // 12:
+            raise fail(cur.path, f"metadata array {key!r} claims {count} nested arrays")
+        for _ in range(count):
+            _skip_array(cur, key, depth + 1)
+    else:
+        raise fail(cur.path, f"metadata array {key!r} has unknown item type {itype}")
+    return count
+
+
+def _tensor_info(cur: _Cursor, index: int) -> GgufTensorInfo:
+    from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
+
+    name = cur.string(f"name of tensor #{index}")
+    n_dims = cur.u32(f"dimension count of {name!r}")
+    if n_dims > GGML_MAX_DIMS:
+        raise fail(cur.path, f"tensor {name!r} claims {n_dims} dimensions (max {GGML_MAX_DIMS})")
+    shape = tuple(cur.u64(f"dimension {d} of {name!r}") for d in range(n_dims))
+    raw_type = cur.u32(f"type of {name!r}")
+    offset = cur.u64(f"data offset of {name!r}")
+    try:
+        block, type_size = GGML_QUANT_SIZES[GGMLQuantizationType(raw_type)]
+    except (ValueError, KeyError):
+        raise fail(cur.path, f"tensor {name!r} has unknown GGML type {raw_type}") from None
+    n_elements = math.prod(shape)
+    if n_elements % block:
+        raise fail(
+            cur.path,
+            f"tensor {name!r} has {n_elements} elements, not a multiple of its block size {block}",
+        )
+    n_bytes = n_elements // block * type_size
+    if n_bytes > cur.size:
+        raise fail(
+            cur.path,
+            f"tensor {name!r} claims shape {list(shape)} ({n_bytes} bytes), more than the "
+            f"whole file ({cur.size} bytes)",
+        )
+    return GgufTensorInfo(name, raw_type, shape, offset, n_bytes)
+
+
+# -- safetensors -------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class SafetensorsHeader:
+    """A safetensors header checked against the file: tensors name -> (dtype, shape)."""
+
+    tensors: dict[str, tuple[str, tuple[int, ...]]]
+    metadata: dict[str, str]
+    header_len: int
+    file_size: int
+
+
+def read_safetensors_header(path: Path) -> SafetensorsHeader:
+    """Read and check a safetensors header, never reading more than its claimed length."""
+    with open(path, "rb") as f:
+        size = _size(f)
+        return parse_safetensors_header(f, size, path)
+
+
+def safetensors_header_len(prefix: bytes, size: int) -> int | None:
+    """The header length if ``prefix`` (the first 9+ bytes) plausibly starts a safetensors file."""
+    if len(prefix) < 9 or size < 10:
+        return None
+    (n,) = struct.unpack_from("<Q", prefix)
+    if 2 <= n <= min(size - 8, SAFETENSORS_MAX_HEADER) and prefix[8:9] == b"{":
+        return int(n)
+    return None
+
+
+def parse_safetensors_header(f: IO[bytes], size: int, path: Path) -> SafetensorsHeader:
+    """Check the header of a safetensors stream of ``size`` bytes positioned at its start."""
+    if size < 8:
+        raise fail(path, f"truncated safetensors file: {size} bytes, the length prefix needs 8")
+    (n,) = struct.unpack("<Q", f.read(8))
+    if n > SAFETENSORS_MAX_HEADER:
+        raise fail(
+            path,
+            f"safetensors header length {n} exceeds the format's limit of "
+            f"{SAFETENSORS_MAX_HEADER} bytes",
+        )
+    if n > size - 8:
+        raise fail(
+            path, f"truncated safetensors file: header length {n}, but only {size - 8} bytes follow"
+        )
+    raw = f.read(n)
+    if len(raw) != n:
+        raise fail(path, f"truncated safetensors header: read {len(raw)} of {n} bytes")
+    try:
+        header = json.loads(raw.decode("utf-8"))
+    except (UnicodeDecodeError, ValueError) as exc:
+        raise fail(path, f"safetensors header is not valid JSON: {exc}") from None
+    if not isinstance(header, dict):
+        raise fail(path, "safetensors header must be a JSON object")
+    data_size = size - 8 - n
+    meta = header.pop("__metadata__", None) or {}
+    if not isinstance(meta, dict):
+        raise fail(path, "safetensors __metadata__ must be an object of strings")
+    tensors: dict[str, tuple[str, tuple[int, ...]]] = {}
+    for name, entry in header.items():
+        tensors[name] = _safetensors_entry(path, name, entry, data_size)
+    return SafetensorsHeader(
+        tensors=tensors,
+        metadata={str(k): str(v) for k, v in meta.items()},
+        header_len=n,
+        file_size=size,
+    )
+
+
+def _safetensors_entry(
+    path: Path, name: str, entry: object, data_size: int
+) -> tuple[str, tuple[int, ...]]:
+    if not isinstance(entry, dict):
+        raise fail(path, f"safetensors entry {name!r} is not an object")
+    dtype, shape, offsets = entry.get("dtype"), entry.get("shape"), entry.get("data_offsets")
+    if not isinstance(dtype, str):
+        raise fail(path, f"tensor {name!r} has no dtype")
+    if not isinstance(shape, list) or not all(
+        isinstance(d, int) and not isinstance(d, bool) and d >= 0 for d in shape
+    ):
+        raise fail(path, f"tensor {name!r} has an invalid shape {shape!r}")
+    if (
+        not isinstance(offsets, list)
+        or len(offsets) != 2
+        or not all(isinstance(o, int) and not isinstance(o, bool) for o in offsets)
+        or not 0 <= offsets[0] <= offsets[1]
+    ):
+        raise fail(path, f"tensor {name!r} has invalid data_offsets {offsets!r}")
+    begin, end = offsets
+    if end > data_size:
+        raise fail(
+            path,
+            f"truncated: tensor {name!r} ends at data byte {end}, but the data section has "
+            f"{data_size} bytes",
+        )
+    bits = SAFETENSORS_DTYPE_BITS.get(dtype)
+    if bits is not None:
+        want = -(-math.prod(shape) * bits // 8)
+        if end - begin != want:
+            raise fail(
+                path,
+                f"tensor {name!r} ({dtype}, shape {shape}) should take {want} bytes, its "
+                f"data_offsets span {end - begin}",
+            )
+    return dtype, tuple(shape)

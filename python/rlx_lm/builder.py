@@ -1,0 +1,295 @@
+"""LmRunnerBuilder: the settings every family runner is built from, and ``build()``.
+
+Each setting is one method that both reads and writes: ``b.max_seq()`` returns
+the value, ``b.max_seq(256)`` returns a new builder with it changed. Builders
+are immutable, so a partly configured builder can be shared and specialised
+without one use leaking into another::
+
+    base = LmRunnerBuilder().weights("model.gguf")
+    runner = base.max_seq(512).build()
+"""
+
+from __future__ import annotations
+
+import enum
+import math
+import os
+from dataclasses import dataclass, field, fields, replace
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Final, overload
+
+from rlx_lm.config import ConfigSource, Device, Embedded, Explicit
+from rlx_lm.errors import InvalidOptionError, UnsupportedError
+from rlx_lm.runner import LmCore
+
+if TYPE_CHECKING:
+    from rlx_lm.sample_opts import SampleOpts  # type: ignore[import-not-found, unused-ignore]
+
+from rlx_lm.weights import WeightFormat, pick_gguf
+
+__all__ = ["PACKED_GGUF_AUTO_THRESHOLD_BYTES", "LmRunnerBuilder"]
+
+PACKED_GGUF_AUTO_THRESHOLD_BYTES: Final = 256 * 1024 * 1024
+"""GGUF files at least this large load packed (quantised in memory) unless told otherwise."""
+
+
+class _Unset(enum.Enum):
+    TOKEN = 0
+
+
+_UNSET: Final = _Unset.TOKEN
+
+
+def _greedy() -> SampleOpts | None:
+    try:
+        from rlx_lm.sample_opts import SampleOpts
+    except ImportError:
+        return None
+    return SampleOpts.greedy()  # type: ignore[no-any-return, unused-ignore]
+
+
+@dataclass(frozen=True)
+class _Fields:
+    weights: Path | None = None
+    config: ConfigSource = field(default_factory=Embedded)
+    device: Device = Device.CPU
+    max_seq: int = 128
+    max_memory_gb: float | None = None
+    stream: bool = True
+    sample: SampleOpts | None = field(default_factory=_greedy)
+    format: WeightFormat | None = None
+    packed_weights: bool | None = None
+    prefer_gguf: str | None = None
+
+
+class LmRunnerBuilder:
+    """Settings for building a runner; each method reads (no argument) or returns a changed copy.
+
+    Defaults: no weights, embedded config, CPU, ``max_seq`` 128, no memory cap,
+    streaming on, greedy sampling, format detected from the weights, packed
+    loading automatic (GGUF of 256 MiB or more), and ``Q4_K_M`` preferred when
+    a directory holds several GGUF files.
+    """
+
+    __slots__ = ("_f",)
+
+    def __init__(self) -> None:
+        self._f = _Fields()
+
+    def _with(self, **changes: Any) -> LmRunnerBuilder:
+        new = LmRunnerBuilder.__new__(LmRunnerBuilder)
+        new._f = replace(self._f, **changes)
+        return new
+
+    def __repr__(self) -> str:
+        parts = ", ".join(f"{f.name}={getattr(self._f, f.name)!r}" for f in fields(self._f))
+        return f"LmRunnerBuilder({parts})"
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, LmRunnerBuilder) and self._f == other._f
+
+    __hash__ = None  # type: ignore[assignment]
+
+    # -- settings -------------------------------------------------------------------
+
+    @overload
+    def weights(self, /) -> Path | None: ...
+    @overload
+    def weights(self, path: str | os.PathLike[str] | None, /) -> LmRunnerBuilder: ...
+    def weights(
+        self, path: str | os.PathLike[str] | _Unset | None = _UNSET, /
+    ) -> Path | LmRunnerBuilder | None:
+        """The weights file or directory."""
+        if path is _UNSET:
+            return self._f.weights
+        return self._with(weights=None if path is None else Path(path))
+
+    @overload
+    def config(self, /) -> ConfigSource: ...
+    @overload
+    def config(self, source: ConfigSource, /) -> LmRunnerBuilder: ...
+    def config(self, source: ConfigSource | _Unset = _UNSET, /) -> ConfigSource | LmRunnerBuilder:
+        """Where the model configuration comes from (default: embedded in the weights)."""
+        if source is _UNSET:
+            return self._f.config
+        if not isinstance(source, ConfigSource):
+            raise TypeError(
+                f"config: expected ConfigSource.Embedded(), .JsonFile(path) or "
+                f".Explicit(value), got {type(source).__name__}; use config_value() for a "
+                f"configuration object"
+            )
+        return self._with(config=source)
+
+    def config_value(self, value: object, /) -> LmRunnerBuilder:
+        """A copy using ``value`` as the model configuration (``ConfigSource.Explicit``)."""
+        return self.config(Explicit(value))
+
+    @overload
+    def device(self, /) -> Device: ...
+    @overload
+    def device(self, device: Device | str, /) -> LmRunnerBuilder: ...
+    def device(self, device: Device | str | _Unset = _UNSET, /) -> Device | LmRunnerBuilder:
+        """The device to run on (default CPU)."""
+        if device is _UNSET:
+            return self._f.device
+        return self._with(device=device if isinstance(device, Device) else Device.parse(device))
+
+    @overload
+    def max_seq(self, /) -> int: ...
+    @overload
+    def max_seq(self, n: int, /) -> LmRunnerBuilder: ...
+    def max_seq(self, n: int | _Unset = _UNSET, /) -> int | LmRunnerBuilder:
+        """The longest sequence (prompt plus generated tokens) the runner holds (default 128)."""
+        if n is _UNSET:
+            return self._f.max_seq
+        if isinstance(n, bool) or not isinstance(n, int) or n < 1:
+            raise InvalidOptionError(f"max_seq must be a positive integer, got {n!r}")
+        return self._with(max_seq=n)
+
+    @overload
+    def max_memory_gb(self, /) -> float | None: ...
+    @overload
+    def max_memory_gb(self, gb: float | None, /) -> LmRunnerBuilder: ...
+    def max_memory_gb(
+        self, gb: float | _Unset | None = _UNSET, /
+    ) -> float | LmRunnerBuilder | None:
+        """A cap on the runner's memory in GB, or None for no cap."""
+        if gb is _UNSET:
+            return self._f.max_memory_gb
+        if gb is not None and (
+            isinstance(gb, bool)
+            or not isinstance(gb, (int, float))
+            or not math.isfinite(gb)
+            or gb <= 0
+        ):
+            raise InvalidOptionError(f"max_memory_gb must be a positive number, got {gb!r}")
+        return self._with(max_memory_gb=None if gb is None else float(gb))
+
+    @overload
+    def stream(self, /) -> bool: ...
+    @overload
+    def stream(self, on: bool, /) -> LmRunnerBuilder: ...
+    def stream(self, on: bool | _Unset = _UNSET, /) -> bool | LmRunnerBuilder:
+        """Whether tokens are streamed as they are produced (default True)."""
+        if on is _UNSET:
+            return self._f.stream
+        if not isinstance(on, bool):
+            raise InvalidOptionError(f"stream must be True or False, got {on!r}")
+        return self._with(stream=on)
+
+    @overload
+    def sample(self, /) -> SampleOpts | None: ...
+    @overload
+    def sample(self, opts: SampleOpts, /) -> LmRunnerBuilder: ...
+    def sample(self, opts: SampleOpts | _Unset = _UNSET, /) -> SampleOpts | LmRunnerBuilder | None:
+        """The sampling options (default ``SampleOpts.greedy()``)."""
+        if opts is _UNSET:
+            return self._f.sample
+        try:
+            from rlx_lm.sample_opts import SampleOpts
+        except ImportError:
+            pass
+        else:
+            if not isinstance(opts, SampleOpts):
+                raise TypeError(f"sample: expected SampleOpts, got {type(opts).__name__}")
+        return self._with(sample=opts)
+
+    @overload
+    def format(self, /) -> WeightFormat | None: ...
+    @overload
+    def format(self, fmt: WeightFormat | str | None, /) -> LmRunnerBuilder: ...
+    def format(
+        self, fmt: WeightFormat | str | _Unset | None = _UNSET, /
+    ) -> WeightFormat | LmRunnerBuilder | None:
+        """The weight format, or None to detect it from the weights."""
+        if fmt is _UNSET:
+            return self._f.format
+        if isinstance(fmt, str):
+            fmt = WeightFormat.parse(fmt)
+        return self._with(format=fmt)
+
+    @overload
+    def packed_weights(self, /) -> bool | None: ...
+    @overload
+    def packed_weights(self, on: bool | None, /) -> LmRunnerBuilder: ...
+    def packed_weights(self, on: bool | _Unset | None = _UNSET, /) -> bool | LmRunnerBuilder | None:
+        """Whether to load GGUF weights packed; None decides by file size."""
+        if on is _UNSET:
+            return self._f.packed_weights
+        if on is not None and not isinstance(on, bool):
+            raise InvalidOptionError(f"packed_weights must be True, False or None, got {on!r}")
+        return self._with(packed_weights=on)
+
+    @overload
+    def prefer_gguf(self, /) -> str | None: ...
+    @overload
+    def prefer_gguf(self, substring: str | None, /) -> LmRunnerBuilder: ...
+    def prefer_gguf(
+        self, substring: str | _Unset | None = _UNSET, /
+    ) -> str | LmRunnerBuilder | None:
+        """The file-name substring that picks one GGUF from a directory (None: ``Q4_K_M``)."""
+        if substring is _UNSET:
+            return self._f.prefer_gguf
+        if substring is not None and (not isinstance(substring, str) or not substring.strip()):
+            raise InvalidOptionError(f"prefer_gguf must be a non-empty string, got {substring!r}")
+        return self._with(prefer_gguf=substring)
+
+    # -- resolution and build ----------------------------------------------------------
+
+    def resolved_format(self) -> WeightFormat:
+        """The explicit format, else the one detected from the weights path."""
+        if self._f.format is not None:
+            return self._f.format
+        return WeightFormat.from_path(self._require_weights())
+
+    def resolved_weights(self) -> Path:
+        """The weights path to load: the single GGUF picked when the path is a directory of them."""
+        path = self._require_weights()
+        if path.is_dir() and self.resolved_format() is WeightFormat.GGUF:
+            return pick_gguf(path, self._f.prefer_gguf)
+        return path
+
+    def resolved_packed(self, fmt: WeightFormat | None = None) -> bool:
+        """Whether to load packed: the explicit setting, else GGUF of at least 256 MiB."""
+        if self._f.packed_weights is not None:
+            return self._f.packed_weights
+        if (fmt or self.resolved_format()) is not WeightFormat.GGUF or self._f.weights is None:
+            return False
+        try:
+            size = self.resolved_weights().stat().st_size
+        except (OSError, ValueError):
+            return False
+        return size >= PACKED_GGUF_AUTO_THRESHOLD_BYTES
+
+    def build(self) -> LmCore:
+        """Load a runner through the family registry.
+
+        Resolves the format and the weights file, reads the architecture from
+        the weights' header, and calls the loader of the first registered
+        family that matches, passing a copy of this builder whose ``weights()``
+        is the concrete path and whose ``format()`` is set.
+        """
+        from rlx_lm.registry import find_registration
+        from rlx_lm.runner import _is_core
+        from rlx_lm.weight_report import architecture_of
+
+        fmt = self.resolved_format()
+        path = self.resolved_weights()
+        registration = find_registration(architecture_of(path, fmt), path)
+        if registration.load is None:
+            raise UnsupportedError(
+                f"model family {registration.family!r} matched {path} but was registered "
+                f"without a loader"
+            )
+        runner = registration.load(self._with(weights=path, format=fmt))
+        if not _is_core(runner):
+            raise TypeError(
+                f"the {registration.family!r} loader returned {type(runner).__name__}, which "
+                f"lacks family, vocab_size or predict_logits"
+            )
+        return runner
+
+    def _require_weights(self) -> Path:
+        if self._f.weights is None:
+            raise InvalidOptionError("weights: no weights path set; call .weights(path) first")
+        return self._f.weights

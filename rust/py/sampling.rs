@@ -1,0 +1,615 @@
+//! `rlx_lm.SamplerChain` and `rlx_lm.SampleResult`: the sampler chain over
+//! numpy rows, with the batch path running rows in parallel off the GIL.
+
+use numpy::{
+    PyArray1, PyArray2, PyArrayMethods, PyReadonlyArray2, PyUntypedArray, PyUntypedArrayMethods,
+};
+use pyo3::prelude::*;
+use pyo3::types::{PyDict, PyList};
+
+use super::arrays::f32_row;
+use super::errors::{
+    to_py, DtypeError, IntoPyResult, InvalidOptionError, ShapeError, TokenOutOfRangeError,
+};
+use crate::sampling::chain::{
+    Knobs, LogprobMode, Mirostat, OrderSpec, SamplerChain, Scratch, Selector,
+};
+use crate::CoreError;
+
+pyo3::import_exception!(rlx_lm.errors, UnsupportedError);
+
+fn bad(field: &str, reason: impl std::fmt::Display) -> PyErr {
+    InvalidOptionError::new_err(format!("{field}: {reason}"))
+}
+
+fn get_f32(opts: &Bound<'_, PyAny>, field: &str) -> PyResult<f32> {
+    opts.getattr(field)?
+        .extract::<f64>()
+        .map(|v| v as f32)
+        .map_err(|_| bad(field, "must be a number"))
+}
+
+fn get_usize(opts: &Bound<'_, PyAny>, field: &str) -> PyResult<usize> {
+    let v: i64 = opts
+        .getattr(field)?
+        .extract()
+        .map_err(|_| bad(field, "must be an integer"))?;
+    usize::try_from(v).map_err(|_| bad(field, format!("must be >= 0, got {v}")))
+}
+
+fn token_id(field: &str, v: i64) -> PyResult<u32> {
+    u32::try_from(v).map_err(|_| bad(field, format!("token ids must be in 0..2**32, got {v}")))
+}
+
+/// Read the knobs from any object with `SampleOpts`' attributes.
+fn knobs_from(opts: &Bound<'_, PyAny>) -> PyResult<Knobs> {
+    let top_k: Option<i64> = opts
+        .getattr("top_k")?
+        .extract()
+        .map_err(|_| bad("top_k", "must be an integer or None"))?;
+    let top_k = match top_k {
+        None => 0,
+        Some(k) => {
+            usize::try_from(k).map_err(|_| bad("top_k", format!("must be >= 0, got {k}")))?
+        }
+    };
+    let window: i64 = opts
+        .getattr("repetition_window")?
+        .extract()
+        .map_err(|_| bad("repetition_window", "must be an integer"))?;
+    let repetition_window = match window {
+        -1 => None,
+        w if w >= 1 => Some(w as usize),
+        w => {
+            return Err(bad(
+                "repetition_window",
+                format!("must be >= 1 or -1 (whole history), got {w}"),
+            ))
+        }
+    };
+    let dynamic_temp: Option<(f64, f64)> = opts
+        .getattr("dynamic_temp")?
+        .extract()
+        .map_err(|_| bad("dynamic_temp", "must be a (min, max) pair or None"))?;
+    let mirostat: i64 = opts
+        .getattr("mirostat")?
+        .extract()
+        .map_err(|_| bad("mirostat", "must be a MirostatMode"))?;
+    let mirostat = match mirostat {
+        0 => Mirostat::Off,
+        1 => Mirostat::V1,
+        2 => Mirostat::V2,
+        m => return Err(bad("mirostat", format!("must be 0 (off), 1 or 2, got {m}"))),
+    };
+    let breakers: Vec<i64> = opts
+        .getattr("dry_sequence_breakers")?
+        .extract()
+        .map_err(|_| bad("dry_sequence_breakers", "must be a sequence of token ids"))?;
+    let breakers = breakers
+        .into_iter()
+        .map(|t| token_id("dry_sequence_breakers", t))
+        .collect::<PyResult<Vec<u32>>>()?;
+    let seed: Option<u64> = opts
+        .getattr("seed")?
+        .extract()
+        .map_err(|_| bad("seed", "must be an integer in 0..2**64 or None"))?;
+    let seed = seed.unwrap_or_else(random_seed);
+    let mut logit_bias = Vec::new();
+    let bias_obj = opts.getattr("logit_bias")?;
+    if !bias_obj.is_none() {
+        let items = bias_obj
+            .call_method0("items")
+            .map_err(|_| bad("logit_bias", "must be a mapping of token id to bias"))?;
+        for item in items.try_iter()? {
+            let (t, b): (i64, f64) = item?
+                .extract()
+                .map_err(|_| bad("logit_bias", "keys must be token ids and values numbers"))?;
+            logit_bias.push((token_id("logit_bias", t)?, b as f32));
+        }
+    }
+    Ok(Knobs {
+        temperature: get_f32(opts, "temperature")?,
+        top_k,
+        top_p: get_f32(opts, "top_p")?,
+        min_p: get_f32(opts, "min_p")?,
+        typical_p: get_f32(opts, "typical_p")?,
+        top_n_sigma: get_f32(opts, "top_n_sigma")?,
+        repetition_penalty: get_f32(opts, "repetition_penalty")?,
+        frequency_penalty: get_f32(opts, "frequency_penalty")?,
+        presence_penalty: get_f32(opts, "presence_penalty")?,
+        repetition_window,
+        dynamic_temp: dynamic_temp.map(|(a, b)| (a as f32, b as f32)),
+        dynamic_temp_exponent: get_f32(opts, "dynamic_temp_exponent")?,
+        xtc_threshold: get_f32(opts, "xtc_threshold")?,
+        xtc_prob: get_f32(opts, "xtc_prob")?,
+        dry_multiplier: get_f32(opts, "dry_multiplier")?,
+        dry_base: get_f32(opts, "dry_base")?,
+        dry_allowed_length: get_usize(opts, "dry_allowed_length")?,
+        dry_max_ngram: get_usize(opts, "dry_max_ngram")?,
+        dry_sequence_breakers: breakers,
+        mirostat,
+        mirostat_tau: get_f32(opts, "mirostat_tau")?,
+        mirostat_eta: get_f32(opts, "mirostat_eta")?,
+        mirostat_m: get_usize(opts, "mirostat_m")?,
+        min_keep: get_usize(opts, "min_keep")?,
+        seed,
+        logit_bias,
+    })
+}
+
+/// A seed from the OS-seeded hasher keys, for chains built without one.
+fn random_seed() -> u64 {
+    use std::hash::{BuildHasher, Hasher};
+    let mut h = std::collections::hash_map::RandomState::new().build_hasher();
+    h.write_u64(
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_nanos() as u64),
+    );
+    h.finish()
+}
+
+fn order_from(order: Option<&Bound<'_, PyAny>>) -> PyResult<OrderSpec> {
+    let Some(order) = order.filter(|o| !o.is_none()) else {
+        return Ok(OrderSpec::Preset("default".to_owned()));
+    };
+    if let Ok(name) = order.extract::<String>() {
+        return Ok(OrderSpec::Preset(name));
+    }
+    let names: Vec<String> = order.extract().map_err(|_| {
+        bad(
+            "order",
+            "must be a preset name or a sequence of stage names",
+        )
+    })?;
+    Ok(OrderSpec::Custom(names))
+}
+
+/// Convert a history (None, a sequence of ints, or a 1-D numpy integer array).
+fn history_from(obj: Option<&Bound<'_, PyAny>>, what: &str) -> PyResult<Vec<u32>> {
+    let Some(obj) = obj.filter(|o| !o.is_none()) else {
+        return Ok(Vec::new());
+    };
+    let values: Vec<i64> = if let Ok(arr) = obj.cast::<PyUntypedArray>() {
+        if arr.ndim() != 1 {
+            return Err(ShapeError::new_err(format!(
+                "{what} must be 1-D (one sequence of token ids), got an array of shape {:?}",
+                arr.shape()
+            )));
+        }
+        if let Ok(a) = obj.cast::<PyArray1<i64>>() {
+            a.to_vec()?
+        } else if let Ok(a) = obj.cast::<PyArray1<i32>>() {
+            a.to_vec()?.into_iter().map(i64::from).collect()
+        } else if let Ok(a) = obj.cast::<PyArray1<u32>>() {
+            a.to_vec()?.into_iter().map(i64::from).collect()
+        } else if let Ok(a) = obj.cast::<PyArray1<u16>>() {
+            a.to_vec()?.into_iter().map(i64::from).collect()
+        } else {
+            return Err(DtypeError::new_err(format!(
+                "{what} must hold integer token ids (int32, int64, uint16 or uint32), got dtype {}; \
+                 convert with x.astype(np.int64)",
+                arr.dtype()
+            )));
+        }
+    } else {
+        obj.extract().map_err(|_| {
+            DtypeError::new_err(format!(
+                "{what} must be a sequence of token ids or a 1-D numpy integer array, got {}",
+                obj.get_type()
+                    .name()
+                    .map(|n| n.to_string())
+                    .unwrap_or_default()
+            ))
+        })?
+    };
+    values
+        .into_iter()
+        .map(|t| {
+            u32::try_from(t).map_err(|_| {
+                TokenOutOfRangeError::new_err(format!(
+                    "{what}: token id {t} is negative or too large"
+                ))
+            })
+        })
+        .collect()
+}
+
+fn mode_from(mode: &str) -> PyResult<LogprobMode> {
+    match mode {
+        "raw" => Ok(LogprobMode::Raw),
+        "penalized" => Ok(LogprobMode::Penalized),
+        "final" => Ok(LogprobMode::Final),
+        m => Err(bad(
+            "mode",
+            format!("expected \"raw\", \"penalized\" or \"final\", got {m:?}"),
+        )),
+    }
+}
+
+/// A sampled token with its log-probability and the most likely alternatives.
+#[pyclass(frozen, get_all, name = "SampleResult", module = "rlx_lm._core")]
+#[derive(Clone, Debug)]
+pub struct SampleResult {
+    /// The sampled token id.
+    token: u32,
+    /// Its natural-log probability under the chosen distribution.
+    logprob: f64,
+    /// The `top_n` most likely tokens as `(token, logprob)`, best first.
+    top: Vec<(u32, f64)>,
+    /// Which distribution the log-probabilities describe.
+    mode: &'static str,
+}
+
+#[pymethods]
+impl SampleResult {
+    fn __repr__(&self) -> String {
+        format!(
+            "SampleResult(token={}, logprob={:.6}, top={:?}, mode={:?})",
+            self.token, self.logprob, self.top, self.mode
+        )
+    }
+}
+
+/// A sampler chain built from `SampleOpts`: stages, order and per-sequence state.
+#[pyclass(name = "SamplerChain", module = "rlx_lm._core")]
+pub struct PySamplerChain {
+    chain: SamplerChain,
+    scratch: Scratch,
+    batch_scratch: Vec<Scratch>,
+    vocab: Option<usize>,
+}
+
+impl PySamplerChain {
+    fn wrap(chain: SamplerChain) -> Self {
+        PySamplerChain {
+            chain,
+            scratch: Scratch::default(),
+            batch_scratch: Vec::new(),
+            vocab: None,
+        }
+    }
+}
+
+fn check_uniform(u: Option<f64>) -> PyResult<()> {
+    match u {
+        Some(u) if !(0.0..1.0).contains(&u) => {
+            Err(bad("uniform", format!("must be in [0, 1), got {u}")))
+        }
+        _ => Ok(()),
+    }
+}
+
+#[pymethods]
+impl PySamplerChain {
+    #[new]
+    #[pyo3(signature = (opts, order=None, sequence_id=0))]
+    fn new(
+        opts: &Bound<'_, PyAny>,
+        order: Option<&Bound<'_, PyAny>>,
+        sequence_id: u64,
+    ) -> PyResult<Self> {
+        let knobs = knobs_from(opts)?;
+        let order = order_from(order)?;
+        Ok(Self::wrap(
+            SamplerChain::new(knobs, &order, sequence_id).py()?,
+        ))
+    }
+
+    /// Sample one token from a float32 logits row given the history so far.
+    #[pyo3(signature = (logits, history=None, *, uniform=None))]
+    fn sample(
+        &mut self,
+        logits: &Bound<'_, PyAny>,
+        history: Option<&Bound<'_, PyAny>>,
+        uniform: Option<f64>,
+    ) -> PyResult<u32> {
+        let row = f32_row(logits, "logits")?;
+        let hist = history_from(history, "history")?;
+        check_uniform(uniform)?;
+        let out = self
+            .chain
+            .sample_row(
+                row.as_slice()?,
+                &hist,
+                self.chain.sequence,
+                uniform,
+                None,
+                &mut self.scratch,
+            )
+            .py()?;
+        self.vocab = Some(row.len());
+        self.chain.set_pending(out.surprises);
+        Ok(out.token)
+    }
+
+    /// Sample one token and report log-probabilities under `mode`'s distribution.
+    #[pyo3(signature = (logits, history=None, top_n=0, *, mode="raw", uniform=None))]
+    fn sample_with_logprobs(
+        &mut self,
+        logits: &Bound<'_, PyAny>,
+        history: Option<&Bound<'_, PyAny>>,
+        top_n: i64,
+        mode: &str,
+        uniform: Option<f64>,
+    ) -> PyResult<SampleResult> {
+        let row = f32_row(logits, "logits")?;
+        let hist = history_from(history, "history")?;
+        let m = mode_from(mode)?;
+        check_uniform(uniform)?;
+        let n = usize::try_from(top_n)
+            .map_err(|_| bad("top_n", format!("must be >= 0, got {top_n}")))?;
+        let out = self
+            .chain
+            .sample_row(
+                row.as_slice()?,
+                &hist,
+                self.chain.sequence,
+                uniform,
+                Some((n, m)),
+                &mut self.scratch,
+            )
+            .py()?;
+        self.vocab = Some(row.len());
+        self.chain.set_pending(out.surprises);
+        let lp = out.logprobs.unwrap_or(crate::sampling::Logprobs {
+            logprob: 0.0,
+            top: Vec::new(),
+        });
+        Ok(SampleResult {
+            token: out.token,
+            logprob: lp.logprob,
+            top: lp.top,
+            mode: match m {
+                LogprobMode::Raw => "raw",
+                LogprobMode::Penalized => "penalized",
+                LogprobMode::Final => "final",
+            },
+        })
+    }
+
+    /// Sample every row of a 2-D float32 array (rows in parallel, GIL released).
+    #[pyo3(signature = (logits, histories=None, *, sequence_ids=None, uniforms=None))]
+    fn sample_batch<'py>(
+        &mut self,
+        py: Python<'py>,
+        logits: &Bound<'py, PyAny>,
+        histories: Option<&Bound<'py, PyAny>>,
+        sequence_ids: Option<Vec<u64>>,
+        uniforms: Option<Vec<f64>>,
+    ) -> PyResult<Bound<'py, PyArray1<i64>>> {
+        if self.chain.selector() == Selector::MirostatV1
+            || self.chain.selector() == Selector::MirostatV2
+        {
+            return Err(UnsupportedError::new_err(
+                "sample_batch: mirostat keeps one mu per sequence; use one chain per sequence",
+            ));
+        }
+        let arr: PyReadonlyArray2<'py, f32> = batch_rows(logits)?;
+        let shape = arr.shape().to_vec();
+        let (rows, vocab) = (shape[0], shape[1]);
+        let data = arr.as_slice()?;
+        let hists: Vec<Vec<u32>> = match histories.filter(|h| !h.is_none()) {
+            None => vec![Vec::new(); rows],
+            Some(h) => {
+                let items: Vec<Bound<'py, PyAny>> = h
+                    .try_iter()
+                    .map_err(|_| {
+                        DtypeError::new_err("histories must be a sequence with one history per row")
+                    })?
+                    .collect::<PyResult<_>>()?;
+                if items.len() != rows {
+                    return Err(ShapeError::new_err(format!(
+                        "histories has {} entries for {rows} rows of logits",
+                        items.len()
+                    )));
+                }
+                items
+                    .iter()
+                    .enumerate()
+                    .map(|(i, h)| history_from(Some(h), &format!("histories[{i}]")))
+                    .collect::<PyResult<_>>()?
+            }
+        };
+        let seqs: Vec<u64> = match sequence_ids {
+            None => (0..rows as u64).map(|r| self.chain.sequence + r).collect(),
+            Some(s) if s.len() == rows => s,
+            Some(s) => {
+                return Err(ShapeError::new_err(format!(
+                    "sequence_ids has {} entries for {rows} rows of logits",
+                    s.len()
+                )))
+            }
+        };
+        if let Some(u) = &uniforms {
+            if u.len() != rows {
+                return Err(ShapeError::new_err(format!(
+                    "uniforms has {} entries for {rows} rows of logits",
+                    u.len()
+                )));
+            }
+            for &x in u {
+                check_uniform(Some(x))?;
+            }
+        }
+        let threads = if rows >= 2 && rows * vocab >= 1 << 16 {
+            std::thread::available_parallelism()
+                .map_or(1, |n| n.get())
+                .min(rows)
+                .min(16)
+        } else {
+            1
+        };
+        if self.batch_scratch.len() < threads {
+            self.batch_scratch.resize_with(threads, Scratch::default);
+        }
+        let chain = &self.chain;
+        let scratches = &mut self.batch_scratch[..threads];
+        let result: Result<Vec<i64>, CoreError> = py.detach(|| {
+            let mut out = vec![0i64; rows];
+            let per = rows.div_ceil(threads);
+            let run =
+                |lo: usize, out: &mut [i64], scratch: &mut Scratch| -> Result<(), CoreError> {
+                    for (j, o) in out.iter_mut().enumerate() {
+                        let r = lo + j;
+                        let row = &data[r * vocab..(r + 1) * vocab];
+                        let u = uniforms.as_ref().map(|u| u[r]);
+                        *o = chain
+                            .sample_row(row, &hists[r], seqs[r], u, None, scratch)?
+                            .token as i64;
+                    }
+                    Ok(())
+                };
+            if threads == 1 {
+                run(0, &mut out, &mut scratches[0])?;
+                return Ok(out);
+            }
+            let results: Vec<Result<(), CoreError>> = std::thread::scope(|s| {
+                let handles: Vec<_> = out
+                    .chunks_mut(per)
+                    .zip(scratches.iter_mut())
+                    .enumerate()
+                    .map(|(i, (chunk, scratch))| s.spawn(move || run(i * per, chunk, scratch)))
+                    .collect();
+                handles
+                    .into_iter()
+                    .map(|h| {
+                        h.join()
+                            .unwrap_or(Err(CoreError::Shape("a sampling thread panicked".into())))
+                    })
+                    .collect()
+            });
+            for r in results {
+                r?;
+            }
+            Ok(out)
+        });
+        let out = result.map_err(to_py)?;
+        self.vocab = Some(vocab);
+        Ok(PyArray1::from_vec(py, out))
+    }
+
+    /// Record the emitted token: advances the step and mirostat's mu.
+    fn accept(&mut self, token: i64) -> PyResult<()> {
+        let t = u32::try_from(token).map_err(|_| {
+            TokenOutOfRangeError::new_err(format!(
+                "accept: token id {token} is negative or too large"
+            ))
+        })?;
+        if let Some(v) = self.vocab {
+            if t as usize >= v {
+                return Err(to_py(CoreError::TokenOutOfRange { token, vocab: v }));
+            }
+        }
+        self.chain.accept(t);
+        Ok(())
+    }
+
+    /// Return to step 0 and the initial mirostat mu (same seed, same tokens).
+    fn reset(&mut self) {
+        self.chain.reset();
+    }
+
+    /// An independent copy with the same knobs, seed and state.
+    fn clone(&self) -> Self {
+        let mut c = Self::wrap(self.chain.clone());
+        c.vocab = self.vocab;
+        c
+    }
+
+    fn __copy__(&self) -> Self {
+        self.clone()
+    }
+
+    fn __deepcopy__(&self, _memo: &Bound<'_, PyDict>) -> Self {
+        self.clone()
+    }
+
+    /// Tokens accepted since construction or the last reset.
+    #[getter]
+    fn step(&self) -> u64 {
+        self.chain.step
+    }
+
+    /// The seed of the draw (chosen at random when the options had none).
+    #[getter]
+    fn seed(&self) -> u64 {
+        self.chain.knobs().seed
+    }
+
+    /// The sequence id keyed into the draw.
+    #[getter]
+    fn sequence_id(&self) -> u64 {
+        self.chain.sequence
+    }
+
+    /// Mirostat's current mu, or None without mirostat.
+    #[getter]
+    fn mu(&self) -> Option<f32> {
+        self.chain.mu()
+    }
+
+    /// The stages that run, in order (stages whose knobs are off are left out).
+    #[getter]
+    fn stages<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyList>> {
+        let mut names: Vec<&str> = self.chain.stages().iter().map(|s| s.name()).collect();
+        names.push(match self.chain.selector() {
+            Selector::Argmax => "argmax",
+            Selector::Dist => "dist",
+            Selector::MirostatV1 => "mirostat_v1",
+            Selector::MirostatV2 => "mirostat_v2",
+        });
+        PyList::new(py, names)
+    }
+
+    /// The order's name: "default", a preset, or "custom".
+    #[getter]
+    fn order(&self) -> String {
+        self.chain.order_name().to_owned()
+    }
+
+    /// Whether the chain is a plain argmax (no RNG).
+    #[getter]
+    fn is_greedy(&self) -> bool {
+        self.chain.selector() == Selector::Argmax
+    }
+
+    fn __repr__(&self, py: Python<'_>) -> PyResult<String> {
+        let stages = self.stages(py)?;
+        let names: Vec<String> = stages.extract()?;
+        Ok(format!(
+            "SamplerChain(order={:?}, stages=[{}], step={}, seed={})",
+            self.chain.order_name(),
+            names.join(" -> "),
+            self.chain.step,
+            self.chain.knobs().seed
+        ))
+    }
+}
+
+/// Borrow a 2-D C-contiguous float32 array (one row of logits per sequence).
+fn batch_rows<'py>(obj: &Bound<'py, PyAny>) -> PyResult<PyReadonlyArray2<'py, f32>> {
+    let Ok(untyped) = obj.cast::<PyUntypedArray>() else {
+        return Err(DtypeError::new_err(
+            "logits must be a 2-D numpy float32 array; convert with np.asarray(x, dtype=np.float32)",
+        ));
+    };
+    if untyped.ndim() != 2 || untyped.shape()[1] == 0 {
+        return Err(ShapeError::new_err(format!(
+            "logits must be 2-D (rows, vocab) with vocab > 0, got shape {:?}",
+            untyped.shape()
+        )));
+    }
+    let Ok(arr) = obj.cast::<PyArray2<f32>>() else {
+        return Err(DtypeError::new_err(format!(
+            "logits must have dtype float32, got {}; convert with x.astype(np.float32)",
+            untyped.dtype()
+        )));
+    };
+    if !untyped.is_c_contiguous() {
+        return Err(DtypeError::new_err(
+            "logits must be C-contiguous; convert with np.ascontiguousarray(x)",
+        ));
+    }
+    Ok(arr.readonly())
+}

@@ -1,0 +1,275 @@
+//! The sparse candidate set the stages pass along, and the working state of
+//! one sampling call: either the whole row (dense, not yet gathered) or the
+//! surviving candidates (sparse).
+
+use std::cmp::Ordering;
+
+use super::dense;
+use crate::error::{CoreError, CoreResult};
+
+/// One surviving token and its current logit (never NaN, never `-inf`).
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Cand {
+    pub id: u32,
+    pub logit: f32,
+}
+
+/// What is known about the order of a candidate list.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Order {
+    /// Ascending token id.
+    Id,
+    /// Descending logit, ties by ascending id.
+    Desc,
+    /// No particular order.
+    Any,
+}
+
+/// Descending logit, then ascending id: the one ranking every stage uses.
+#[inline]
+pub fn by_rank(a: &Cand, b: &Cand) -> Ordering {
+    b.logit.total_cmp(&a.logit).then(a.id.cmp(&b.id))
+}
+
+/// The row before any truncation: every finite entry is a candidate with
+/// logit `row[i] * scale` (a temperature is applied lazily through `scale`).
+#[derive(Debug)]
+pub struct Dense<'a> {
+    pub row: RowRef<'a>,
+    pub scale: f32,
+    /// Largest raw value of `row` (finite).
+    pub max: f32,
+}
+
+/// The dense row: the caller's borrowed logits, or a patched copy.
+#[derive(Debug)]
+pub enum RowRef<'a> {
+    Borrowed(&'a [f32]),
+    Owned(Vec<f32>),
+}
+
+impl RowRef<'_> {
+    pub fn as_slice(&self) -> &[f32] {
+        match self {
+            RowRef::Borrowed(s) => s,
+            RowRef::Owned(v) => v,
+        }
+    }
+}
+
+/// The state one sampling call threads through the stages.
+#[derive(Debug)]
+pub struct Work<'a> {
+    /// `Some` until the first stage that has to gather candidates.
+    pub dense: Option<Dense<'a>>,
+    /// The candidates once `dense` is `None`.
+    pub cands: Vec<Cand>,
+    pub order: Order,
+    /// A patched row copy no longer in use, handed back to the scratch.
+    pub spare_row: Option<Vec<f32>>,
+}
+
+impl<'a> Work<'a> {
+    /// Start from a whole row whose maximum `max` is finite.
+    pub fn from_row(row: &'a [f32], max: f32, cands: Vec<Cand>) -> Self {
+        Work {
+            dense: Some(Dense {
+                row: RowRef::Borrowed(row),
+                scale: 1.0,
+                max,
+            }),
+            cands,
+            order: Order::Id,
+            spare_row: None,
+        }
+    }
+
+    /// Gather every finite entry of a dense row into the candidate list (id order).
+    pub fn materialize(&mut self) {
+        if let Some(d) = &self.dense {
+            self.cands.clear();
+            dense::gather_ge(d.row.as_slice(), d.scale, f32::MIN, &mut self.cands);
+            self.order = Order::Id;
+            self.release_dense();
+        }
+    }
+
+    /// Drop the dense row once `cands` holds the set (a patched copy goes
+    /// back to the spare slot for reuse).
+    pub fn release_dense(&mut self) {
+        if let Some(Dense {
+            row: RowRef::Owned(v),
+            ..
+        }) = self.dense.take()
+        {
+            self.spare_row = Some(v);
+        }
+    }
+
+    /// The dense row for in-place edits (the caller's row is copied first),
+    /// with its scale. `None` once the work is sparse.
+    pub fn row_mut(&mut self) -> Option<(&mut [f32], f32)> {
+        let d = self.dense.as_mut()?;
+        if let RowRef::Borrowed(src) = d.row {
+            let mut v = self.spare_row.take().unwrap_or_default();
+            v.clear();
+            v.extend_from_slice(src);
+            d.row = RowRef::Owned(v);
+        }
+        match &mut d.row {
+            RowRef::Owned(v) => Some((v.as_mut_slice(), d.scale)),
+            RowRef::Borrowed(_) => None,
+        }
+    }
+
+    /// Re-establish the invariants after logits were edited: the dense max
+    /// is refreshed, sparse `-inf` entries are dropped. Errors when nothing
+    /// is left.
+    pub fn after_edit(&mut self) -> CoreResult<()> {
+        if let Some(d) = &mut self.dense {
+            let (max, _) = crate::argmax::max_and_nan(d.row.as_slice());
+            if max == f32::NEG_INFINITY {
+                return Err(CoreError::AllBanned);
+            }
+            d.max = max;
+            return Ok(());
+        }
+        self.cands.retain(|c| c.logit > f32::NEG_INFINITY);
+        if self.cands.is_empty() {
+            return Err(CoreError::AllBanned);
+        }
+        if self.order == Order::Desc {
+            self.order = Order::Any;
+        }
+        Ok(())
+    }
+
+    /// Hand the reusable buffers back.
+    pub fn into_buffers(mut self) -> (Vec<Cand>, Option<Vec<f32>>) {
+        self.release_dense();
+        (self.cands, self.spare_row)
+    }
+
+    /// Sort the candidates by rank (descending logit, ties by id).
+    pub fn sort_desc(&mut self) {
+        self.materialize();
+        if self.order != Order::Desc {
+            self.cands.sort_unstable_by(by_rank);
+            self.order = Order::Desc;
+        }
+    }
+
+    /// Sort the candidates by ascending id.
+    pub fn sort_id(&mut self) {
+        self.materialize();
+        if self.order != Order::Id {
+            self.cands.sort_unstable_by_key(|c| c.id);
+            self.order = Order::Id;
+        }
+    }
+
+    /// Replace the set by one candidate.
+    pub fn set_single(&mut self, c: Cand) {
+        self.materialize();
+        self.cands.clear();
+        self.cands.push(c);
+        self.order = Order::Desc;
+    }
+
+    /// Keep only the `k` best-ranked candidates (fewer if there are fewer);
+    /// with `keep_ties`, also every candidate tied with the k-th.
+    pub fn top_k(&mut self, k: usize, keep_ties: bool, delta: &mut f32) {
+        let k = k.max(1);
+        if let Some(d) = &self.dense {
+            dense::top_k(
+                d.row.as_slice(),
+                d.scale,
+                d.max,
+                k,
+                keep_ties,
+                delta,
+                &mut self.cands,
+            );
+            self.order = Order::Desc;
+            self.release_dense();
+            return;
+        }
+        top_k_sparse(&mut self.cands, k, keep_ties);
+        self.order = Order::Desc;
+    }
+
+    /// Largest current logit (candidates are never empty).
+    pub fn max_logit(&self) -> f32 {
+        match &self.dense {
+            Some(d) => d.max * d.scale,
+            None => {
+                self.cands.iter().fold(
+                    f32::NEG_INFINITY,
+                    |m, c| if c.logit > m { c.logit } else { m },
+                )
+            }
+        }
+    }
+
+    /// The best-ranked candidate (largest logit, lowest id on ties).
+    pub fn best(&self) -> Cand {
+        match &self.dense {
+            Some(d) => {
+                let row = d.row.as_slice();
+                let id = row.iter().position(|&v| v == d.max).unwrap_or(0);
+                Cand {
+                    id: id as u32,
+                    logit: d.max * d.scale,
+                }
+            }
+            None => {
+                let mut best = self.cands[0];
+                for c in &self.cands[1..] {
+                    if by_rank(c, &best) == Ordering::Less {
+                        best = *c;
+                    }
+                }
+                best
+            }
+        }
+    }
+}
+
+/// Keep the `k` best-ranked entries of `cands`, sorted by rank.
+pub fn top_k_sparse(cands: &mut Vec<Cand>, k: usize, keep_ties: bool) {
+    if cands.len() > k {
+        cands.select_nth_unstable_by(k - 1, by_rank);
+        let kth = cands[k - 1].logit;
+        let mut n = k;
+        if keep_ties {
+            for i in k..cands.len() {
+                if cands[i].logit == kth {
+                    cands.swap(n, i);
+                    n += 1;
+                }
+            }
+        }
+        cands.truncate(n);
+    }
+    cands.sort_unstable_by(by_rank);
+}
+
+/// Softmax of the candidates' logits in f64, in list order, into `out`.
+/// Returns the log of the normaliser relative to the max (`ln S`) and the max.
+pub fn softmax(cands: &[Cand], out: &mut Vec<f64>) -> (f64, f64) {
+    let max = cands.iter().fold(
+        f32::NEG_INFINITY,
+        |m, c| if c.logit > m { c.logit } else { m },
+    ) as f64;
+    out.clear();
+    let mut sum = 0.0f64;
+    for c in cands {
+        let e = (c.logit as f64 - max).exp();
+        out.push(e);
+        sum += e;
+    }
+    for p in out.iter_mut() {
+        *p /= sum;
+    }
+    (sum.ln(), max)
+}

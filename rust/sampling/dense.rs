@@ -1,0 +1,338 @@
+//! Kernels over a whole logits row: exponential sums, threshold gathers and
+//! the adaptive top-k gather. Each is one linear pass written so that it
+//! vectorises; on x86-64 an AVX2+FMA copy is chosen at run time.
+
+use super::candidates::{by_rank, top_k_sparse, Cand};
+
+const LANES: usize = 16;
+const BLOCK: usize = 1024;
+
+const LOG2E: f32 = std::f32::consts::LOG2_E;
+const LN2_HI: f32 = 0.693_359_4;
+const LN2_LO: f32 = -2.121_944_4e-4;
+/// 1.5 * 2^23: adding it rounds to an integer held in the low mantissa bits.
+const MAGIC: f32 = 12_582_912.0;
+
+/// `exp(z)` for `z <= 0` with about 1e-7 relative error; `z < -87` (and
+/// `-inf`) gives exactly 0. Branch-free so that loops over it vectorise.
+#[inline(always)]
+pub fn exp_neg(z: f32) -> f32 {
+    let zc = if z < -87.0 { -87.0 } else { z };
+    let t = zc * LOG2E + MAGIC;
+    let n = t - MAGIC;
+    let r = zc - n * LN2_HI - n * LN2_LO;
+    let mut p = 1.987_569_1e-4f32;
+    p = p * r + 1.398_199_9e-3;
+    p = p * r + 8.333_452e-3;
+    p = p * r + 4.166_579_6e-2;
+    p = p * r + 1.666_666_5e-1;
+    p = p * r + 0.5;
+    let e = p * r * r + r + 1.0;
+    let bits = t
+        .to_bits()
+        .wrapping_sub(MAGIC.to_bits())
+        .wrapping_add(127)
+        .wrapping_shl(23);
+    let v = e * f32::from_bits(bits);
+    if z < -87.0 {
+        0.0
+    } else {
+        v
+    }
+}
+
+macro_rules! dispatch {
+    ($(#[$doc:meta])* pub fn $name:ident / $avx:ident / $generic:ident ( $($arg:ident : $ty:ty),* ) -> $ret:ty) => {
+        $(#[$doc])*
+        pub fn $name($($arg: $ty),*) -> $ret {
+            #[cfg(target_arch = "x86_64")]
+            {
+                if std::arch::is_x86_feature_detected!("avx2")
+                    && std::arch::is_x86_feature_detected!("fma")
+                {
+                    // SAFETY: the CPU supports AVX2 and FMA, checked just above.
+                    return unsafe { $avx($($arg),*) };
+                }
+            }
+            $generic($($arg),*)
+        }
+
+        #[cfg(target_arch = "x86_64")]
+        #[target_feature(enable = "avx2,fma")]
+        unsafe fn $avx($($arg: $ty),*) -> $ret {
+            $generic($($arg),*)
+        }
+    };
+}
+
+dispatch! {
+    /// `sum(exp((x - max) * scale))` over the row (`-inf` entries add 0).
+    pub fn exp_sum / exp_sum_avx2 / exp_sum_generic(row: &[f32], max: f32, scale: f32) -> f64
+}
+
+#[inline(always)]
+fn exp_sum_generic(row: &[f32], max: f32, scale: f32) -> f64 {
+    let ms = max * scale;
+    let mut total = 0.0f64;
+    for block in row.chunks(BLOCK) {
+        let mut acc = [0.0f32; LANES];
+        let chunks = block.chunks_exact(LANES);
+        let tail = chunks.remainder();
+        for c in chunks {
+            for i in 0..LANES {
+                acc[i] += exp_neg(c[i] * scale - ms);
+            }
+        }
+        let mut s = 0.0f32;
+        for a in acc {
+            s += a;
+        }
+        for &v in tail {
+            s += exp_neg(v * scale - ms);
+        }
+        total += s as f64;
+    }
+    total
+}
+
+dispatch! {
+    /// Like [`exp_sum`], also storing each term in `out` (resized to the row).
+    pub fn exp_store / exp_store_avx2 / exp_store_generic(row: &[f32], max: f32, scale: f32, out: &mut Vec<f32>) -> f64
+}
+
+#[inline(always)]
+fn exp_store_generic(row: &[f32], max: f32, scale: f32, out: &mut Vec<f32>) -> f64 {
+    let ms = max * scale;
+    out.clear();
+    out.resize(row.len(), 0.0);
+    let mut total = 0.0f64;
+    for (block, oblock) in row.chunks(BLOCK).zip(out.chunks_mut(BLOCK)) {
+        let mut acc = [0.0f32; LANES];
+        let chunks = block.chunks_exact(LANES);
+        let tail = chunks.remainder();
+        let mut ochunks = oblock.chunks_exact_mut(LANES);
+        for (c, o) in chunks.zip(&mut ochunks) {
+            for i in 0..LANES {
+                let e = exp_neg(c[i] * scale - ms);
+                o[i] = e;
+                acc[i] += e;
+            }
+        }
+        let mut s = 0.0f32;
+        for a in acc {
+            s += a;
+        }
+        for (&v, o) in tail.iter().zip(ochunks.into_remainder()) {
+            let e = exp_neg(v * scale - ms);
+            *o = e;
+            s += e;
+        }
+        total += s as f64;
+    }
+    total
+}
+
+dispatch! {
+    /// `(sum e, sum e*z)` with `z = (x - max) * scale`, `e = exp(z)`: what the
+    /// entropy of the row's softmax needs (`H = ln S - sum(e*z)/S`).
+    pub fn entropy_sums / entropy_sums_avx2 / entropy_sums_generic(row: &[f32], max: f32, scale: f32) -> (f64, f64)
+}
+
+#[inline(always)]
+fn entropy_sums_generic(row: &[f32], max: f32, scale: f32) -> (f64, f64) {
+    let ms = max * scale;
+    let (mut s_tot, mut ez_tot) = (0.0f64, 0.0f64);
+    for block in row.chunks(BLOCK) {
+        let mut acc = [0.0f32; LANES];
+        let mut acz = [0.0f32; LANES];
+        let chunks = block.chunks_exact(LANES);
+        let tail = chunks.remainder();
+        for c in chunks {
+            for i in 0..LANES {
+                let z = c[i] * scale - ms;
+                let e = exp_neg(z);
+                acc[i] += e;
+                // e == 0 for banned entries; guard -inf * 0.
+                acz[i] += if e > 0.0 { e * z } else { 0.0 };
+            }
+        }
+        let (mut s, mut sz) = (0.0f32, 0.0f32);
+        for i in 0..LANES {
+            s += acc[i];
+            sz += acz[i];
+        }
+        for &v in tail {
+            let z = v * scale - ms;
+            let e = exp_neg(z);
+            s += e;
+            sz += if e > 0.0 { e * z } else { 0.0 };
+        }
+        s_tot += s as f64;
+        ez_tot += sz as f64;
+    }
+    (s_tot, ez_tot)
+}
+
+dispatch! {
+    /// Count, mean and population standard deviation of the finite entries.
+    pub fn moments / moments_avx2 / moments_generic(row: &[f32]) -> (usize, f64, f64)
+}
+
+#[inline(always)]
+fn moments_generic(row: &[f32]) -> (usize, f64, f64) {
+    let (mut n, mut s) = (0usize, 0.0f64);
+    for block in row.chunks(BLOCK) {
+        let mut acc = 0.0f32;
+        for &v in block {
+            if v.is_finite() {
+                acc += v;
+                n += 1;
+            }
+        }
+        s += acc as f64;
+    }
+    if n == 0 {
+        return (0, 0.0, 0.0);
+    }
+    let mean = s / n as f64;
+    let mf = mean as f32;
+    let mut ss = 0.0f64;
+    for block in row.chunks(BLOCK) {
+        let mut acc = 0.0f32;
+        for &v in block {
+            let d = v - mf;
+            acc += if v.is_finite() { d * d } else { 0.0 };
+        }
+        ss += acc as f64;
+    }
+    (n, mean, (ss / n as f64).sqrt())
+}
+
+dispatch! {
+    /// Append every entry with `x * scale >= thr` (finite, id order) as a
+    /// candidate with logit `x * scale`. `thr` below `f32::MIN` gathers every
+    /// finite entry.
+    pub fn gather_ge / gather_ge_avx2 / gather_ge_generic(row: &[f32], scale: f32, thr: f32, out: &mut Vec<Cand>) -> ()
+}
+
+#[inline(always)]
+fn gather_ge_generic(row: &[f32], scale: f32, thr: f32, out: &mut Vec<Cand>) {
+    // -inf * scale is -inf, which never reaches a threshold >= f32::MIN.
+    let thr = if thr >= f32::MIN { thr } else { f32::MIN };
+    let chunks = row.chunks_exact(LANES);
+    let tail_start = row.len() - chunks.remainder().len();
+    for (ci, c) in chunks.enumerate() {
+        let mut hit = 0u32;
+        for &v in c {
+            hit |= (v * scale >= thr) as u32;
+        }
+        if hit != 0 {
+            let base = ci * LANES;
+            for (i, &v) in c.iter().enumerate() {
+                let l = v * scale;
+                if l >= thr {
+                    out.push(Cand {
+                        id: (base + i) as u32,
+                        logit: l,
+                    });
+                }
+            }
+        }
+    }
+    for (i, &v) in row[tail_start..].iter().enumerate() {
+        let l = v * scale;
+        if l >= thr {
+            out.push(Cand {
+                id: (tail_start + i) as u32,
+                logit: l,
+            });
+        }
+    }
+}
+
+/// The `k` best-ranked entries of a row (plus ties with the k-th when
+/// `keep_ties`), sorted by rank, with logits scaled.
+///
+/// Gathers the entries within `delta` of the maximum in one pass, widening
+/// `delta` until at least `k` are in hand, then selects among those. `delta`
+/// persists between calls so the next row usually needs one pass; it only
+/// affects speed, never the result.
+pub fn top_k(
+    row: &[f32],
+    scale: f32,
+    max: f32,
+    k: usize,
+    keep_ties: bool,
+    delta: &mut f32,
+    out: &mut Vec<Cand>,
+) {
+    if !(delta.is_finite() && *delta > 0.0) {
+        *delta = 8.0;
+    }
+    loop {
+        out.clear();
+        let thr = max - *delta;
+        gather_ge(row, 1.0, thr, out);
+        if out.len() >= k || thr < f32::MIN || !thr.is_finite() {
+            break;
+        }
+        *delta *= 4.0;
+    }
+    if out.len() > 64 * k + 4096 {
+        *delta *= 0.5;
+    }
+    top_k_sparse(out, k, keep_ties);
+    if scale != 1.0 {
+        for c in out.iter_mut() {
+            c.logit *= scale;
+        }
+    }
+    debug_assert!(out.windows(2).all(|w| by_rank(&w[0], &w[1]).is_le()));
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn exp_neg_is_accurate_and_zero_for_banned() {
+        let mut z = 0.0f32;
+        while z > -87.0 {
+            let want = (z as f64).exp();
+            let got = exp_neg(z) as f64;
+            assert!(
+                ((got - want) / want).abs() < 4e-7,
+                "z={z} got={got} want={want}"
+            );
+            z -= 0.0137;
+        }
+        assert_eq!(exp_neg(f32::NEG_INFINITY), 0.0);
+        assert_eq!(exp_neg(-100.0), 0.0);
+        assert_eq!(exp_neg(0.0), 1.0);
+    }
+
+    #[test]
+    fn sums_match_a_plain_loop() {
+        let row: Vec<f32> = (0..5000)
+            .map(|i| ((i * 7919) % 1000) as f32 / 37.0 - 20.0)
+            .collect();
+        let max = row.iter().cloned().fold(f32::MIN, f32::max);
+        let want: f64 = row.iter().map(|&v| ((v - max) as f64 * 0.5).exp()).sum();
+        let got = exp_sum(&row, max, 0.5);
+        assert!(((got - want) / want).abs() < 1e-6);
+        let mut buf = Vec::new();
+        let got2 = exp_store(&row, max, 0.5, &mut buf);
+        assert_eq!(got, got2);
+        assert_eq!(buf.len(), row.len());
+    }
+
+    #[test]
+    fn top_k_widens_until_it_has_k() {
+        let row: Vec<f32> = (0..3000).map(|i| -(i as f32) * 3.0).collect();
+        let mut delta = 0.5;
+        let mut out = Vec::new();
+        top_k(&row, 1.0, 0.0, 10, false, &mut delta, &mut out);
+        let ids: Vec<u32> = out.iter().map(|c| c.id).collect();
+        assert_eq!(ids, (0..10).collect::<Vec<u32>>());
+    }
+}

@@ -1,0 +1,161 @@
+//! DRY ("Don't Repeat Yourself"): penalise the token that would extend a
+//! repeat of the history's latest tokens.
+//!
+//! For every earlier position `j` holding the newest token, the repeat length
+//! `len_j` is the longest common suffix of `history[..=j]` and `history`,
+//! capped by the distance to the newest sequence breaker (and by `max_ngram`
+//! when it is not 0). The token that followed `j` gets
+//! `multiplier * base^(len - allowed_length)` subtracted when
+//! `len >= allowed_length` (the largest such length per token); breaker
+//! tokens are never penalised.
+
+use super::candidates::Work;
+use crate::error::CoreResult;
+
+/// DRY's knobs.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Dry {
+    pub multiplier: f32,
+    pub base: f32,
+    pub allowed_length: usize,
+    /// Cap on the repeat length; 0 for none.
+    pub max_ngram: usize,
+    /// Single-token breakers, sorted.
+    pub breakers: Vec<u32>,
+}
+
+impl Dry {
+    fn is_breaker(&self, t: u32) -> bool {
+        self.breakers.binary_search(&t).is_ok()
+    }
+
+    /// The penalty for a repeat of length `len >= allowed_length`.
+    pub fn penalty(&self, len: usize) -> f32 {
+        let mut e = (len - self.allowed_length) as f32;
+        if self.base > 1.000_001 {
+            e = e.min((88.722_8 / self.base.ln()).floor());
+        }
+        self.multiplier * self.base.powf(e)
+    }
+
+    /// `(token, repeat length)` for every token DRY penalises, sorted by token.
+    /// `scratch` is an all-zero slice at least as long as the vocabulary and
+    /// is all-zero again on return.
+    pub fn lengths(&self, history: &[u32], scratch: &mut [u32]) -> Vec<(u32, usize)> {
+        let n = history.len();
+        let mut out: Vec<(u32, usize)> = Vec::new();
+        if n < 2 || n <= self.allowed_length {
+            return out;
+        }
+        let rep_limit = (0..n)
+            .find(|&i| self.is_breaker(history[n - 1 - i]))
+            .unwrap_or(n);
+        if rep_limit < self.allowed_length || rep_limit == 0 {
+            return out;
+        }
+        let cap = if self.max_ngram > 0 {
+            rep_limit.min(self.max_ngram)
+        } else {
+            rep_limit
+        };
+        let last = history[n - 1];
+        for j in 0..n - 1 {
+            if history[j] != last {
+                continue;
+            }
+            let mut len = 1;
+            while len < cap && len <= j && history[j - len] == history[n - 1 - len] {
+                len += 1;
+            }
+            if len < self.allowed_length {
+                continue;
+            }
+            let t = history[j + 1];
+            if self.is_breaker(t) {
+                continue;
+            }
+            let slot = &mut scratch[t as usize];
+            if *slot == 0 {
+                out.push((t, len));
+                *slot = out.len() as u32;
+            } else {
+                let e = &mut out[*slot as usize - 1];
+                e.1 = e.1.max(len);
+            }
+        }
+        for &(t, _) in &out {
+            scratch[t as usize] = 0;
+        }
+        out.sort_unstable_by_key(|&(t, _)| t);
+        out
+    }
+
+    /// Subtract the penalties from the work's logits.
+    pub fn apply(
+        &self,
+        work: &mut Work<'_>,
+        history: &[u32],
+        scratch: &mut [u32],
+    ) -> CoreResult<()> {
+        if self.multiplier == 0.0 {
+            return Ok(());
+        }
+        let lens = self.lengths(history, scratch);
+        if lens.is_empty() {
+            return Ok(());
+        }
+        if let Some((row, scale)) = work.row_mut() {
+            for &(t, len) in &lens {
+                let v = &mut row[t as usize];
+                *v = (*v * scale - self.penalty(len)) / scale;
+            }
+        } else {
+            for c in &mut work.cands {
+                if let Ok(i) = lens.binary_search_by_key(&c.id, |&(t, _)| t) {
+                    c.logit -= self.penalty(lens[i].1);
+                }
+            }
+        }
+        work.after_edit()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn dry(allowed: usize, breakers: Vec<u32>) -> Dry {
+        Dry {
+            multiplier: 1.0,
+            base: 1.1,
+            allowed_length: allowed,
+            max_ngram: 0,
+            breakers,
+        }
+    }
+
+    #[test]
+    fn llama_cpp_comment_example() {
+        // a b c c b c y a b c: the token after each earlier "c" gets that repeat length.
+        let h = [0, 1, 2, 2, 1, 2, 9, 0, 1, 2];
+        let mut s = vec![0u32; 16];
+        let lens = dry(1, vec![]).lengths(&h, &mut s);
+        // j=2 (len 3) -> token 2; j=3 (len 1) -> token 1; j=5 (len 2) -> token 9.
+        assert_eq!(lens, vec![(1, 1), (2, 3), (9, 2)]);
+        assert!(s.iter().all(|&v| v == 0));
+    }
+
+    #[test]
+    fn llama_cpp_test_value() {
+        let mut s = vec![0u32; 4];
+        let d = dry(2, vec![]);
+        assert_eq!(d.lengths(&[0, 1, 2, 0, 1], &mut s), vec![(2, 2)]);
+        assert_eq!(d.penalty(2), 1.0);
+    }
+
+    #[test]
+    fn a_breaker_as_newest_token_disables() {
+        let mut s = vec![0u32; 8];
+        assert!(dry(1, vec![7]).lengths(&[1, 2, 1, 2, 7], &mut s).is_empty());
+    }
+}

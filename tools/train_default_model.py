@@ -49,7 +49,7 @@ class Config:
     rope_theta: float = 10000.0
     norm_eps: float = 1e-5
     batch: int = 16
-    steps: int = 2000
+    steps: int = 1200
     lr: float = 3e-3
     min_lr_frac: float = 0.1
     warmup: int = 100

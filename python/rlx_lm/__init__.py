@@ -17,6 +17,7 @@ from rlx_lm._core import (
 )
 from rlx_lm.builder import LmRunnerBuilder
 from rlx_lm.config import ConfigSource, Device
+from rlx_lm.default_model import load_default
 from rlx_lm.errors import (
     CapacityError,
     DtypeError,
@@ -113,6 +114,7 @@ __all__ = [
     "find_registration",
     "greedy_generate",
     "inspect",
+    "load_default",
     "match_architectures",
     "register_model",
     "registered_models",

@@ -71,7 +71,12 @@ def _parser() -> argparse.ArgumentParser:
     sub = p.add_subparsers(dest="command", required=True)
 
     g = sub.add_parser("generate", help="generate text from a prompt")
-    g.add_argument("model", help="GGUF file, safetensors file, or model directory")
+    g.add_argument(
+        "model",
+        nargs="?",
+        default=None,
+        help="GGUF file, safetensors file, or model directory (default: the bundled model)",
+    )
     g.add_argument("-p", "--prompt", required=True, help="prompt text")
     g.add_argument("-n", "--n-predict", type=int, default=128, help="tokens to generate")
     g.add_argument("-c", "--ctx-size", type=int, default=0, help="KV capacity (0: prompt + n)")
@@ -123,6 +128,7 @@ def _mirostat_mode(modes: Any, n: int) -> Any:
 
 def _generate(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
     from rlx_lm.builder import LmRunnerBuilder
+    from rlx_lm.default_model import default_model_path
     from rlx_lm.generation import GenerationEvent, stream
     from rlx_lm.runners.llama import load_progress
     from rlx_lm.tokenizer import Tokenizer
@@ -131,10 +137,11 @@ def _generate(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
         raise _usage(f"-n must be >= 0, got {args.n_predict}")
     progress = _Progress(err)
     opts = _sample_opts(args)
-    tokenizer = Tokenizer.load(args.model)
+    model = str(default_model_path()) if args.model is None else args.model
+    tokenizer = Tokenizer.load(model)
     ids = tokenizer.encode(args.prompt)
     ctx = args.ctx_size or len(ids) + max(args.n_predict, 1)
-    builder = LmRunnerBuilder().weights(args.model).max_seq(ctx)
+    builder = LmRunnerBuilder().weights(model).max_seq(ctx)
     if args.packed is not None:
         builder = builder.packed_weights(args.packed)
     with load_progress(lambda done, total: progress.update("loading", done, total)):

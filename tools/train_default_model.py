@@ -48,8 +48,8 @@ class Config:
     ctx: int = 256
     rope_theta: float = 10000.0
     norm_eps: float = 1e-5
-    batch: int = 16
-    steps: int = 1200
+    batch: int = 8
+    steps: int = 1600
     lr: float = 3e-3
     min_lr_frac: float = 0.1
     warmup: int = 100
@@ -593,7 +593,7 @@ def write_card(cfg: Config, work: Path, out: Path) -> None:
             "",
             table(training),
             "",
-            f"Validation: 128 windows of {c.ctx} tokens (BOS, then text from a paragraph start)",
+            f"Validation: {8 * c.batch} windows of {c.ctx} tokens (BOS, then a paragraph start)",
             f"from the held-out split ({meta['valid_tokens']:,} tokens in all).",
             "",
             "## Samples",

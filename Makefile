@@ -14,6 +14,7 @@ dev:
 	$(PY) -m pip install -q -e '.[dev]'
 	rm -f python/rlx_lm/*.so
 	$(VENV)/bin/maturin develop -q
+	$(PY) -m pip install -q ./examples/third_party_runner
 
 fmt:
 	$(VENV)/bin/ruff format $(PYPATHS)
@@ -23,7 +24,7 @@ fmt:
 lint:
 	$(VENV)/bin/ruff check $(PYPATHS)
 	$(VENV)/bin/ruff format --check $(PYPATHS)
-	$(PY) -m mypy --strict python/rlx_lm
+	$(PY) -m mypy --strict python/rlx_lm tests/typing/third_party_runner.py
 	cargo fmt --check
 	cargo clippy --all-targets -- -D warnings
 	cargo clippy --all-targets --features python -- -D warnings

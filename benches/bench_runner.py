@@ -151,6 +151,7 @@ def report(runner: LlamaRunner, *, ctx: int, steps: int, reps: int) -> dict[str,
         "decode_tok_s": 1.0 / step,
         "nocache_ms": full * 1e3,
         "cache_speedup": full / step,
+        "prefill_tok_s": (ctx + 1) / full,
     }
 
 

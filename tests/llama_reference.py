@@ -38,6 +38,10 @@ def reference_logits(
 
     x = w["model.embed_tokens.weight"][ids]
     mask = np.triu(np.full((seq, seq), -np.inf), k=1)
+    window = config.get("sliding_window") if config["model_type"] == "mistral" else None
+    if window:
+        # query i attends to keys i-window+1 .. i
+        mask += np.tril(np.full((seq, seq), -np.inf), k=-window)
     for i in range(n_layers):
         p = f"model.layers.{i}."
         h = _rms(x, w[p + "input_layernorm.weight"], eps)

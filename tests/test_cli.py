@@ -140,3 +140,68 @@ def test_packed_and_unpacked_generate_the_same_text(
         assert main(["generate", str(path), "-p", "the cat", "-n", "6", flag]) == 0
         outs.append(capsys.readouterr().out)
     assert outs[0] == outs[1]
+
+
+def test_a_directory_of_ggufs_uses_the_picked_file_and_its_tokenizer(
+    model: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    d = tmp_path / "ggufs"
+    d.mkdir()
+    (d / "m-Q4_K_M.gguf").write_bytes(model.read_bytes())
+    assert main(["generate", str(d), "-p", "hello world", "-n", "5"]) == 0
+    from_dir = capsys.readouterr().out
+    assert main(["generate", str(model), "-p", "hello world", "-n", "5"]) == 0
+    assert from_dir == capsys.readouterr().out
+
+
+def test_default_packing_follows_free_memory(
+    model: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from rlx_lm import LmRunnerBuilder, cli
+
+    b = LmRunnerBuilder().weights(model)
+    dense_bytes = model.stat().st_size  # F32 file: about the float32 size
+    monkeypatch.setattr(cli, "_available_memory", lambda: 100 * dense_bytes)
+    assert cli._packed_by_memory(b) is False
+    monkeypatch.setattr(cli, "_available_memory", lambda: dense_bytes)
+    assert cli._packed_by_memory(b) is True
+    monkeypatch.setattr(cli, "_available_memory", lambda: None)
+    assert cli._packed_by_memory(b) is None
+    m = make_tiny("llama")
+    from model_factory import write_safetensors_dir
+
+    st = LmRunnerBuilder().weights(write_safetensors_dir(m, tmp_path / "st"))
+    assert cli._packed_by_memory(st) is None
+
+
+def test_every_llama_cpp_flag_sets_its_sample_opts_field() -> None:
+    from rlx_lm import MirostatMode
+    from rlx_lm.cli import _parser, _sample_opts
+
+    values = {
+        "--temp": ("temperature", "0.7", 0.7),
+        "--top-k": ("top_k", "40", 40),
+        "--top-p": ("top_p", "0.9", 0.9),
+        "--min-p": ("min_p", "0.05", 0.05),
+        "--typical": ("typical_p", "0.8", 0.8),
+        "--repeat-penalty": ("repetition_penalty", "1.1", 1.1),
+        "--repeat-last-n": ("repetition_window", "32", 32),
+        "--presence-penalty": ("presence_penalty", "0.5", 0.5),
+        "--frequency-penalty": ("frequency_penalty", "0.25", 0.25),
+        "--dry-multiplier": ("dry_multiplier", "0.8", 0.8),
+        "--dry-base": ("dry_base", "1.5", 1.5),
+        "--dry-allowed-length": ("dry_allowed_length", "3", 3),
+        "--xtc-probability": ("xtc_prob", "0.5", 0.5),
+        "--xtc-threshold": ("xtc_threshold", "0.1", 0.1),
+        "--top-nsigma": ("top_n_sigma", "1.5", 1.5),
+        "--mirostat": ("mirostat", "2", MirostatMode.V2),
+        "--mirostat-lr": ("mirostat_eta", "0.2", 0.2),
+        "--mirostat-ent": ("mirostat_tau", "4.0", 4.0),
+        "--seed": ("seed", "7", 7),
+    }
+    argv = ["generate", "m.gguf", "-p", "x"]
+    for flag, (_, text, _) in values.items():
+        argv += [flag, text]
+    opts = _sample_opts(_parser().parse_args(argv))
+    for flag, (field, _, want) in values.items():
+        assert getattr(opts, field) == pytest.approx(want), flag

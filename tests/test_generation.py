@@ -202,3 +202,25 @@ def test_load_model_builds_through_the_registry_and_reports_load(spm_model: Path
     ]
     with pytest.raises(InvalidOptionError, match="no_such_setting"):
         load_model(spm_model, no_such_setting=1)
+
+
+def test_logprob_mode_reaches_the_chain(spm_model: Path, tok: Tokenizer) -> None:
+    # after top-k 1 only the argmax survives, so its final-distribution logprob is 0
+    runner = load_llama(spm_model, max_seq=64)
+    opts = SampleOpts(top_k=1)
+    final = generate(
+        runner, tok, "hello", opts=opts, max_tokens=2, logprobs=1, logprob_mode="final"
+    )
+    raw = generate(runner, tok, "hello", opts=opts, max_tokens=2, logprobs=1)
+    assert final.logprobs is not None
+    assert raw.logprobs is not None
+    assert all(lp.logprob == pytest.approx(0.0, abs=1e-6) for lp in final.logprobs)
+    assert all(lp.logprob < 0 for lp in raw.logprobs)
+
+
+def test_public_names_are_exported() -> None:
+    import rlx_lm
+
+    assert rlx_lm.generate is generate
+    assert rlx_lm.stream is stream
+    assert rlx_lm.Tokenizer is Tokenizer

@@ -13,6 +13,7 @@ from toy_runners import HasPair, NoPair, hashed_logits, sum_rule_logits
 import rlx_lm
 from rlx_lm import (
     HostDriven,
+    InvalidLogitsError,
     SequenceStateError,
     SessionSnapshot,
     TokenOutOfRangeError,
@@ -176,6 +177,24 @@ def test_a_real_decode_failure_propagates_and_keeps_the_context() -> None:
     assert not wrapped.fell_back()
 
 
+def test_invalid_logits_keep_the_context_in_step_with_the_runner() -> None:
+    # The inner pair took the token even though its logits were NaN, so the
+    # context follows it; the stateless fallback keeps the context unchanged.
+    poison = [float("nan")] * 16
+    inner = HasPair(16, rule=lambda ctx: poison if ctx[-1] == 9 else sum_rule_logits(ctx, 16))
+    wrapped = HostDriven(inner)
+    wrapped.prefill_logits([1])
+    with pytest.raises(InvalidLogitsError, match="NaN"):
+        wrapped.decode_logits(9)
+    assert wrapped.context == tuple(inner.context) == (1, 9)
+
+    fallback = HostDriven(NoPair(16, rule=inner.rule))
+    fallback.prefill_logits([1])
+    with pytest.raises(InvalidLogitsError, match="NaN"):
+        fallback.decode_logits(9)
+    assert fallback.context == (1,)
+
+
 # -- weak point 2: one sequence never mixes the two paths ---------------------------
 
 
@@ -244,12 +263,23 @@ def test_a_failed_prefill_ends_the_previous_sequence() -> None:
 
 
 def test_an_out_of_range_token_is_refused_without_changing_state() -> None:
-    wrapped = HostDriven(NoPair(8))
+    inner = NoPair(8)
+    wrapped = HostDriven(inner)
     wrapped.prefill_logits([1])
     for bad in (8, -1):
         with pytest.raises(TokenOutOfRangeError, match=f"token {bad} "):
             wrapped.decode_logits(bad)
     assert wrapped.context == (1,)
+    with pytest.raises(TokenOutOfRangeError, match="token 9 "):
+        wrapped.prefill_logits([1, 9])
+    assert inner.calls == [(1,)], "the bad prompt never reached the runner"
+    with pytest.raises(TypeError):
+        wrapped.decode_logits(1.5)  # type: ignore[arg-type]
+
+
+def test_wrapping_something_that_is_not_a_runner_fails_at_once() -> None:
+    with pytest.raises(TypeError, match="not a runner"):
+        HostDriven(object())  # type: ignore[type-var]
 
 
 # -- the warning -------------------------------------------------------------------

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
-from llama_fixtures import all_logits, forward_from_dir, forward_from_gguf
+from llama_fixtures import ListKv, all_logits, forward_from_dir, forward_from_gguf
 from llama_reference import reference_logits
 from model_factory import (
     make_tiny,
@@ -124,3 +124,32 @@ def test_unpermute_inverts_the_converter_permutation(heads: int, half: int, cols
     w = np.arange(heads * 2 * half * cols, dtype=np.float32).reshape(heads * 2 * half, cols)
     permuted = w.reshape(heads, 2, half, cols).swapaxes(1, 2).reshape(w.shape)
     np.testing.assert_array_equal(unpermute_rope_rows(permuted, heads), w)
+
+
+def test_chunked_prefill_never_holds_all_scores_at_once(tmp_path: Path) -> None:
+    import tracemalloc
+
+    m = make_tiny("llama", seed=2, heads=8, kv_heads=2, hidden=64, vocab=128)
+    ids = list(range(128)) * 2  # 256 tokens
+    peaks = {}
+    for chunk in (16, 256):
+        fw = forward_from_dir(write_safetensors_dir(m, tmp_path / f"c{chunk}"), chunk=chunk)
+        tracemalloc.start()
+        fw.prefill(np.asarray(ids), ListKv(fw.cfg.n_layers), 0)
+        peaks[chunk] = tracemalloc.get_traced_memory()[1]
+        tracemalloc.stop()
+    full_scores = 8 * 256 * 256 * 4  # heads x seq x seq float32: 2 MiB
+    assert peaks[256] > full_scores
+    assert peaks[16] < full_scores / 2
+
+
+@pytest.mark.parametrize("chunk", [1, 4, 64])
+def test_mistral_sliding_window_matches_the_reference(tmp_path: Path, chunk: int) -> None:
+    m = make_tiny("mistral", seed=12)
+    m.config["sliding_window"] = 3
+    want = reference_logits(m.config, m.tensors, IDS)
+    fw = forward_from_dir(write_safetensors_dir(m, tmp_path / "m"), chunk=chunk)
+    _close(all_logits(fw, IDS), want)
+    # the window matters: without it the later positions differ
+    unwindowed = reference_logits(m.config | {"sliding_window": None}, m.tensors, IDS)
+    assert not np.allclose(want[-1], unwindowed[-1], atol=1e-3)

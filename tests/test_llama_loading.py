@@ -60,6 +60,9 @@ def test_bad_geometry_in_config_is_refused() -> None:
         LlamaConfig.from_hf(base | {"num_key_value_heads": 3})
     with pytest.raises(WeightFormatError, match="hidden_size"):
         LlamaConfig.from_hf({k: v for k, v in base.items() if k != "hidden_size"})
+    qwen = make_tiny("qwen2").config | {"use_sliding_window": True, "sliding_window": 8}
+    with pytest.raises(UnsupportedError, match="use_sliding_window"):
+        LlamaConfig.from_hf(qwen)
     with pytest.raises(UnsupportedError, match="yarn"):
         LlamaConfig.from_hf(base | {"rope_scaling": {"rope_type": "yarn", "factor": 4.0}})
 

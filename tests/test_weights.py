@@ -117,8 +117,13 @@ def test_directories(tmp_path: Path) -> None:
     ):
         WeightFormat.from_path(no_config)
 
-    with pytest.raises(WeightFormatError, match="not a weight directory"):
-        WeightFormat.from_path(tmp_path / "mlx" / ".." / "ggufs" / ".." / "no_config" / "..")
+    with pytest.raises(WeightFormatError, match=r"no_config: directory has safetensors"):
+        rlx_lm.inspect(no_config)
+
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    with pytest.raises(WeightFormatError, match=r"empty: directory is not a weight directory"):
+        rlx_lm.inspect(empty)
 
 
 # -- inspect: GGUF ---------------------------------------------------------------------

@@ -32,6 +32,15 @@ from rlx_lm.errors import (
     UnsupportedError,
     WeightFormatError,
 )
+from rlx_lm.generation import (
+    GenerationChunk,
+    GenerationEvent,
+    GenerationResult,
+    TokenLogprob,
+    generate,
+    load_model,
+    stream,
+)
 from rlx_lm.host_driven import HostDriven
 from rlx_lm.prompt_cache import PromptCache, PromptCacheStats, cached_prefill_logits
 from rlx_lm.registry import (
@@ -63,6 +72,7 @@ from rlx_lm.runner import (
 )
 from rlx_lm.sample_opts import MirostatMode, SampleOpts
 from rlx_lm.session import ModelFingerprint, SessionSnapshot
+from rlx_lm.tokenizer import IncrementalDetokenizer, Tokenizer
 from rlx_lm.weight_report import WeightReport, inspect
 from rlx_lm.weights import WeightFormat
 
@@ -72,7 +82,11 @@ __all__ = [
     "Device",
     "DtypeError",
     "FullLmRunner",
+    "GenerationChunk",
+    "GenerationEvent",
+    "GenerationResult",
     "HostDriven",
+    "IncrementalDetokenizer",
     "InvalidLogitsError",
     "InvalidOptionError",
     "KvCache",
@@ -99,7 +113,9 @@ __all__ = [
     "SupportsKvStats",
     "SupportsMultimodal",
     "SupportsPromptCache",
+    "TokenLogprob",
     "TokenOutOfRangeError",
+    "Tokenizer",
     "UnknownArchitectureError",
     "UnsupportedError",
     "WeightFormat",
@@ -112,12 +128,15 @@ __all__ = [
     "build_profile",
     "cached_prefill_logits",
     "find_registration",
+    "generate",
     "greedy_generate",
     "inspect",
     "load_default",
+    "load_model",
     "match_architectures",
     "register_model",
     "registered_models",
+    "stream",
     "supports_generate",
     "supports_host_driven",
     "supports_kv_stats",

@@ -16,15 +16,12 @@ import math
 import os
 from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Final, overload
+from typing import Any, Final, overload
 
 from rlx_lm.config import ConfigSource, Device, Embedded, Explicit
 from rlx_lm.errors import InvalidOptionError, UnsupportedError
 from rlx_lm.runner import LmCore
-
-if TYPE_CHECKING:
-    from rlx_lm.sample_opts import SampleOpts  # type: ignore[import-not-found, unused-ignore]
-
+from rlx_lm.sample_opts import SampleOpts
 from rlx_lm.weights import WeightFormat, pick_gguf
 
 __all__ = ["PACKED_GGUF_AUTO_THRESHOLD_BYTES", "LmRunnerBuilder"]
@@ -40,14 +37,6 @@ class _Unset(enum.Enum):
 _UNSET: Final = _Unset.TOKEN
 
 
-def _greedy() -> SampleOpts | None:
-    try:
-        from rlx_lm.sample_opts import SampleOpts
-    except ImportError:
-        return None
-    return SampleOpts.greedy()  # type: ignore[no-any-return, unused-ignore]
-
-
 @dataclass(frozen=True)
 class _Fields:
     weights: Path | None = None
@@ -56,7 +45,7 @@ class _Fields:
     max_seq: int = 128
     max_memory_gb: float | None = None
     stream: bool = True
-    sample: SampleOpts | None = field(default_factory=_greedy)
+    sample: SampleOpts = field(default_factory=SampleOpts.greedy)
     format: WeightFormat | None = None
     packed_weights: bool | None = None
     prefer_gguf: str | None = None
@@ -178,20 +167,15 @@ class LmRunnerBuilder:
         return self._with(stream=on)
 
     @overload
-    def sample(self, /) -> SampleOpts | None: ...
+    def sample(self, /) -> SampleOpts: ...
     @overload
     def sample(self, opts: SampleOpts, /) -> LmRunnerBuilder: ...
-    def sample(self, opts: SampleOpts | _Unset = _UNSET, /) -> SampleOpts | LmRunnerBuilder | None:
+    def sample(self, opts: SampleOpts | _Unset = _UNSET, /) -> SampleOpts | LmRunnerBuilder:
         """The sampling options (default ``SampleOpts.greedy()``)."""
         if opts is _UNSET:
             return self._f.sample
-        try:
-            from rlx_lm.sample_opts import SampleOpts
-        except ImportError:
-            pass
-        else:
-            if not isinstance(opts, SampleOpts):
-                raise TypeError(f"sample: expected SampleOpts, got {type(opts).__name__}")
+        if not isinstance(opts, SampleOpts):
+            raise TypeError(f"sample: expected SampleOpts, got {type(opts).__name__}")
         return self._with(sample=opts)
 
     @overload

@@ -9,11 +9,16 @@ exit status 2.
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from collections.abc import Sequence
-from typing import Any, TextIO
+from typing import TYPE_CHECKING, Any, TextIO
 
-from rlx_lm.errors import RlxError
+from rlx_lm.errors import InvalidOptionError, RlxError
+from rlx_lm.sample_opts import MirostatMode
+
+if TYPE_CHECKING:
+    from rlx_lm.sample_opts import SampleOpts
 
 __all__ = ["main"]
 
@@ -86,8 +91,8 @@ def _parser() -> argparse.ArgumentParser:
         "--packed",
         action=argparse.BooleanOptionalAction,
         default=None,
-        help="keep quantised GGUF weights packed, dequantised per use (less memory, slower); "
-        "default: packed for GGUF files of 256 MiB or more",
+        help="keep quantised GGUF weights packed, dequantised per use (less memory, much "
+        "slower); default: packed only when float32 weights would not fit in half the free memory",
     )
     for flag, (field, typ) in _SAMPLER_FLAGS.items():
         g.add_argument(flag, dest=field, type=typ, default=None, help=f"SampleOpts.{field}")
@@ -97,8 +102,8 @@ def _parser() -> argparse.ArgumentParser:
     return p
 
 
-def _sample_opts(args: argparse.Namespace) -> Any:
-    from rlx_lm import SampleOpts
+def _sample_opts(args: argparse.Namespace) -> SampleOpts:
+    from rlx_lm.sample_opts import SampleOpts
 
     kw: dict[str, Any] = {}
     for field, _ in _SAMPLER_FLAGS.values():
@@ -106,24 +111,39 @@ def _sample_opts(args: argparse.Namespace) -> Any:
         if value is not None:
             kw[field] = value
     if "mirostat" in kw:
-        from rlx_lm import MirostatMode
-
-        kw["mirostat"] = _mirostat_mode(MirostatMode, kw["mirostat"])
+        if kw["mirostat"] not in (0, 1, 2):
+            raise InvalidOptionError(f"--mirostat must be 0, 1 or 2, got {kw['mirostat']}")
+        kw["mirostat"] = MirostatMode(kw["mirostat"])
     if args.seed is not None:
         kw["seed"] = args.seed
     return SampleOpts(**kw)
 
 
-def _mirostat_mode(modes: Any, n: int) -> Any:
-    names = {0: "OFF", 1: "V1", 2: "V2"}
-    if n not in names:
-        from rlx_lm.errors import InvalidOptionError
+def _available_memory() -> int | None:
+    try:
+        return int(os.sysconf("SC_AVPHYS_PAGES")) * int(os.sysconf("SC_PAGE_SIZE"))
+    except (AttributeError, ValueError, OSError):
+        return None
 
-        raise InvalidOptionError(f"--mirostat must be 0, 1 or 2, got {n}")
-    for name in (names[n], names[n].capitalize(), names[n].lower()):
-        if hasattr(modes, name):
-            return getattr(modes, name)
-    return modes(n)
+
+def _packed_by_memory(builder: Any) -> bool | None:
+    """For GGUF: dequantise up front when float32 weights fit in half the free memory.
+
+    Dense decoding runs at BLAS speed; packed weights are dequantised on every use,
+    which in numpy costs seconds per token for a 1B model. None leaves the builder's rule.
+    """
+    from rlx_lm.runners.gguf_loader import open_gguf
+    from rlx_lm.weights import WeightFormat
+
+    if builder.resolved_format() is not WeightFormat.GGUF:
+        return None
+    free = _available_memory()
+    if free is None:
+        return None
+    elements = sum(
+        int(t.n_elements) for t in open_gguf(builder.resolved_weights()).tensors.values()
+    )
+    return elements * 4 > free // 2
 
 
 def _generate(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
@@ -138,12 +158,15 @@ def _generate(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
     progress = _Progress(err)
     opts = _sample_opts(args)
     model = str(default_model_path()) if args.model is None else args.model
-    tokenizer = Tokenizer.load(model)
+    builder = LmRunnerBuilder().weights(model)
+    # the concrete file (a directory of GGUFs resolves to the one it picks)
+    tokenizer = Tokenizer.load(builder.resolved_weights())
     ids = tokenizer.encode(args.prompt)
     ctx = args.ctx_size or len(ids) + max(args.n_predict, 1)
-    builder = LmRunnerBuilder().weights(model).max_seq(ctx)
-    if args.packed is not None:
-        builder = builder.packed_weights(args.packed)
+    builder = builder.max_seq(ctx)
+    packed = args.packed if args.packed is not None else _packed_by_memory(builder)
+    if packed is not None:
+        builder = builder.packed_weights(packed)
     with load_progress(lambda done, total: progress.update("loading", done, total)):
         runner = builder.build()
     progress.clear()

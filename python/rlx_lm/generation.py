@@ -18,31 +18,39 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Literal
 
 import numpy as np
 import numpy.typing as npt
 
+from rlx_lm._core import SamplerChain
 from rlx_lm.errors import InvalidOptionError
 from rlx_lm.host_driven import HostDriven
+from rlx_lm.prompt_cache import PromptCache
 from rlx_lm.runner import LmCore, as_logits, supports_host_driven, supports_prompt_cache
+from rlx_lm.sample_opts import SampleOpts
 from rlx_lm.tokenizer import Tokenizer
 
 __all__ = [
+    "EventCallback",
     "GenerationChunk",
     "GenerationEvent",
     "GenerationResult",
     "Generator",
+    "LogprobMode",
+    "Phase",
     "StopReason",
     "TokenLogprob",
     "generate",
+    "load_model",
     "stream",
 ]
 
 StopReason = Literal["eos", "stop", "length", "cancelled"]
 Phase = Literal["load", "cache_lookup", "prefill", "decode", "stop"]
+LogprobMode = Literal["raw", "penalized", "final"]
 
 
 @dataclass(frozen=True)
@@ -155,20 +163,12 @@ class Generator:
             close()
 
 
-def _make_chain(opts: Any, seed: int | None) -> Any:
-    from rlx_lm import SampleOpts
-
+def _make_chain(opts: SampleOpts | None, seed: int | None) -> SamplerChain:
     if opts is None:
-        opts = SampleOpts() if seed is None else SampleOpts(seed=seed)
-    elif seed is not None:
-        opts = opts.with_seed(seed) if hasattr(opts, "with_seed") else _reseeded(opts, seed)
+        opts = SampleOpts()
+    if seed is not None:
+        opts = replace(opts, seed=seed)
     return opts.into_chain()
-
-
-def _reseeded(opts: Any, seed: int) -> Any:
-    from dataclasses import replace
-
-    return replace(opts, seed=seed)
 
 
 def _encode(tokenizer: Tokenizer, prompt: str | Sequence[int]) -> list[int]:
@@ -183,15 +183,20 @@ def stream(
     tokenizer: Tokenizer,
     prompt: str | Sequence[int],
     *,
-    opts: Any = None,
+    opts: SampleOpts | None = None,
     seed: int | None = None,
     max_tokens: int = 128,
     stop: Sequence[str] = (),
     logprobs: int | None = None,
+    logprob_mode: LogprobMode = "raw",
     on_event: EventCallback | None = None,
-    prompt_cache: Any = None,
+    prompt_cache: PromptCache | None = None,
 ) -> Generator:
-    """Generate from ``prompt`` one token at a time (see the module docstring)."""
+    """Generate from ``prompt`` one token at a time (see the module docstring).
+
+    ``logprobs=n`` records each token's log-probability and the ``n`` likeliest
+    alternatives, under the raw, penalized or final distribution (``logprob_mode``).
+    """
     if max_tokens < 0:
         raise InvalidOptionError(f"max_tokens must be >= 0, got {max_tokens}")
     if logprobs is not None and logprobs < 0:
@@ -200,7 +205,17 @@ def stream(
     chain = _make_chain(opts, seed)
     result = GenerationResult(prompt_tokens=len(ids), logprobs=[] if logprobs is not None else None)
     steps = _steps(
-        runner, tokenizer, ids, chain, max_tokens, stop, logprobs, on_event, prompt_cache, result
+        runner,
+        tokenizer,
+        ids,
+        chain,
+        max_tokens,
+        stop,
+        logprobs,
+        logprob_mode,
+        on_event,
+        prompt_cache,
+        result,
     )
     return Generator(steps, result)
 
@@ -209,10 +224,30 @@ def generate(
     runner: LmCore,
     tokenizer: Tokenizer,
     prompt: str | Sequence[int],
-    **kwargs: Any,
+    *,
+    opts: SampleOpts | None = None,
+    seed: int | None = None,
+    max_tokens: int = 128,
+    stop: Sequence[str] = (),
+    logprobs: int | None = None,
+    logprob_mode: LogprobMode = "raw",
+    on_event: EventCallback | None = None,
+    prompt_cache: PromptCache | None = None,
 ) -> GenerationResult:
     """Run `stream` to the end and return its `GenerationResult`."""
-    gen = stream(runner, tokenizer, prompt, **kwargs)
+    gen = stream(
+        runner,
+        tokenizer,
+        prompt,
+        opts=opts,
+        seed=seed,
+        max_tokens=max_tokens,
+        stop=stop,
+        logprobs=logprobs,
+        logprob_mode=logprob_mode,
+        on_event=on_event,
+        prompt_cache=prompt_cache,
+    )
     for _ in gen:
         pass
     return gen.result
@@ -226,7 +261,7 @@ def _emit(
 
 
 def _prefill(
-    runner: Any, ids: list[int], on_event: EventCallback | None, prompt_cache: Any
+    runner: Any, ids: list[int], on_event: EventCallback | None, prompt_cache: PromptCache | None
 ) -> tuple[npt.NDArray[np.float32], int, Any]:
     """Prefill through the prompt cache when possible; return (logits, reused tokens, driver)."""
     n = len(ids)
@@ -264,11 +299,15 @@ def _prefill(
 
 
 def _sample(
-    chain: Any, logits: npt.NDArray[np.float32], history: list[int], top_n: int | None
+    chain: SamplerChain,
+    logits: npt.NDArray[np.float32],
+    history: npt.NDArray[np.int64],
+    top_n: int | None,
+    mode: LogprobMode,
 ) -> tuple[int, TokenLogprob | None]:
     if top_n is None:
         return int(chain.sample(logits, history)), None
-    out = chain.sample_with_logprobs(logits, history, top_n)
+    out = chain.sample_with_logprobs(logits, history, top_n, mode=mode)
     tok = int(out.token)
     top = tuple((int(t), float(lp)) for t, lp in out.top)
     return tok, TokenLogprob(tok, float(out.logprob), top)
@@ -278,19 +317,24 @@ def _steps(
     runner: Any,
     tokenizer: Tokenizer,
     ids: list[int],
-    chain: Any,
+    chain: SamplerChain,
     max_tokens: int,
     stop: Sequence[str],
     top_n: int | None,
+    logprob_mode: LogprobMode,
     on_event: EventCallback | None,
-    prompt_cache: Any,
+    prompt_cache: PromptCache | None,
     result: GenerationResult,
 ) -> Iterator[GenerationChunk]:
     result.stop_reason = "cancelled"
     t0 = time.perf_counter()
     logits, result.reused_tokens, driver = _prefill(runner, ids, on_event, prompt_cache)
     result.prefill_seconds = time.perf_counter() - t0
-    history = list(ids)
+    # One int64 buffer, viewed up to the current length: the chain reads it without
+    # converting a Python list every step.
+    buffer = np.empty(len(ids) + max_tokens, dtype=np.int64)
+    buffer[: len(ids)] = ids
+    filled = len(ids)
     detok = tokenizer.detokenizer(ids)
     matcher = _StopMatcher(stop)
     text: list[str] = []
@@ -298,9 +342,10 @@ def _steps(
     t1 = time.perf_counter()
     try:
         for step in range(max_tokens):
-            tok, lp = _sample(chain, logits, history, top_n)
+            tok, lp = _sample(chain, logits, buffer[:filled], top_n, logprob_mode)
             chain.accept(tok)
-            history.append(tok)
+            buffer[filled] = tok
+            filled += 1
             if tokenizer.is_eos(tok):
                 reason = "eos"
                 break
@@ -357,5 +402,5 @@ def load_model(
         b = setter(value)
     with load_progress(lambda done, total: _emit(on_event, "load", done, total, str(path))):
         runner = b.build()
-    tokenizer = Tokenizer.load(path)
+    tokenizer = Tokenizer.load(b.resolved_weights())
     return runner, tokenizer

@@ -82,7 +82,7 @@ class HostDriven(Generic[_R]):
 
     def prefill_logits(self, prompt_ids: Sequence[int], /) -> npt.NDArray[np.float32]:
         """Start a sequence: the inner cached prefill if it has one, else a full predict."""
-        prompt = [operator.index(t) for t in prompt_ids]
+        prompt = self._checked(prompt_ids)
         # Whatever happens below, the previous sequence is over: the inner
         # runner's cache may already hold part of the new prompt.
         self._start([], None)
@@ -93,9 +93,9 @@ class HostDriven(Generic[_R]):
             except NotImplementedError:
                 pass
             else:
-                logits = as_logits(raw, self.vocab_size)
+                # The inner cache now holds this prompt, whether or not its logits are valid.
                 self._start(prompt, "inner")
-                return logits
+                return as_logits(raw, self.vocab_size)
         logits = self._adapter.predict_logits(prompt)
         self._start(prompt, "fallback")
         self._note_fallback()
@@ -108,11 +108,7 @@ class HostDriven(Generic[_R]):
                 f"{self.family}: decode_logits before prefill_logits; there is no sequence "
                 f"to continue"
             )
-        tok = operator.index(token)
-        if not 0 <= tok < self.vocab_size:
-            raise TokenOutOfRangeError(
-                f"token {tok} is outside the vocabulary 0..{self.vocab_size}"
-            )
+        (tok,) = self._checked([token])
         if self._path == "inner":
             inner: object = self._inner
             assert supports_host_driven(inner)
@@ -123,11 +119,19 @@ class HostDriven(Generic[_R]):
                     f"{self.family}: prefill_logits worked but decode_logits is unsupported; "
                     f"HostDriven does not switch paths in the middle of a sequence"
                 ) from exc
-            logits = as_logits(raw, self.vocab_size)
-        else:
-            logits = self._adapter.predict_logits([*self._context, tok])
+            self._context.append(tok)  # the inner cache has taken the token
+            return as_logits(raw, self.vocab_size)
+        logits = self._adapter.predict_logits([*self._context, tok])
         self._context.append(tok)
         return logits
+
+    def _checked(self, tokens: Sequence[int]) -> list[int]:
+        ids = [operator.index(t) for t in tokens]
+        vocab = self.vocab_size
+        for t in ids:
+            if not 0 <= t < vocab:
+                raise TokenOutOfRangeError(f"token {t} is outside the vocabulary 0..{vocab}")
+        return ids
 
     def _start(self, prompt: list[int], path: _Path | None) -> None:
         self._context = prompt
@@ -170,7 +174,7 @@ class HostDriven(Generic[_R]):
     ) -> npt.NDArray[np.float32]:
         """The inner runner's prefix-reusing prefill, else a plain `prefill_logits` here."""
         if callable(getattr(self._inner, "prefill_logits_reusing", None)):
-            prompt = [operator.index(t) for t in prompt_ids]
+            prompt = self._checked(prompt_ids)
             self._start([], None)
             try:
                 logits = self._adapter.prefill_logits_reusing(prompt, snapshot, reuse_len)

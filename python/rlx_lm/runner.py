@@ -249,14 +249,15 @@ def as_logits(logits: object, vocab_size: int) -> npt.NDArray[np.float32]:
     else:
         with np.errstate(over="ignore", invalid="ignore"):
             row = np.ascontiguousarray(arr, dtype=np.float32)
-        overflow = np.isinf(row) & ~np.isinf(arr.astype(np.float64))
-        if overflow.any():
-            pos = int(np.argmax(overflow))
-            raise InvalidLogitsError(f"logit at position {pos} ({arr[pos]!r}) overflows float32")
-    if row.dtype.kind == "f":
-        nan = np.isnan(row)
-        if nan.any():
-            raise InvalidLogitsError(f"logits contain NaN at position {int(np.argmax(nan))}")
+        if row.size and np.isinf([row.min(), row.max()]).any():  # rare: look closer
+            overflow = np.isinf(row) & ~np.isinf(arr.astype(np.float64))
+            if overflow.any():
+                pos = int(np.argmax(overflow))
+                raise InvalidLogitsError(
+                    f"logit at position {pos} ({arr[pos]!r}) overflows float32"
+                )
+    if row.size and np.isnan(row.max()):  # max propagates NaN; one pass, no temporary
+        raise InvalidLogitsError(f"logits contain NaN at position {int(np.argmax(np.isnan(row)))}")
     return row
 
 

@@ -92,8 +92,8 @@ def inspect(path: str | os.PathLike[str]) -> WeightReport:
     p = Path(path)
     if not p.exists():
         raise fail(p, "no such file or directory")
-    fmt = WeightFormat.from_path(p)
     try:
+        fmt = WeightFormat.from_path(p)
         if fmt is WeightFormat.GGUF:
             return _inspect_gguf(p)
         if fmt is WeightFormat.DDUF:

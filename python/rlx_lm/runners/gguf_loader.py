@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -134,6 +135,4 @@ def _f32(a: npt.NDArray[Any]) -> npt.NDArray[np.float32]:
 
 
 def _replace(cfg: LlamaConfig, **kw: Any) -> LlamaConfig:
-    from dataclasses import replace
-
     return replace(cfg, **kw)

@@ -25,10 +25,6 @@ class Matrix(Protocol):
         """Return the float32 rows ``W[ids]`` (embedding lookup)."""
         ...
 
-    def dense(self) -> F32:
-        """Return the whole matrix as float32 (materialised for packed weights)."""
-        ...
-
     @property
     def nbytes(self) -> int:
         """Resident bytes of the stored weight."""
@@ -52,10 +48,6 @@ class DenseMatrix:
     def rows(self, ids: npt.NDArray[np.intp]) -> F32:
         """Return ``W[ids]``."""
         return self.w[ids]
-
-    def dense(self) -> F32:
-        """Return the matrix itself."""
-        return self.w
 
     @property
     def nbytes(self) -> int:
@@ -105,10 +97,6 @@ class PackedMatrix:
         picked = np.asarray(self.raw[np.asarray(ids, dtype=np.intp)])
         out = self._dequantize(picked, self.qtype)
         return np.asarray(out, dtype=np.float32).reshape(len(ids), self.shape[1])
-
-    def dense(self) -> F32:
-        """Return the whole matrix dequantised."""
-        return self._slab(0, self.shape[0])
 
     @property
     def nbytes(self) -> int:

@@ -408,3 +408,11 @@ def load_from_builder(builder: LmRunnerBuilder) -> LlamaRunner:
         packed=builder.resolved_packed(builder.format()),
         max_seq=builder.max_seq(),
     )
+
+
+if TYPE_CHECKING:
+    from rlx_lm.runner import FullLmRunner
+
+    def _meets_the_whole_contract(runner: LlamaRunner) -> FullLmRunner:
+        """mypy proves here that LlamaRunner structurally satisfies every runner protocol."""
+        return runner

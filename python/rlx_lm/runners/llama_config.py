@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -56,6 +56,7 @@ class LlamaConfig:
     attention_bias: bool = False
     qk_norm: bool = False
     rope_scaling: RopeScaling | None = field(default=None)
+    sliding_window: int | None = None
 
     def __post_init__(self) -> None:
         if self.arch not in LLAMA_ARCHITECTURES:
@@ -72,6 +73,8 @@ class LlamaConfig:
             raise WeightFormatError(
                 f"n_heads={self.n_heads} is not a multiple of n_kv_heads={self.n_kv_heads}"
             )
+        if self.sliding_window is not None and self.sliding_window <= 0:
+            raise WeightFormatError(f"sliding_window must be positive, got {self.sliding_window}")
         if self.head_dim <= 0 or self.head_dim % 2:
             raise WeightFormatError(f"head_dim must be a positive even number, got {self.head_dim}")
 
@@ -86,10 +89,6 @@ class LlamaConfig:
             self.hidden_size,
             self.vocab_size,
         )
-
-    def with_vocab(self, vocab_size: int) -> LlamaConfig:
-        """A copy with another vocabulary size (taken from the embedding when a header omits it)."""
-        return replace(self, vocab_size=vocab_size)
 
     def inv_freq(self) -> npt.NDArray[np.float64]:
         """Per-pair RoPE inverse frequencies ``[head_dim / 2]``, with any scaling applied."""
@@ -161,6 +160,7 @@ class LlamaConfig:
             attention_bias=bool(cfg.get("attention_bias", arch == "qwen2")),
             qk_norm=arch == "qwen3",
             rope_scaling=_hf_rope_scaling(cfg.get("rope_scaling"), where),
+            sliding_window=_hf_sliding_window(cfg, arch, where),
         )
 
     @classmethod
@@ -217,6 +217,18 @@ def _require_int(cfg: Mapping[str, Any], key: str, where: str) -> int:
         return int(value)
     except (TypeError, ValueError):
         raise WeightFormatError(f"{where}: {key!r} is not an integer: {value!r}") from None
+
+
+def _hf_sliding_window(cfg: Mapping[str, Any], arch: str, where: str) -> int | None:
+    """Mistral's attention window (each query sees its last ``W`` positions), if any."""
+    window = cfg.get("sliding_window")
+    if arch == "mistral":
+        return int(window) if window else None
+    if arch in ("qwen2", "qwen3") and cfg.get("use_sliding_window"):
+        raise UnsupportedError(
+            f"{where}: use_sliding_window (per-layer windows) is not supported for {arch}"
+        )
+    return None
 
 
 def _hf_rope_scaling(rs: Any, where: str) -> RopeScaling | None:

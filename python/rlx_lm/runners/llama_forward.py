@@ -99,15 +99,25 @@ class LlamaForward:
         store.append(layer, k, v)
         keys = store.keys(layer)
         values = store.values(layer)
+        window = cfg.sliding_window
+        if window is not None and keys.shape[1] - n + 1 > window:
+            # no query of this chunk sees keys before its first query's window
+            first = keys.shape[1] - n + 1 - window
+            keys, values = keys[:, first:], values[:, first:]
         total = keys.shape[1]
         # Query head j*group+g reads kv head j: fold the group into the query rows.
         qg = q.reshape(nkv, group * n, hd)
         scores = np.matmul(qg, keys.transpose(0, 2, 1))
         scores *= self._scale
         if n > 1:
-            # query i sits at position total-n+i and sees keys 0..total-n+i.
-            future = np.arange(total)[None, :] > (np.arange(n) + (total - n))[:, None]
-            scores.reshape(nkv, group, n, total)[:, :, future] = -np.inf
+            # query i sits at column total-n+i and sees keys up to it (and, with a window,
+            # only the last `window` of them).
+            col = np.arange(total)[None, :]
+            row = (np.arange(n) + (total - n))[:, None]
+            hidden = col > row
+            if window is not None:
+                hidden |= col <= row - window
+            scores.reshape(nkv, group, n, total)[:, :, hidden] = -np.inf
         scores -= scores.max(axis=-1, keepdims=True)
         np.exp(scores, out=scores)
         scores /= scores.sum(axis=-1, keepdims=True)

@@ -9,7 +9,7 @@ import numpy as np
 import numpy.typing as npt
 
 from rlx_lm.errors import WeightFormatError
-from rlx_lm.runners.linear import DenseMatrix, Matrix
+from rlx_lm.runners.linear import Matrix
 from rlx_lm.runners.llama_config import LlamaConfig
 
 __all__ = ["LayerWeights", "LlamaWeights", "TensorGetter", "unpermute_rope_rows"]
@@ -152,8 +152,3 @@ def unpermute_rope_rows(w: npt.NDArray[np.generic], n_heads: int) -> npt.NDArray
     half = rows // n_heads // 2
     out = w.reshape(n_heads, half, 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
     return np.ascontiguousarray(out)
-
-
-def dense(w: F32) -> DenseMatrix:
-    """Wrap a float32 array as a matrix."""
-    return DenseMatrix(w)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -182,8 +182,3 @@ class SafetensorsCheckpoint:
             return DenseMatrix(arr)
 
         return LlamaWeights.gather(cfg, get, where=str(self.files[0].path), on_progress=on_progress)
-
-
-def config_from_mapping(cfg: Mapping[str, Any], where: str) -> LlamaConfig:
-    """A LlamaConfig from a config.json-style mapping."""
-    return LlamaConfig.from_hf(cfg, where=where)

@@ -87,13 +87,15 @@ def compare(path: Path, *, ctx: int, steps: int, threads: int = 2) -> dict[str, 
     """Median decode step of both engines after the same ``ctx``-token prompt."""
     from llama_cpp import Llama
 
-    prompt = [int(t) for t in np.random.default_rng(5).integers(259, 1000, ctx)]
     ours = load_llama(path, max_seq=ctx + steps + 1, packed=False)
-    logits = ours.prefill_logits(prompt)
+    # The same fixed tokens for both engines: a decode step costs the same whatever the token.
+    ids = np.random.default_rng(5).integers(259, ours.vocab_size, ctx + steps)
+    prompt, feed = [int(t) for t in ids[:ctx]], [int(t) for t in ids[ctx:]]
+    ours.prefill_logits(prompt)
     times = []
-    for _ in range(steps):
+    for tok in feed:
         t = time.perf_counter()
-        logits = ours.decode_logits(int(np.argmax(logits)))
+        ours.decode_logits(tok)
         times.append(time.perf_counter() - t)
     ours_step = statistics.median(times)
 
@@ -106,8 +108,7 @@ def compare(path: Path, *, ctx: int, steps: int, threads: int = 2) -> dict[str, 
     )
     llm.eval(prompt)
     times = []
-    for _ in range(steps):
-        tok = int(np.argmax(llm.scores[llm.n_tokens - 1]))
+    for tok in feed:
         t = time.perf_counter()
         llm.eval([tok])
         times.append(time.perf_counter() - t)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import pickle
 from collections.abc import Callable
 
@@ -156,6 +157,8 @@ def test_bad_calls_raise_typed_errors_and_change_nothing(
         ({"head_dim": 0}, "head_dim"),
         ({"max_seq": 0}, "max_seq"),
         ({"max_seq": 2**62}, "max_seq"),
+        ({"n_layers": 2**40}, "n_layers"),
+        ({"head_dim": 2**62}, "head_dim"),
         ({"dtype": "int8"}, "dtype"),
     ],
 )
@@ -244,6 +247,14 @@ def test_snapshot_pickles() -> None:
         assert fresh.len() == 8
     empty = pickle.loads(pickle.dumps(cache().snapshot()))
     assert empty.len() == 0
+
+
+def test_copies_of_an_immutable_snapshot_are_the_snapshot() -> None:
+    c = cache()
+    fill(c, 2)
+    snap = c.snapshot()
+    assert copy.copy(snap) is snap
+    assert copy.deepcopy(snap) is snap
 
 
 def test_corrupt_pickle_state_is_refused() -> None:

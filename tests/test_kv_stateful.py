@@ -24,19 +24,21 @@ from rlx_lm import (
     SnapshotMismatchError,
 )
 
-N_LAYERS, H, D = 3, 2, 2
+N_LAYERS = 3
 MAX_SEQ = (10, 14)  # two caches of different capacity
 
 
 @dataclass
 class Model:
-    """What a cache or snapshot should hold: per layer, lists of [H, D] rows."""
+    """What a cache or snapshot should hold: per layer, lists of [heads, dim] rows."""
 
+    h: int
+    d: int
     keys: list[list[np.ndarray]] = field(default_factory=lambda: [[] for _ in range(N_LAYERS)])
     values: list[list[np.ndarray]] = field(default_factory=lambda: [[] for _ in range(N_LAYERS)])
 
     def copy(self) -> Model:
-        return Model([list(k) for k in self.keys], [list(v) for v in self.values])
+        return Model(self.h, self.d, [list(k) for k in self.keys], [list(v) for v in self.values])
 
     def len(self) -> int:
         return min(len(k) for k in self.keys)
@@ -44,20 +46,23 @@ class Model:
     def stacked(self, layer: int, half: str) -> np.ndarray:
         rows = (self.keys if half == "keys" else self.values)[layer]
         if not rows:
-            return np.zeros((H, 0, D), np.float32)
+            return np.zeros((self.h, 0, self.d), np.float32)
         return np.stack(rows, axis=1)
 
 
 class KvCacheMachine(RuleBasedStateMachine):
     dtype = "float32"
+    h, d = 2, 2
 
     def __init__(self) -> None:
         super().__init__()
         self.caches = [
-            KvCache(n_layers=N_LAYERS, n_kv_heads=H, head_dim=D, max_seq=m, dtype=self.dtype)
+            KvCache(
+                n_layers=N_LAYERS, n_kv_heads=self.h, head_dim=self.d, max_seq=m, dtype=self.dtype
+            )
             for m in MAX_SEQ
         ]
-        self.models = [Model(), Model()]
+        self.models = [Model(self.h, self.d), Model(self.h, self.d)]
         self.snapshots: list[tuple[KvSnapshot, Model]] = []
         self.views: list[tuple[np.ndarray, np.ndarray]] = []
         self.counter = 0
@@ -66,9 +71,10 @@ class KvCacheMachine(RuleBasedStateMachine):
         return a.astype(self.dtype)
 
     def fresh_rows(self, n: int) -> np.ndarray:
-        base = np.arange(self.counter, self.counter + H * n * D, dtype=np.float32)
-        self.counter += H * n * D
-        return (base / 8).reshape(H, n, D)
+        size = self.h * n * self.d
+        base = np.arange(self.counter, self.counter + size, dtype=np.float32)
+        self.counter += size
+        return (base / 8).reshape(self.h, n, self.d)
 
     def do_append(self, c: int, layer: int, n: int) -> None:
         cache, model = self.caches[c], self.models[c]
@@ -125,7 +131,7 @@ class KvCacheMachine(RuleBasedStateMachine):
     @rule(c=st.integers(0, 1))
     def clear(self, c: int) -> None:
         self.caches[c].clear()
-        self.models[c] = Model()
+        self.models[c] = Model(self.h, self.d)
 
     @rule(c=st.integers(0, 1), layer=st.integers(0, N_LAYERS - 1), half=st.sampled_from(["k", "v"]))
     def hold_view(self, c: int, layer: int, half: str) -> None:
@@ -179,7 +185,15 @@ class Float16Machine(KvCacheMachine):
     dtype = "float16"
 
 
+class PageRowsMachine(KvCacheMachine):
+    """One 4 KiB page per row: released memory (rows past every claim) is real pages."""
+
+    h, d = 1, 1024
+
+
 TestKvCacheStateful = KvCacheMachine.TestCase
 TestKvCacheStateful.settings = settings(stateful_step_count=40)
 TestKvCacheFloat16Stateful = Float16Machine.TestCase
 TestKvCacheFloat16Stateful.settings = settings(stateful_step_count=25, max_examples=50)
+TestKvCachePageRowsStateful = PageRowsMachine.TestCase
+TestKvCachePageRowsStateful.settings = settings(stateful_step_count=30, max_examples=60)

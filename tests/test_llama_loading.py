@@ -91,3 +91,25 @@ def test_llama3_rope_scaling_follows_its_three_bands() -> None:
     middle = ~short & ~long
     assert np.all(scaled[middle] <= plain[middle])
     assert np.all(scaled[middle] >= plain[middle] / 8.0)
+
+
+def test_header_fields_decode_without_the_readers_contents_method(tmp_path: Path) -> None:
+    # gguf releases before ReaderField.contents() go through the raw parts instead
+    from model_factory import write_gguf
+    from tokenizer_factory import spm_gguf_fields
+
+    from rlx_lm.runners.gguf_loader import _field_value, open_gguf
+
+    path = write_gguf(make_tiny("llama"), tmp_path / "m.gguf", tokenizer=spm_gguf_fields())
+    g = open_gguf(path)
+    for key in (
+        "general.architecture",
+        "llama.block_count",
+        "llama.rope.freq_base",
+        "tokenizer.ggml.tokens",
+        "tokenizer.ggml.scores",
+        "tokenizer.ggml.add_bos_token",
+    ):
+        want = g.reader.get_field(key).contents()
+        got = _field_value(g.reader.get_field(key))
+        assert got == pytest.approx(want) if isinstance(want, float) else got == want, key

@@ -255,3 +255,17 @@ def test_the_builder_picks_this_runner_for_every_layout(tmp_path: Path) -> None:
     odd = write_gguf(m, tmp_path / "odd.gguf", arch_override="rwkv6")
     with pytest.raises(UnknownArchitectureError, match="llama"):
         LmRunnerBuilder().weights(odd).build()
+
+
+def test_float16_kv_cache_stays_close_and_refuses_float32_snapshots(gguf_path: Path) -> None:
+    f16 = load_llama(gguf_path, max_seq=32, kv_dtype="float16")
+    f32 = _runner(gguf_path, max_seq=32)
+    a, b = f16.prefill_logits(PROMPT), f32.prefill_logits(PROMPT)
+    # keys/values rounded to 11 significant bits: logits move by ~1e-3 of their range
+    np.testing.assert_allclose(a, b, rtol=0, atol=1e-2 * np.abs(b).max())
+    for t in (4, 9, 2):
+        a, b = f16.decode_logits(t), f32.decode_logits(t)
+        np.testing.assert_allclose(a, b, rtol=0, atol=1e-2 * np.abs(b).max())
+    np.testing.assert_allclose(a, f16.predict_logits([*PROMPT, 4, 9, 2]), rtol=0, atol=1e-5)
+    with pytest.raises(SnapshotMismatchError, match="float"):
+        f32.restore_session(f16.export_session())

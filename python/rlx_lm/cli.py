@@ -99,6 +99,9 @@ def _parser() -> argparse.ArgumentParser:
 
     i = sub.add_parser("inspect", help="describe a model file or directory")
     i.add_argument("model")
+
+    # Listed for --help; main() hands "check" and its arguments to rlx_lm.testing.
+    sub.add_parser("check", help="check a runner factory against the conformance clauses")
     return p
 
 
@@ -218,6 +221,11 @@ def _usage(msg: str) -> _UsageError:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``rlx-lm`` command; returns the exit status."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv[:1] == ["check"]:
+        from rlx_lm.testing import cli_check
+
+        return cli_check(argv[1:])
     args = _parser().parse_args(argv)
     try:
         if args.command == "generate":

@@ -21,10 +21,10 @@ from pathlib import Path
 from typing import Protocol
 
 import numpy as np
-import numpy.typing as npt
 
 from rlx_lm._core import KvSnapshot
 from rlx_lm.errors import InvalidOptionError, RlxError, SnapshotMismatchError
+from rlx_lm.runner import Logits
 from rlx_lm.session import ModelFingerprint, SessionSnapshot, read_header
 
 __all__ = ["PromptCache", "PromptCacheStats", "SessionRunner", "cached_prefill_logits"]
@@ -292,7 +292,11 @@ class PromptCache:
         )
 
     def kv_store_stats(self) -> tuple[int, int, int]:
-        """``(blocks, tokens, disk_bytes)`` held, as a runner's `kv_store_stats` reports it."""
+        """``(blocks, tokens, disk_bytes)`` for a runner's `kv_store_stats`.
+
+        Blocks are 16-token blocks of one layer's keys and values, shared ones
+        counted once; tokens sum over entries; disk_bytes sums their files.
+        """
         s = self.stats()
         return (s.blocks, s.tokens, s.disk_bytes)
 
@@ -403,15 +407,16 @@ class PromptCache:
 
 
 class SessionRunner(Protocol):
-    """What `cached_prefill_logits` needs from a runner."""
+    """What `cached_prefill_logits` needs: `SupportsHostDriven.prefill_logits` and
+    `SupportsPromptCache.prefill_logits_reusing` / `export_session`."""
 
-    def prefill_logits(self, prompt_ids: Sequence[int], /) -> npt.NDArray[np.float32]:
+    def prefill_logits(self, prompt_ids: Sequence[int], /) -> Logits:
         """Start a sequence from `prompt_ids`; the last position's logits."""
         ...
 
     def prefill_logits_reusing(
         self, prompt_ids: Sequence[int], snapshot: SessionSnapshot, reuse_len: int, /
-    ) -> npt.NDArray[np.float32]:
+    ) -> Logits:
         """Prefill `prompt_ids` whose first `reuse_len` tokens `snapshot` covers."""
         ...
 
@@ -422,7 +427,7 @@ class SessionRunner(Protocol):
 
 def cached_prefill_logits(
     runner: SessionRunner, prompt: Sequence[int], cache: PromptCache
-) -> npt.NDArray[np.float32]:
+) -> Logits:
     """Prefill `prompt` reusing the longest cached prefix, then cache the new session.
 
     Returns what ``runner.prefill_logits(prompt)`` returns; at least the last

@@ -106,9 +106,6 @@ class SessionSnapshot:
     def __reduce__(self) -> tuple[Any, ...]:
         return (SessionSnapshot, (self.kv, self.tokens, self.fingerprint))
 
-    def __len__(self) -> int:
-        return len(self.tokens)
-
     def __repr__(self) -> str:
         return (
             f"SessionSnapshot(tokens={len(self.tokens)}, kv={self.kv!r}, "

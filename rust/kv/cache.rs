@@ -23,15 +23,19 @@ pub struct Geometry {
 }
 
 impl Geometry {
-    /// Check every dimension is at least one.
+    /// Check every dimension is at least one and at most a generous bound
+    /// (so sizes computed from them cannot overflow).
     pub fn validate(&self) -> CoreResult<()> {
-        for (field, value) in [
-            ("n_layers", self.n_layers),
-            ("n_kv_heads", self.n_kv_heads),
-            ("head_dim", self.head_dim),
+        for (field, value, max) in [
+            ("n_layers", self.n_layers, 1 << 12),
+            ("n_kv_heads", self.n_kv_heads, 1 << 12),
+            ("head_dim", self.head_dim, 1 << 16),
         ] {
-            if value == 0 {
-                return Err(CoreError::option(field, "must be at least 1"));
+            if value == 0 || value > max {
+                return Err(CoreError::option(
+                    field,
+                    format!("must be between 1 and {max}, got {value}"),
+                ));
             }
         }
         Ok(())
@@ -83,7 +87,8 @@ impl KvCache {
         if max_seq == 0 {
             return Err(CoreError::option("max_seq", "must be at least 1"));
         }
-        // Refuse absurd sizes now rather than at the first append.
+        // Refuse absurd sizes now rather than at the first append (the
+        // validated dimensions keep the constant factor from overflowing).
         geometry
             .n_kv_heads
             .checked_mul(max_seq)
@@ -226,7 +231,7 @@ impl KvCache {
                 }
             }
         }
-        let mut claim = Claim::new(fresh, 0);
+        let mut claim = Claim::extent(fresh, 0);
         let grown = claim.try_grow(end);
         debug_assert!(grown, "a private slab of max_seq rows always grows to end");
         Ok(claim)
@@ -291,7 +296,9 @@ impl KvCache {
             )));
         }
         for (slot, claim) in self.layers.iter_mut().zip(snap.claims()) {
-            *slot = claim.as_ref().map(|c| c.share(c.len()));
+            *slot = claim
+                .as_ref()
+                .map(|c| Claim::extent(Arc::clone(c.slab()), c.len()));
         }
         Ok(())
     }

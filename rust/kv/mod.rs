@@ -15,7 +15,7 @@ mod snapshot;
 
 pub use cache::{Geometry, KvCache};
 pub use dtype::{f16_to_f32, f32_to_f16, Dtype};
-pub use slab::{Claim, Half, Slab};
+pub use slab::{Claim, Half, Slab, HUGE_PAGE};
 pub use snapshot::{KvSnapshot, StorageUse, BLOCK_TOKENS};
 
 #[cfg(test)]

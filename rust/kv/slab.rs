@@ -32,17 +32,21 @@ static NEXT_ID: AtomicU64 = AtomicU64::new(1);
 /// Alignment of slab memory: one cache line, enough for any SIMD load.
 const ALIGN: usize = 64;
 
+/// Size (and alignment) of a transparent huge page on x86-64 and arm64 Linux.
+pub const HUGE_PAGE: usize = 2 << 20;
+
 /// Fixed-capacity storage for one layer's keys and values.
 pub struct Slab {
     ptr: NonNull<u8>,
     layout: Layout,
+    /// Bytes from one head's rows to the next (capacity rows, maybe padded).
+    head_stride: usize,
     heads: usize,
     capacity: usize,
     head_dim: usize,
     dtype: Dtype,
     id: u64,
-    /// Multiset of claim lengths: length -> number of claims of that length.
-    claims: Mutex<BTreeMap<usize, usize>>,
+    claims: Mutex<Claims>,
 }
 
 // SAFETY: the slab owns its allocation. Rows are only written by the holder
@@ -58,19 +62,53 @@ impl Slab {
     /// written, so the memory is never zeroed (and untouched pages stay
     /// uncommitted on systems that commit lazily).
     pub fn new(heads: usize, capacity: usize, head_dim: usize, dtype: Dtype) -> CoreResult<Self> {
-        let bytes = heads
-            .checked_mul(capacity)
-            .and_then(|x| x.checked_mul(head_dim))
+        Self::allocate(heads, capacity, head_dim, dtype, false)
+    }
+
+    /// Like [`Slab::new`], but backed by transparent huge pages where the OS
+    /// offers them: each head's rows start on a huge-page boundary, so
+    /// filling `n` rows commits `ceil(n * row / 2 MiB)` huge pages per head.
+    /// Worth it only when about that many rows will be written at once.
+    pub fn new_huge(
+        heads: usize,
+        capacity: usize,
+        head_dim: usize,
+        dtype: Dtype,
+    ) -> CoreResult<Self> {
+        Self::allocate(heads, capacity, head_dim, dtype, true)
+    }
+
+    fn allocate(
+        heads: usize,
+        capacity: usize,
+        head_dim: usize,
+        dtype: Dtype,
+        huge: bool,
+    ) -> CoreResult<Self> {
+        let too_large = || {
+            CoreError::option(
+                "max_seq",
+                format!("{heads} heads x {capacity} tokens x {head_dim} dims is too large"),
+            )
+        };
+        let align = if huge { HUGE_PAGE } else { ALIGN };
+        let head_bytes = capacity
+            .checked_mul(head_dim)
             .and_then(|x| x.checked_mul(dtype.itemsize()))
+            .ok_or_else(too_large)?;
+        let head_stride = if huge {
+            head_bytes
+                .checked_next_multiple_of(HUGE_PAGE)
+                .ok_or_else(too_large)?
+        } else {
+            head_bytes
+        };
+        let bytes = head_stride
+            .checked_mul(heads)
             .and_then(|x| x.checked_mul(2))
-            .filter(|&b| b <= isize::MAX as usize - ALIGN)
-            .ok_or_else(|| {
-                CoreError::option(
-                    "max_seq",
-                    format!("{heads} heads x {capacity} tokens x {head_dim} dims is too large"),
-                )
-            })?;
-        let layout = Layout::from_size_align(bytes.max(1), ALIGN)
+            .filter(|&b| b <= isize::MAX as usize - align)
+            .ok_or_else(too_large)?;
+        let layout = Layout::from_size_align(bytes.max(1), align)
             .map_err(|e| CoreError::option("max_seq", e.to_string()))?;
         // SAFETY: the layout has a non-zero size.
         let raw = unsafe { alloc::alloc(layout) };
@@ -80,15 +118,19 @@ impl Slab {
                 format!("could not allocate {bytes} bytes for one layer"),
             )
         })?;
+        if huge {
+            advise_huge_pages(ptr.as_ptr(), bytes);
+        }
         Ok(Self {
             ptr,
             layout,
+            head_stride,
             heads,
             capacity,
             head_dim,
             dtype,
             id: NEXT_ID.fetch_add(1, Ordering::Relaxed),
-            claims: Mutex::new(BTreeMap::new()),
+            claims: Mutex::new(Claims::default()),
         })
     }
 
@@ -114,8 +156,7 @@ impl Slab {
 
     /// Byte strides of a half seen as `[heads, tokens, head_dim]`.
     pub fn strides(&self) -> [usize; 3] {
-        let row = self.row_bytes();
-        [self.capacity * row, row, self.dtype.itemsize()]
+        [self.head_stride, self.row_bytes(), self.dtype.itemsize()]
     }
 
     /// Pointer to row `token` of `head` in `half`.
@@ -128,7 +169,7 @@ impl Slab {
             Half::Keys => 0,
             Half::Values => 1,
         };
-        let offset = ((half_index * self.heads + head) * self.capacity + token) * self.row_bytes();
+        let offset = (half_index * self.heads + head) * self.head_stride + token * self.row_bytes();
         // SAFETY: the offset is within (or one past) the allocation.
         unsafe { self.ptr.as_ptr().add(offset) }
     }
@@ -143,11 +184,44 @@ impl Slab {
         unsafe { std::slice::from_raw_parts(self.row_ptr(half, head, 0), len * self.row_bytes()) }
     }
 
-    fn lock(&self) -> MutexGuard<'_, BTreeMap<usize, usize>> {
+    fn lock(&self) -> MutexGuard<'_, Claims> {
         // A poisoned map is still consistent: every update is one insert or
         // remove, which cannot be interrupted half-way.
         self.claims.lock().unwrap_or_else(|p| p.into_inner())
     }
+
+    /// Rows ever written and not released since (for tests and accounting).
+    pub fn high_water(&self) -> usize {
+        self.lock().high_water
+    }
+
+    /// Give the memory of rows `keep..high_water` back to the OS: no claim
+    /// covers them and no cache can write them any more. Called with the
+    /// claims locked, so no new extent can appear meanwhile.
+    fn release_rows_beyond(&self, state: &mut Claims, keep: usize) {
+        if state.high_water <= keep {
+            return;
+        }
+        for half in [Half::Keys, Half::Values] {
+            for head in 0..self.heads {
+                let start = self.row_ptr(half, head, keep);
+                let end = self.row_ptr(half, head, state.high_water);
+                release_pages(start, end);
+            }
+        }
+        state.high_water = keep;
+    }
+}
+
+/// Claim bookkeeping of one slab.
+#[derive(Default)]
+struct Claims {
+    /// Multiset of claim lengths: length -> number of claims of that length.
+    lens: BTreeMap<usize, usize>,
+    /// Claims held by live caches (the only ones that ever grow).
+    extents: usize,
+    /// Rows that may hold committed memory: the furthest any claim grew to.
+    high_water: usize,
 }
 
 impl Drop for Slab {
@@ -156,6 +230,46 @@ impl Drop for Slab {
         unsafe { alloc::dealloc(self.ptr.as_ptr(), self.layout) }
     }
 }
+
+/// Ask Linux to back `[ptr, ptr + len)` with transparent huge pages (advice only).
+#[cfg(target_os = "linux")]
+fn advise_huge_pages(ptr: *mut u8, len: usize) {
+    // SAFETY: the range is one live allocation of ours; MADV_HUGEPAGE changes
+    // no contents and its failure (e.g. THP disabled) is harmless.
+    unsafe {
+        libc::madvise(ptr.cast(), len, libc::MADV_HUGEPAGE);
+    }
+}
+
+#[cfg(not(target_os = "linux"))]
+fn advise_huge_pages(_ptr: *mut u8, _len: usize) {}
+
+/// Return the whole pages inside `[start, end)` to the OS; their contents
+/// become unspecified (they are never read before being written again).
+#[cfg(target_os = "linux")]
+fn release_pages(start: *mut u8, end: *mut u8) {
+    // SAFETY: sysconf has no preconditions.
+    let page = match unsafe { libc::sysconf(libc::_SC_PAGESIZE) } {
+        p if p > 0 => p as usize,
+        _ => return,
+    };
+    let first = (start as usize).next_multiple_of(page);
+    let last = end as usize / page * page;
+    if last > first {
+        // SAFETY: the pages lie inside one live allocation of ours and hold
+        // no row anyone can read; MADV_DONTNEED only drops their contents.
+        unsafe {
+            libc::madvise(
+                first as *mut libc::c_void,
+                last - first,
+                libc::MADV_DONTNEED,
+            );
+        }
+    }
+}
+
+#[cfg(not(target_os = "linux"))]
+fn release_pages(_start: *mut u8, _end: *mut u8) {}
 
 fn add(map: &mut BTreeMap<usize, usize>, len: usize) {
     *map.entry(len).or_insert(0) += 1;
@@ -171,17 +285,37 @@ fn remove(map: &mut BTreeMap<usize, usize>, len: usize) {
 }
 
 /// A promise that rows `0..len` of a slab stay unchanged while this lives.
+///
+/// An *extent* claim belongs to a live cache and may grow; the others
+/// (snapshots, views) are fixed. When a slab's last extent goes, the rows
+/// beyond every remaining claim can never be read or written again, and
+/// their memory is returned to the OS.
 pub struct Claim {
     slab: Arc<Slab>,
     len: usize,
+    extent: bool,
 }
 
 impl Claim {
-    /// Register a claim of `len` rows on `slab`.
+    /// Register a fixed claim of `len` rows on `slab` (a snapshot or a view).
     pub fn new(slab: Arc<Slab>, len: usize) -> Self {
+        Self::register(slab, len, false)
+    }
+
+    /// Register a live cache's extent of `len` rows on `slab`.
+    pub fn extent(slab: Arc<Slab>, len: usize) -> Self {
+        Self::register(slab, len, true)
+    }
+
+    fn register(slab: Arc<Slab>, len: usize, extent: bool) -> Self {
         debug_assert!(len <= slab.capacity);
-        add(&mut slab.lock(), len);
-        Self { slab, len }
+        {
+            let mut state = slab.lock();
+            add(&mut state.lens, len);
+            state.extents += usize::from(extent);
+            state.high_water = state.high_water.max(len);
+        }
+        Self { slab, len, extent }
     }
 
     /// The claimed slab.
@@ -202,9 +336,9 @@ impl Claim {
     /// Shrink the claim (a cache truncating its extent). Never fails.
     pub fn shrink(&mut self, len: usize) {
         debug_assert!(len <= self.len);
-        let mut map = self.slab.lock();
-        remove(&mut map, self.len);
-        add(&mut map, len);
+        let mut state = self.slab.lock();
+        remove(&mut state.lens, self.len);
+        add(&mut state.lens, len);
         self.len = len;
     }
 
@@ -215,20 +349,21 @@ impl Claim {
         if len > self.slab.capacity {
             return false;
         }
-        let mut map = self.slab.lock();
-        remove(&mut map, self.len);
-        let others = map.last_key_value().map_or(0, |(&l, _)| l);
+        let mut state = self.slab.lock();
+        remove(&mut state.lens, self.len);
+        let others = state.lens.last_key_value().map_or(0, |(&l, _)| l);
         if others <= self.len {
-            add(&mut map, len);
+            add(&mut state.lens, len);
+            state.high_water = state.high_water.max(len);
             self.len = len;
             true
         } else {
-            add(&mut map, self.len);
+            add(&mut state.lens, self.len);
             false
         }
     }
 
-    /// A second, independent claim of the same rows (or fewer).
+    /// A fixed claim of the same rows (or fewer).
     pub fn share(&self, len: usize) -> Self {
         debug_assert!(len <= self.len);
         Self::new(Arc::clone(&self.slab), len)
@@ -237,7 +372,16 @@ impl Claim {
 
 impl Drop for Claim {
     fn drop(&mut self) {
-        remove(&mut self.slab.lock(), self.len);
+        let mut state = self.slab.lock();
+        remove(&mut state.lens, self.len);
+        if self.extent {
+            state.extents -= 1;
+            if state.extents == 0 {
+                if let Some((&keep, _)) = state.lens.last_key_value() {
+                    self.slab.release_rows_beyond(&mut state, keep);
+                }
+            }
+        }
     }
 }
 
@@ -258,7 +402,7 @@ mod tests {
     #[test]
     fn a_writer_grows_past_claims_it_does_not_overlap() {
         let s = slab();
-        let mut extent = Claim::new(Arc::clone(&s), 0);
+        let mut extent = Claim::extent(Arc::clone(&s), 0);
         assert!(extent.try_grow(3));
         let frozen = extent.share(3);
         assert!(extent.try_grow(5), "rows beyond every other claim are free");
@@ -275,8 +419,8 @@ mod tests {
     #[test]
     fn two_extents_on_one_slab_cannot_both_grow() {
         let s = slab();
-        let mut a = Claim::new(Arc::clone(&s), 3);
-        let mut b = Claim::new(Arc::clone(&s), 3);
+        let mut a = Claim::extent(Arc::clone(&s), 3);
+        let mut b = Claim::extent(Arc::clone(&s), 3);
         assert!(a.try_grow(4));
         assert!(!b.try_grow(4));
         assert!(!a.try_grow(9), "beyond capacity");
@@ -289,7 +433,38 @@ mod tests {
         let b = a.share(2);
         drop(a);
         drop(b);
-        assert!(s.lock().is_empty());
+        assert!(s.lock().lens.is_empty());
+    }
+
+    #[test]
+    fn the_last_extent_leaving_releases_rows_no_claim_covers() {
+        // One 4 KiB row per token, so every row is a whole page.
+        let s = Arc::new(Slab::new(1, 16, 1024, Dtype::F32).unwrap());
+        let mut a = Claim::extent(Arc::clone(&s), 0);
+        assert!(a.try_grow(10));
+        for t in 0..10 {
+            // SAFETY: rows 0..10 are a's to write.
+            unsafe { s.row_ptr(Half::Values, 0, t).write_bytes(t as u8 + 1, 4096) };
+        }
+        let snap = a.share(4);
+        let b = Claim::extent(Arc::clone(&s), 4);
+        drop(a);
+        assert_eq!(
+            s.high_water(),
+            10,
+            "b may still write past 4: nothing released"
+        );
+        drop(b);
+        assert_eq!(s.high_water(), 4);
+        // SAFETY: `snap` covers 4 rows.
+        let kept = unsafe { s.rows(Half::Values, 0, 4) };
+        for (t, row) in kept.chunks(4096).enumerate() {
+            assert!(row.iter().all(|&x| x == t as u8 + 1));
+        }
+        // A new extent restored from the snapshot writes past it again.
+        let mut c = Claim::extent(Arc::clone(&s), snap.len());
+        assert!(c.try_grow(12));
+        assert_eq!(s.high_water(), 12);
     }
 
     #[test]

@@ -289,3 +289,90 @@ fn storage_counts_whole_blocks_per_layer() {
         .all(|u| u.blocks == 2 && u.block_bytes == BLOCK_TOKENS * 2 * H * D * 4));
     assert_ne!(s[0].slab, s[1].slab);
 }
+
+#[test]
+fn large_loaded_snapshots_use_padded_huge_page_storage_transparently() {
+    let g = Geometry {
+        n_layers: 1,
+        n_kv_heads: 2,
+        head_dim: 128,
+        dtype: Dtype::F32,
+    };
+    let len = 4097; // each head's rows just over one 2 MiB page
+    let mut c = KvCache::new(g, len + 3).unwrap();
+    let k = Array3::from_shape_fn((2, len, 128), |(h, t, d)| {
+        (h * 1_000_000 + t * 128 + d) as f32
+    });
+    c.append(0, k.view(), k.view()).unwrap();
+    let snap = c.snapshot().unwrap();
+    let back = KvSnapshot::from_state(&snap.to_state().unwrap()).unwrap();
+    let claim = back.claim_layer(0).unwrap().unwrap();
+    assert_eq!(claim.slab().strides()[0] % HUGE_PAGE, 0);
+    let original = snap.claim_layer(0).unwrap().unwrap();
+    for head in 0..2 {
+        // SAFETY: both claims cover `len` rows.
+        let (a, b) = unsafe {
+            (
+                claim.slab().rows(Half::Values, head, len),
+                original.slab().rows(Half::Values, head, len),
+            )
+        };
+        assert_eq!(a, b);
+    }
+    // A cache restored from it appends in place and copies correctly on a move.
+    let mut r = KvCache::new(g, len + 3).unwrap();
+    r.restore(&back).unwrap();
+    let one = Array3::<f32>::from_elem((2, 1, 128), 7.0);
+    r.append(0, one.view(), one.view()).unwrap();
+    r.truncate(len - 1).unwrap();
+    r.append(0, one.view(), one.view()).unwrap();
+    let moved = r.claim_layer(0).unwrap().unwrap();
+    // SAFETY: the claim covers `len` rows.
+    let rows = unsafe { moved.slab().rows(Half::Keys, 1, len) };
+    let floats: Vec<f32> = rows
+        .chunks_exact(4)
+        .map(|b| f32::from_le_bytes(b.try_into().unwrap()))
+        .collect();
+    assert_eq!(floats[0], 1_000_000.0);
+    assert_eq!(
+        floats[(len - 2) * 128],
+        (1_000_000 + (len - 2) * 128) as f32
+    );
+    assert_eq!(floats[(len - 1) * 128], 7.0);
+}
+
+#[test]
+fn hostile_sizes_are_errors_not_panics() {
+    for (n_layers, heads, dim) in [(1 << 40, 1, 1), (1, 1 << 40, 1), (1, 1, usize::MAX / 2)] {
+        let g = Geometry {
+            n_layers,
+            n_kv_heads: heads,
+            head_dim: dim,
+            dtype: Dtype::F32,
+        };
+        assert!(matches!(
+            KvCache::new(g, 4),
+            Err(CoreError::InvalidOption { .. })
+        ));
+    }
+    assert!(KvCache::new(geometry(1, Dtype::F32), usize::MAX / 4).is_err());
+    // A pickled state claiming absurd geometry or capacity.
+    let mut c = KvCache::new(geometry(1, Dtype::F32), 4).unwrap();
+    c.append(0, rows(1.0, 0, 2).view(), rows(1.0, 0, 2).view())
+        .unwrap();
+    let good = c.snapshot().unwrap().to_state().unwrap();
+    for (field, value) in [
+        (0, 1u64 << 40),
+        (1, 1 << 62),
+        (2, u64::MAX),
+        (4, 1 << 50),
+        (5, 1 << 61),
+    ] {
+        let mut bad = good.clone();
+        bad[8 + 8 * field..16 + 8 * field].copy_from_slice(&value.to_le_bytes());
+        assert!(
+            matches!(KvSnapshot::from_state(&bad), Err(CoreError::Format(_))),
+            "field {field}"
+        );
+    }
+}

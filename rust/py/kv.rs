@@ -373,6 +373,16 @@ impl PyKvSnapshot {
         })
     }
 
+    /// Snapshots are immutable: a copy is the snapshot itself.
+    fn __copy__(slf: Py<Self>) -> Py<Self> {
+        slf
+    }
+
+    /// Snapshots are immutable: a deep copy is the snapshot itself.
+    fn __deepcopy__(slf: Py<Self>, _memo: &Bound<'_, PyAny>) -> Py<Self> {
+        slf
+    }
+
     fn __reduce__<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyTuple>> {
         let inner = &self.inner;
         let state = PyBytes::new_with(py, inner.state_len(), |buf| {

@@ -178,6 +178,16 @@ fn history_from(obj: Option<&Bound<'_, PyAny>>, what: &str) -> PyResult<Vec<u32>
             )));
         }
         if let Ok(a) = obj.cast::<PyArray1<i64>>() {
+            let ro = a.readonly();
+            if let Ok(s) = ro.as_slice() {
+                // The common case, converted without an intermediate copy.
+                let (lo, hi) = s
+                    .iter()
+                    .fold((0i64, 0i64), |(lo, hi), &t| (lo.min(t), hi.max(t)));
+                if lo >= 0 && hi <= u32::MAX as i64 {
+                    return Ok(s.iter().map(|&t| t as u32).collect());
+                }
+            }
             a.to_vec()?
         } else if let Ok(a) = obj.cast::<PyArray1<i32>>() {
             a.to_vec()?.into_iter().map(i64::from).collect()

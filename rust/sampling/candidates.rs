@@ -39,6 +39,46 @@ pub struct Dense<'a> {
     pub scale: f32,
     /// Largest raw value of `row` (finite).
     pub max: f32,
+    /// First position holding `max`.
+    pub argmax: usize,
+    /// `max` may be out of date after an edit lowered it.
+    pub stale: bool,
+}
+
+/// In-place edits of a dense row that keep its maximum up to date.
+pub struct Patcher<'w> {
+    row: &'w mut [f32],
+    /// The row's pending scale: edits are made on `raw * scale`.
+    pub scale: f32,
+    max: &'w mut f32,
+    argmax: &'w mut usize,
+    stale: &'w mut bool,
+}
+
+impl Patcher<'_> {
+    /// The current (scaled) logit of token `t`.
+    #[inline]
+    pub fn get(&self, t: usize) -> f32 {
+        self.row[t] * self.scale
+    }
+
+    /// Set token `t`'s scaled logit to `v`.
+    #[inline]
+    pub fn set(&mut self, t: usize, v: f32) {
+        let raw = v / self.scale;
+        let old = self.row[t];
+        self.row[t] = raw;
+        if t == *self.argmax {
+            if raw < old {
+                *self.stale = true;
+            } else {
+                *self.max = raw;
+            }
+        } else if raw > *self.max || (raw == *self.max && t < *self.argmax) {
+            *self.max = raw;
+            *self.argmax = t;
+        }
+    }
 }
 
 /// The dense row: the caller's borrowed logits, or a patched copy.
@@ -67,20 +107,25 @@ pub struct Work<'a> {
     pub order: Order,
     /// A patched row copy no longer in use, handed back to the scratch.
     pub spare_row: Option<Vec<f32>>,
+    /// A second candidate buffer for stages that need a working copy.
+    pub spare_cands: Vec<Cand>,
 }
 
 impl<'a> Work<'a> {
-    /// Start from a whole row whose maximum `max` is finite.
-    pub fn from_row(row: &'a [f32], max: f32, cands: Vec<Cand>) -> Self {
+    /// Start from a whole row whose first maximum `max` (finite) is at `argmax`.
+    pub fn from_row(row: RowRef<'a>, argmax: usize, max: f32, cands: Vec<Cand>) -> Self {
         Work {
             dense: Some(Dense {
-                row: RowRef::Borrowed(row),
+                row,
                 scale: 1.0,
                 max,
+                argmax,
+                stale: false,
             }),
             cands,
             order: Order::Id,
             spare_row: None,
+            spare_cands: Vec::new(),
         }
     }
 
@@ -106,9 +151,9 @@ impl<'a> Work<'a> {
         }
     }
 
-    /// The dense row for in-place edits (the caller's row is copied first),
-    /// with its scale. `None` once the work is sparse.
-    pub fn row_mut(&mut self) -> Option<(&mut [f32], f32)> {
+    /// In-place edits of the dense row (the caller's row is copied first).
+    /// `None` once the work is sparse.
+    pub fn patcher(&mut self) -> Option<Patcher<'_>> {
         let d = self.dense.as_mut()?;
         if let RowRef::Borrowed(src) = d.row {
             let mut v = self.spare_row.take().unwrap_or_default();
@@ -117,21 +162,22 @@ impl<'a> Work<'a> {
             d.row = RowRef::Owned(v);
         }
         match &mut d.row {
-            RowRef::Owned(v) => Some((v.as_mut_slice(), d.scale)),
+            RowRef::Owned(v) => Some(Patcher {
+                row: v.as_mut_slice(),
+                scale: d.scale,
+                max: &mut d.max,
+                argmax: &mut d.argmax,
+                stale: &mut d.stale,
+            }),
             RowRef::Borrowed(_) => None,
         }
     }
 
-    /// Re-establish the invariants after logits were edited: the dense max
-    /// is refreshed, sparse `-inf` entries are dropped. Errors when nothing
-    /// is left.
+    /// Re-establish the invariants after logits were edited: sparse `-inf`
+    /// entries are dropped (an error when nothing is left). A dense row is
+    /// left for [`Work::refresh`].
     pub fn after_edit(&mut self) -> CoreResult<()> {
-        if let Some(d) = &mut self.dense {
-            let (max, _) = crate::argmax::max_and_nan(d.row.as_slice());
-            if max == f32::NEG_INFINITY {
-                return Err(CoreError::AllBanned);
-            }
-            d.max = max;
+        if self.dense.is_some() {
             return Ok(());
         }
         self.cands.retain(|c| c.logit > f32::NEG_INFINITY);
@@ -144,10 +190,27 @@ impl<'a> Work<'a> {
         Ok(())
     }
 
+    /// Bring a dense row's maximum up to date after edits lowered it; errors
+    /// when every entry is now `-inf`.
+    pub fn refresh(&mut self) -> CoreResult<()> {
+        if let Some(d) = &mut self.dense {
+            if d.stale {
+                let (argmax, max, _) = dense::argmax_nan(d.row.as_slice());
+                if max == f32::NEG_INFINITY {
+                    return Err(CoreError::AllBanned);
+                }
+                d.max = max;
+                d.argmax = argmax;
+                d.stale = false;
+            }
+        }
+        Ok(())
+    }
+
     /// Hand the reusable buffers back.
-    pub fn into_buffers(mut self) -> (Vec<Cand>, Option<Vec<f32>>) {
+    pub fn into_buffers(mut self) -> (Vec<Cand>, Option<Vec<f32>>, Vec<Cand>) {
         self.release_dense();
-        (self.cands, self.spare_row)
+        (self.cands, self.spare_row, self.spare_cands)
     }
 
     /// Sort the candidates by rank (descending logit, ties by id).
@@ -214,14 +277,10 @@ impl<'a> Work<'a> {
     /// The best-ranked candidate (largest logit, lowest id on ties).
     pub fn best(&self) -> Cand {
         match &self.dense {
-            Some(d) => {
-                let row = d.row.as_slice();
-                let id = row.iter().position(|&v| v == d.max).unwrap_or(0);
-                Cand {
-                    id: id as u32,
-                    logit: d.max * d.scale,
-                }
-            }
+            Some(d) => Cand {
+                id: d.argmax as u32,
+                logit: d.max * d.scale,
+            },
             None => {
                 let mut best = self.cands[0];
                 for c in &self.cands[1..] {

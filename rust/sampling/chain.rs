@@ -1,7 +1,7 @@
 //! The sampler chain: the knobs, the stage orders (presets and custom lists),
 //! and one sampling call from a logits row to a token.
 
-use super::candidates::{top_k_sparse, Cand, Work};
+use super::candidates::{top_k_sparse, Cand, RowRef, Work};
 use super::dense;
 use super::dist::{self, Stream};
 use super::dry::Dry;
@@ -365,6 +365,15 @@ pub enum Selector {
     MirostatV2,
 }
 
+/// How a sampling call first reads the row.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum FirstPass {
+    /// Find the maximum (and NaN).
+    Scan,
+    /// The first stage edits logits: copy the row while scanning it.
+    Copy,
+}
+
 /// Boundary rules that differ between engines.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
 pub struct Flavor {
@@ -479,6 +488,7 @@ pub struct Scratch {
     row: Vec<f32>,
     exps: Vec<f32>,
     cands: Vec<Cand>,
+    cands2: Vec<Cand>,
     counts: Vec<u32>,
     probs: Vec<f64>,
     delta_top_k: f32,
@@ -504,6 +514,7 @@ pub struct SamplerChain {
     pub sequence: u64,
     mu: f32,
     pending: Option<Surprises>,
+    first_pass: FirstPass,
 }
 
 impl SamplerChain {
@@ -594,6 +605,10 @@ impl SamplerChain {
                 }
             }
         };
+        let first_pass = match stages.first() {
+            Some(Stage::LogitBias | Stage::Penalties | Stage::Dry) => FirstPass::Copy,
+            _ => FirstPass::Scan,
+        };
         let mut bias = knobs.logit_bias.clone();
         bias.sort_unstable_by_key(|&(t, _)| t);
         let max_bias_token = bias.last().map(|&(t, _)| t);
@@ -611,6 +626,7 @@ impl SamplerChain {
             step: 0,
             sequence,
             pending: None,
+            first_pass,
         })
     }
 
@@ -682,31 +698,51 @@ impl SamplerChain {
         if row.is_empty() {
             return Err(CoreError::EmptyLogits);
         }
-        let (max, nan) = crate::argmax::max_and_nan(row);
+        let mut cands = std::mem::take(&mut scratch.cands);
+        cands.clear();
+        let mut copy = None;
+        let (best, max, nan) = match self.first_pass {
+            FirstPass::Scan => dense::argmax_nan(row),
+            FirstPass::Copy => {
+                let mut v = std::mem::take(&mut scratch.row);
+                let r = dense::copy_argmax_nan(row, &mut v);
+                copy = Some(v);
+                r
+            }
+        };
+        let restore = |scratch: &mut Scratch, cands: Vec<Cand>, copy: Option<Vec<f32>>| {
+            scratch.cands = cands;
+            if let Some(v) = copy {
+                scratch.row = v;
+            }
+        };
         if nan {
+            restore(scratch, cands, copy);
             let index = row.iter().position(|v| v.is_nan()).unwrap_or(0);
             return Err(CoreError::NanLogit { index });
         }
         if max == f32::NEG_INFINITY {
+            restore(scratch, cands, copy);
             return Err(CoreError::AllBanned);
         }
         let vocab = row.len();
-        if let Some(&t) = history.iter().find(|&&t| t as usize >= vocab) {
+        let hist_max = history.iter().fold(0u32, |m, &t| m.max(t));
+        let bad_token = if hist_max as usize >= vocab {
+            history.iter().copied().find(|&t| t as usize >= vocab)
+        } else {
+            None
+        }
+        .or(self.max_bias_token.filter(|&t| t as usize >= vocab));
+        if let Some(t) = bad_token {
+            restore(scratch, cands, copy);
             return Err(CoreError::TokenOutOfRange {
                 token: t as i64,
                 vocab,
             });
         }
-        if let Some(t) = self.max_bias_token {
-            if t as usize >= vocab {
-                return Err(CoreError::TokenOutOfRange {
-                    token: t as i64,
-                    vocab,
-                });
-            }
-        }
         if let Some(u) = uniform {
             if !(0.0..1.0).contains(&u) {
+                restore(scratch, cands, copy);
                 return Err(CoreError::option(
                     "uniform",
                     format!("must be in [0, 1), got {u}"),
@@ -714,9 +750,9 @@ impl SamplerChain {
             }
         }
         if self.selector == Selector::Argmax && logprobs.is_none() {
-            let token = crate::argmax::argmax(row)? as u32;
+            restore(scratch, cands, copy);
             return Ok(Sampled {
-                token,
+                token: best as u32,
                 surprises: None,
                 logprobs: None,
             });
@@ -724,10 +760,13 @@ impl SamplerChain {
         if scratch.counts.len() < vocab {
             scratch.counts.resize(vocab, 0);
         }
-        let mut cands = std::mem::take(&mut scratch.cands);
-        cands.clear();
-        let mut work = Work::from_row(row, max, cands);
+        let row_ref = match copy {
+            Some(v) => RowRef::Owned(v),
+            None => RowRef::Borrowed(row),
+        };
+        let mut work = Work::from_row(row_ref, best, max, cands);
         work.spare_row = Some(std::mem::take(&mut scratch.row));
+        work.spare_cands = std::mem::take(&mut scratch.cands2);
         if max == f32::INFINITY {
             // +inf logits hold all the mass, shared equally.
             work.cands.clear();
@@ -744,8 +783,9 @@ impl SamplerChain {
         let result = self.run(
             &mut work, history, sequence, uniform, logprobs, row, scratch,
         );
-        let (cands, spare) = work.into_buffers();
+        let (cands, spare, spare_cands) = work.into_buffers();
         scratch.cands = cands;
+        scratch.cands2 = spare_cands;
         if let Some(v) = spare {
             scratch.row = v;
         }
@@ -766,6 +806,9 @@ impl SamplerChain {
         let k = &self.knobs;
         let step = self.step;
         for &stage in &self.stages {
+            if !matches!(stage, Stage::LogitBias | Stage::Penalties | Stage::Dry) {
+                work.refresh()?;
+            }
             match stage {
                 Stage::LogitBias => logit_bias::apply(work, &self.bias)?,
                 Stage::Penalties => self.penalties.apply(work, history, &mut scratch.counts)?,
@@ -795,7 +838,13 @@ impl SamplerChain {
                     self.flavor.typical_inclusive,
                     &mut scratch.probs,
                 ),
-                Stage::TopP => top_p::apply(work, k.top_p, k.min_keep, &mut scratch.delta_top_p),
+                Stage::TopP => top_p::apply(
+                    work,
+                    k.top_p,
+                    k.min_keep,
+                    &mut scratch.delta_top_p,
+                    &mut scratch.exps,
+                ),
                 Stage::MinP => min_p::apply(work, k.min_p, k.min_keep, &mut scratch.delta_top_k),
                 Stage::TopNSigma => top_n_sigma::apply(work, k.top_n_sigma),
                 Stage::Xtc => {
@@ -811,6 +860,7 @@ impl SamplerChain {
                 }
             }
         }
+        work.refresh()?;
         let u = uniform.unwrap_or_else(|| dist::uniform(k.seed, sequence, step, Stream::Draw));
         let (chosen, surprises) = match self.selector {
             Selector::Argmax | Selector::Dist => {
@@ -845,7 +895,8 @@ impl SamplerChain {
             Some((n, LogprobMode::Final)) => Some(final_logprobs(work, chosen.id, n, scratch)),
             Some((n, LogprobMode::Raw)) => Some(dense_logprobs(row, 1.0, chosen.id, n, scratch)),
             Some((n, LogprobMode::Penalized)) => {
-                let mut w = Work::from_row(row, crate::argmax::max_and_nan(row).0, Vec::new());
+                let (am, mx, _) = dense::argmax_nan(row);
+                let mut w = Work::from_row(RowRef::Borrowed(row), am, mx, Vec::new());
                 if w.max_logit() == f32::INFINITY {
                     Some(dense_logprobs(row, 1.0, chosen.id, n, scratch))
                 } else {
@@ -859,6 +910,7 @@ impl SamplerChain {
                             _ => {}
                         }
                     }
+                    w.refresh()?;
                     let d = w.dense.as_ref().map(|d| d.row.as_slice()).unwrap_or(row);
                     Some(dense_logprobs(d, 1.0, chosen.id, n, scratch))
                 }
@@ -904,7 +956,9 @@ fn dense_logprobs(
         };
     }
     let ln_s = dense::exp_sum(row, max, scale).ln();
-    let ms = (max * scale) as f64;
+    // In f64 on both sides: rounding `max * scale` to f32 alone would shift
+    // every log-probability when the scale is large.
+    let ms = max as f64 * scale as f64;
     let lp = |l: f32| l as f64 * scale as f64 - ms - ln_s;
     let mut top = Vec::new();
     if top_n > 0 {

@@ -13,26 +13,42 @@ const LN2_LO: f32 = -2.121_944_4e-4;
 /// 1.5 * 2^23: adding it rounds to an integer held in the low mantissa bits.
 const MAGIC: f32 = 12_582_912.0;
 
-/// `exp(z)` for `z <= 0` with about 1e-7 relative error; `z < -87` (and
+/// `a * b + c`, fused when the kernel is compiled for FMA.
+#[inline(always)]
+fn madd<const FMA: bool>(a: f32, b: f32, c: f32) -> f32 {
+    if FMA {
+        a.mul_add(b, c)
+    } else {
+        a * b + c
+    }
+}
+
+/// `exp(z)` for `z <= 0` with about 2e-7 relative error; `z < -87` (and
 /// `-inf`) gives exactly 0. Branch-free so that loops over it vectorise.
 #[inline(always)]
 pub fn exp_neg(z: f32) -> f32 {
+    exp_neg_impl::<false>(z)
+}
+
+#[inline(always)]
+fn exp_neg_impl<const FMA: bool>(z: f32) -> f32 {
     let zc = if z < -87.0 { -87.0 } else { z };
-    let t = zc * LOG2E + MAGIC;
+    let t = madd::<FMA>(zc, LOG2E, MAGIC);
     let n = t - MAGIC;
-    let r = zc - n * LN2_HI - n * LN2_LO;
+    let r = madd::<FMA>(-n, LN2_HI, zc);
+    let r = madd::<FMA>(-n, LN2_LO, r);
     let mut p = 1.987_569_1e-4f32;
-    p = p * r + 1.398_199_9e-3;
-    p = p * r + 8.333_452e-3;
-    p = p * r + 4.166_579_6e-2;
-    p = p * r + 1.666_666_5e-1;
-    p = p * r + 0.5;
-    let e = p * r * r + r + 1.0;
+    p = madd::<FMA>(p, r, 1.398_199_9e-3);
+    p = madd::<FMA>(p, r, 8.333_452e-3);
+    p = madd::<FMA>(p, r, 4.166_579_6e-2);
+    p = madd::<FMA>(p, r, 1.666_666_5e-1);
+    p = madd::<FMA>(p, r, 0.5);
+    let e = madd::<FMA>(p, r * r, r) + 1.0;
+    // 2^n from the rounded value's low mantissa bits.
     let bits = t
         .to_bits()
-        .wrapping_sub(MAGIC.to_bits())
-        .wrapping_add(127)
-        .wrapping_shl(23);
+        .wrapping_shl(23)
+        .wrapping_add(127u32.wrapping_sub(MAGIC.to_bits()).wrapping_shl(23));
     let v = e * f32::from_bits(bits);
     if z < -87.0 {
         0.0
@@ -41,37 +57,152 @@ pub fn exp_neg(z: f32) -> f32 {
     }
 }
 
+/// Kernels come in three builds chosen at run time: AVX-512 (for the
+/// arithmetic-heavy exponential kernels, marked `wide`), AVX2+FMA, and
+/// portable code.
 macro_rules! dispatch {
     ($(#[$doc:meta])* pub fn $name:ident / $avx:ident / $generic:ident ( $($arg:ident : $ty:ty),* ) -> $ret:ty) => {
+        dispatch! { $(#[$doc])* pub fn $name / $avx / $generic ( $($arg : $ty),* ) -> $ret ; wide = false }
+    };
+    ($(#[$doc:meta])* pub fn $name:ident / $avx:ident / $generic:ident ( $($arg:ident : $ty:ty),* ) -> $ret:ty ; wide = $wide:expr) => {
         $(#[$doc])*
         pub fn $name($($arg: $ty),*) -> $ret {
             #[cfg(target_arch = "x86_64")]
             {
+                if $wide && std::arch::is_x86_feature_detected!("avx512f") {
+                    // SAFETY: the CPU supports AVX-512F (and so AVX2 and FMA),
+                    // checked just above.
+                    return unsafe { $avx::avx512($($arg),*) };
+                }
                 if std::arch::is_x86_feature_detected!("avx2")
                     && std::arch::is_x86_feature_detected!("fma")
                 {
                     // SAFETY: the CPU supports AVX2 and FMA, checked just above.
-                    return unsafe { $avx($($arg),*) };
+                    return unsafe { $avx::avx2($($arg),*) };
                 }
             }
-            $generic($($arg),*)
+            $generic::<false>($($arg),*)
         }
 
         #[cfg(target_arch = "x86_64")]
-        #[target_feature(enable = "avx2,fma")]
-        unsafe fn $avx($($arg: $ty),*) -> $ret {
-            $generic($($arg),*)
+        mod $avx {
+            #[allow(unused_imports)]
+            use super::*;
+
+            #[target_feature(enable = "avx2,fma")]
+            pub unsafe fn avx2($($arg: $ty),*) -> $ret {
+                $generic::<true>($($arg),*)
+            }
+
+            #[target_feature(enable = "avx512f,avx2,fma")]
+            pub unsafe fn avx512($($arg: $ty),*) -> $ret {
+                $generic::<true>($($arg),*)
+            }
         }
     };
 }
 
 dispatch! {
-    /// `sum(exp((x - max) * scale))` over the row (`-inf` entries add 0).
-    pub fn exp_sum / exp_sum_avx2 / exp_sum_generic(row: &[f32], max: f32, scale: f32) -> f64
+    /// One pass: `(index of the first maximum, maximum, whether any entry is
+    /// NaN)`. NaN never becomes the maximum; an all `-inf` row gives index 0.
+    pub fn argmax_nan / argmax_nan_avx2 / argmax_nan_generic(row: &[f32]) -> (usize, f32, bool) ; wide = true
 }
 
 #[inline(always)]
-fn exp_sum_generic(row: &[f32], max: f32, scale: f32) -> f64 {
+fn argmax_nan_generic<const FMA: bool>(row: &[f32]) -> (usize, f32, bool) {
+    // Block maxima in one vectorised pass; the first block holding the
+    // overall maximum is then scanned for its position.
+    const BLOCK_ARGMAX: usize = 256;
+    let (mut best_v, mut best_b, mut any_nan) = (f32::NEG_INFINITY, 0usize, false);
+    for (b, block) in row.chunks(BLOCK_ARGMAX).enumerate() {
+        let mut lane_max = [f32::NEG_INFINITY; LANES];
+        let mut lane_nan = [0u32; LANES];
+        let chunks = block.chunks_exact(LANES);
+        let tail = chunks.remainder();
+        for c in chunks {
+            let c: &[f32; LANES] = c.try_into().unwrap_or(&[0.0; LANES]);
+            for l in 0..LANES {
+                let v = c[l];
+                lane_max[l] = if v > lane_max[l] { v } else { lane_max[l] };
+                lane_nan[l] |= v.is_nan() as u32;
+            }
+        }
+        let mut m = f32::NEG_INFINITY;
+        for l in 0..LANES {
+            m = if lane_max[l] > m { lane_max[l] } else { m };
+            any_nan |= lane_nan[l] != 0;
+        }
+        for &v in tail {
+            m = if v > m { v } else { m };
+            any_nan |= v.is_nan();
+        }
+        if m > best_v {
+            best_v = m;
+            best_b = b;
+        }
+    }
+    let start = best_b * BLOCK_ARGMAX;
+    let pos = row[start..]
+        .iter()
+        .position(|&v| v == best_v)
+        .map_or(0, |p| start + p);
+    (pos, best_v, any_nan)
+}
+
+dispatch! {
+    /// [`argmax_nan`] of `src` while copying it into `dst` (resized), in one pass.
+    pub fn copy_argmax_nan / copy_argmax_nan_avx2 / copy_argmax_nan_generic(src: &[f32], dst: &mut Vec<f32>) -> (usize, f32, bool) ; wide = true
+}
+
+#[inline(always)]
+fn copy_argmax_nan_generic<const FMA: bool>(src: &[f32], dst: &mut Vec<f32>) -> (usize, f32, bool) {
+    dst.clear();
+    dst.reserve(src.len());
+    const BLOCK_ARGMAX: usize = 256;
+    let (mut best_v, mut best_b, mut any_nan) = (f32::NEG_INFINITY, 0usize, false);
+    for (b, block) in src.chunks(BLOCK_ARGMAX).enumerate() {
+        dst.extend_from_slice(block);
+        let mut lane_max = [f32::NEG_INFINITY; LANES];
+        let mut lane_nan = [0u32; LANES];
+        let chunks = block.chunks_exact(LANES);
+        let tail = chunks.remainder();
+        for c in chunks {
+            let c: &[f32; LANES] = c.try_into().unwrap_or(&[0.0; LANES]);
+            for l in 0..LANES {
+                let v = c[l];
+                lane_max[l] = if v > lane_max[l] { v } else { lane_max[l] };
+                lane_nan[l] |= v.is_nan() as u32;
+            }
+        }
+        let mut m = f32::NEG_INFINITY;
+        for l in 0..LANES {
+            m = if lane_max[l] > m { lane_max[l] } else { m };
+            any_nan |= lane_nan[l] != 0;
+        }
+        for &v in tail {
+            m = if v > m { v } else { m };
+            any_nan |= v.is_nan();
+        }
+        if m > best_v {
+            best_v = m;
+            best_b = b;
+        }
+    }
+    let start = best_b * BLOCK_ARGMAX;
+    let pos = src[start..]
+        .iter()
+        .position(|&v| v == best_v)
+        .map_or(0, |p| start + p);
+    (pos, best_v, any_nan)
+}
+
+dispatch! {
+    /// `sum(exp((x - max) * scale))` over the row (`-inf` entries add 0).
+    pub fn exp_sum / exp_sum_avx2 / exp_sum_generic(row: &[f32], max: f32, scale: f32) -> f64 ; wide = true
+}
+
+#[inline(always)]
+fn exp_sum_generic<const FMA: bool>(row: &[f32], max: f32, scale: f32) -> f64 {
     let ms = max * scale;
     let mut total = 0.0f64;
     for block in row.chunks(BLOCK) {
@@ -79,8 +210,9 @@ fn exp_sum_generic(row: &[f32], max: f32, scale: f32) -> f64 {
         let chunks = block.chunks_exact(LANES);
         let tail = chunks.remainder();
         for c in chunks {
+            let c: &[f32; LANES] = c.try_into().unwrap_or(&[0.0; LANES]);
             for i in 0..LANES {
-                acc[i] += exp_neg(c[i] * scale - ms);
+                acc[i] += exp_neg_impl::<FMA>(c[i] * scale - ms);
             }
         }
         let mut s = 0.0f32;
@@ -88,7 +220,7 @@ fn exp_sum_generic(row: &[f32], max: f32, scale: f32) -> f64 {
             s += a;
         }
         for &v in tail {
-            s += exp_neg(v * scale - ms);
+            s += exp_neg_impl::<FMA>(v * scale - ms);
         }
         total += s as f64;
     }
@@ -97,14 +229,21 @@ fn exp_sum_generic(row: &[f32], max: f32, scale: f32) -> f64 {
 
 dispatch! {
     /// Like [`exp_sum`], also storing each term in `out` (resized to the row).
-    pub fn exp_store / exp_store_avx2 / exp_store_generic(row: &[f32], max: f32, scale: f32, out: &mut Vec<f32>) -> f64
+    pub fn exp_store / exp_store_avx2 / exp_store_generic(row: &[f32], max: f32, scale: f32, out: &mut Vec<f32>) -> f64 ; wide = true
 }
 
 #[inline(always)]
-fn exp_store_generic(row: &[f32], max: f32, scale: f32, out: &mut Vec<f32>) -> f64 {
+fn exp_store_generic<const FMA: bool>(
+    row: &[f32],
+    max: f32,
+    scale: f32,
+    out: &mut Vec<f32>,
+) -> f64 {
     let ms = max * scale;
-    out.clear();
-    out.resize(row.len(), 0.0);
+    if out.len() != row.len() {
+        out.clear();
+        out.resize(row.len(), 0.0);
+    }
     let mut total = 0.0f64;
     for (block, oblock) in row.chunks(BLOCK).zip(out.chunks_mut(BLOCK)) {
         let mut acc = [0.0f32; LANES];
@@ -112,8 +251,9 @@ fn exp_store_generic(row: &[f32], max: f32, scale: f32, out: &mut Vec<f32>) -> f
         let tail = chunks.remainder();
         let mut ochunks = oblock.chunks_exact_mut(LANES);
         for (c, o) in chunks.zip(&mut ochunks) {
+            let c: &[f32; LANES] = c.try_into().unwrap_or(&[0.0; LANES]);
             for i in 0..LANES {
-                let e = exp_neg(c[i] * scale - ms);
+                let e = exp_neg_impl::<FMA>(c[i] * scale - ms);
                 o[i] = e;
                 acc[i] += e;
             }
@@ -123,7 +263,7 @@ fn exp_store_generic(row: &[f32], max: f32, scale: f32, out: &mut Vec<f32>) -> f
             s += a;
         }
         for (&v, o) in tail.iter().zip(ochunks.into_remainder()) {
-            let e = exp_neg(v * scale - ms);
+            let e = exp_neg_impl::<FMA>(v * scale - ms);
             *o = e;
             s += e;
         }
@@ -135,11 +275,11 @@ fn exp_store_generic(row: &[f32], max: f32, scale: f32, out: &mut Vec<f32>) -> f
 dispatch! {
     /// `(sum e, sum e*z)` with `z = (x - max) * scale`, `e = exp(z)`: what the
     /// entropy of the row's softmax needs (`H = ln S - sum(e*z)/S`).
-    pub fn entropy_sums / entropy_sums_avx2 / entropy_sums_generic(row: &[f32], max: f32, scale: f32) -> (f64, f64)
+    pub fn entropy_sums / entropy_sums_avx2 / entropy_sums_generic(row: &[f32], max: f32, scale: f32) -> (f64, f64) ; wide = true
 }
 
 #[inline(always)]
-fn entropy_sums_generic(row: &[f32], max: f32, scale: f32) -> (f64, f64) {
+fn entropy_sums_generic<const FMA: bool>(row: &[f32], max: f32, scale: f32) -> (f64, f64) {
     let ms = max * scale;
     let (mut s_tot, mut ez_tot) = (0.0f64, 0.0f64);
     for block in row.chunks(BLOCK) {
@@ -150,7 +290,7 @@ fn entropy_sums_generic(row: &[f32], max: f32, scale: f32) -> (f64, f64) {
         for c in chunks {
             for i in 0..LANES {
                 let z = c[i] * scale - ms;
-                let e = exp_neg(z);
+                let e = exp_neg_impl::<FMA>(z);
                 acc[i] += e;
                 // e == 0 for banned entries; guard -inf * 0.
                 acz[i] += if e > 0.0 { e * z } else { 0.0 };
@@ -163,7 +303,7 @@ fn entropy_sums_generic(row: &[f32], max: f32, scale: f32) -> (f64, f64) {
         }
         for &v in tail {
             let z = v * scale - ms;
-            let e = exp_neg(z);
+            let e = exp_neg_impl::<FMA>(z);
             s += e;
             sz += if e > 0.0 { e * z } else { 0.0 };
         }
@@ -175,11 +315,11 @@ fn entropy_sums_generic(row: &[f32], max: f32, scale: f32) -> (f64, f64) {
 
 dispatch! {
     /// Count, mean and population standard deviation of the finite entries.
-    pub fn moments / moments_avx2 / moments_generic(row: &[f32]) -> (usize, f64, f64)
+    pub fn moments / moments_avx2 / moments_generic(row: &[f32]) -> (usize, f64, f64) ; wide = true
 }
 
 #[inline(always)]
-fn moments_generic(row: &[f32]) -> (usize, f64, f64) {
+fn moments_generic<const FMA: bool>(row: &[f32]) -> (usize, f64, f64) {
     let (mut n, mut s) = (0usize, 0.0f64);
     for block in row.chunks(BLOCK) {
         let mut acc = 0.0f32;
@@ -212,11 +352,11 @@ dispatch! {
     /// Append every entry with `x * scale >= thr` (finite, id order) as a
     /// candidate with logit `x * scale`. `thr` below `f32::MIN` gathers every
     /// finite entry.
-    pub fn gather_ge / gather_ge_avx2 / gather_ge_generic(row: &[f32], scale: f32, thr: f32, out: &mut Vec<Cand>) -> ()
+    pub fn gather_ge / gather_ge_avx2 / gather_ge_generic(row: &[f32], scale: f32, thr: f32, out: &mut Vec<Cand>) -> () ; wide = true
 }
 
 #[inline(always)]
-fn gather_ge_generic(row: &[f32], scale: f32, thr: f32, out: &mut Vec<Cand>) {
+fn gather_ge_generic<const FMA: bool>(row: &[f32], scale: f32, thr: f32, out: &mut Vec<Cand>) {
     // -inf * scale is -inf, which never reaches a threshold >= f32::MIN.
     let thr = if thr >= f32::MIN { thr } else { f32::MIN };
     let chunks = row.chunks_exact(LANES);
@@ -269,17 +409,24 @@ pub fn top_k(
     if !(delta.is_finite() && *delta > 0.0) {
         *delta = 8.0;
     }
-    loop {
-        out.clear();
-        let thr = max - *delta;
-        gather_ge(row, 1.0, thr, out);
-        if out.len() >= k || thr < f32::MIN || !thr.is_finite() {
-            break;
+    out.clear();
+    if k.saturating_mul(4) >= row.len() {
+        // Most of the row survives anyway: take every finite entry.
+        gather_ge(row, 1.0, f32::MIN, out);
+    } else {
+        gather_ge(row, 1.0, max - *delta, out);
+        if out.len() < k {
+            // Too narrow: widen once a lot, then give up and take everything.
+            *delta *= 16.0;
+            out.clear();
+            gather_ge(row, 1.0, max - *delta, out);
+            if out.len() < k {
+                out.clear();
+                gather_ge(row, 1.0, f32::MIN, out);
+            }
+        } else if out.len() > 64 * k + 4096 {
+            *delta *= 0.5;
         }
-        *delta *= 4.0;
-    }
-    if out.len() > 64 * k + 4096 {
-        *delta *= 0.5;
     }
     top_k_sparse(out, k, keep_ties);
     if scale != 1.0 {
@@ -300,6 +447,11 @@ mod tests {
         while z > -87.0 {
             let want = (z as f64).exp();
             let got = exp_neg(z) as f64;
+            let fused = exp_neg_impl::<true>(z) as f64;
+            assert!(
+                ((fused - want) / want).abs() < 4e-7,
+                "z={z} fused={fused} want={want}"
+            );
             assert!(
                 ((got - want) / want).abs() < 4e-7,
                 "z={z} got={got} want={want}"
@@ -324,6 +476,44 @@ mod tests {
         let got2 = exp_store(&row, max, 0.5, &mut buf);
         assert_eq!(got, got2);
         assert_eq!(buf.len(), row.len());
+    }
+
+    #[test]
+    fn argmax_nan_finds_the_first_maximum() {
+        for len in [1usize, 5, 16, 17, 33, 100, 1000] {
+            for pos in [0, len / 3, len - 1] {
+                let mut row: Vec<f32> = (0..len).map(|i| (i % 7) as f32).collect();
+                row[pos] = 50.0;
+                if pos + 1 < len {
+                    row[len - 1] = 50.0;
+                }
+                assert_eq!(argmax_nan(&row), (pos, 50.0, false), "len {len} pos {pos}");
+            }
+        }
+        let mut row = vec![f32::NEG_INFINITY; 40];
+        assert_eq!(argmax_nan(&row).1, f32::NEG_INFINITY);
+        row[39] = f32::NAN;
+        assert!(argmax_nan(&row).2);
+        row[3] = f32::INFINITY;
+        assert_eq!(argmax_nan(&row), (3, f32::INFINITY, true));
+    }
+
+    #[test]
+    fn copy_argmax_nan_copies_and_scans() {
+        let mut state = 7u64;
+        for len in [1usize, 63, 64, 65, 500, 5000] {
+            let row: Vec<f32> = (0..len)
+                .map(|_| {
+                    state = state
+                        .wrapping_mul(6_364_136_223_846_793_005)
+                        .wrapping_add(1);
+                    ((state >> 40) % 1000) as f32 / 50.0
+                })
+                .collect();
+            let mut dst = Vec::new();
+            assert_eq!(copy_argmax_nan(&row, &mut dst), argmax_nan(&row));
+            assert_eq!(dst, row);
+        }
     }
 
     #[test]

@@ -47,9 +47,13 @@ impl Dry {
         if n < 2 || n <= self.allowed_length {
             return out;
         }
-        let rep_limit = (0..n)
-            .find(|&i| self.is_breaker(history[n - 1 - i]))
-            .unwrap_or(n);
+        let rep_limit = if self.breakers.is_empty() {
+            n
+        } else {
+            (0..n)
+                .find(|&i| self.is_breaker(history[n - 1 - i]))
+                .unwrap_or(n)
+        };
         if rep_limit < self.allowed_length || rep_limit == 0 {
             return out;
         }
@@ -59,10 +63,18 @@ impl Dry {
             rep_limit
         };
         let last = history[n - 1];
-        for j in 0..n - 1 {
-            if history[j] != last {
-                continue;
+        // Positions holding the newest token, found 16 at a time.
+        let mut starts = Vec::new();
+        for (ci, c) in history[..n - 1].chunks(16).enumerate() {
+            if c.iter().fold(false, |any, &t| any | (t == last)) {
+                for (i, &t) in c.iter().enumerate() {
+                    if t == last {
+                        starts.push(ci * 16 + i);
+                    }
+                }
             }
+        }
+        for j in starts {
             let mut len = 1;
             while len < cap && len <= j && history[j - len] == history[n - 1 - len] {
                 len += 1;
@@ -104,10 +116,10 @@ impl Dry {
         if lens.is_empty() {
             return Ok(());
         }
-        if let Some((row, scale)) = work.row_mut() {
+        if let Some(mut row) = work.patcher() {
             for &(t, len) in &lens {
-                let v = &mut row[t as usize];
-                *v = (*v * scale - self.penalty(len)) / scale;
+                let t = t as usize;
+                row.set(t, row.get(t) - self.penalty(len));
             }
         } else {
             for c in &mut work.cands {

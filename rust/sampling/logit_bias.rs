@@ -8,10 +8,10 @@ pub fn apply(work: &mut Work<'_>, bias: &[(u32, f32)]) -> CoreResult<()> {
     if bias.is_empty() {
         return Ok(());
     }
-    if let Some((row, scale)) = work.row_mut() {
+    if let Some(mut row) = work.patcher() {
         for &(t, b) in bias {
-            let v = &mut row[t as usize];
-            *v = (*v * scale + b) / scale;
+            let t = t as usize;
+            row.set(t, row.get(t) + b);
         }
     } else {
         for c in &mut work.cands {

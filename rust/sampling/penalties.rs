@@ -59,19 +59,21 @@ impl Penalties {
         if self.is_neutral() || window.is_empty() {
             return Ok(());
         }
-        for &t in window {
-            counts[t as usize] += 1;
-        }
-        if let Some((row, scale)) = work.row_mut() {
+        if let Some(mut row) = work.patcher() {
             for &t in window {
-                let c = counts[t as usize];
+                counts[t as usize] += 1;
+            }
+            for &t in window {
+                let c = std::mem::take(&mut counts[t as usize]);
                 if c > 0 {
-                    let v = &mut row[t as usize];
-                    *v = self.penalize(*v * scale, c) / scale;
-                    counts[t as usize] = 0;
+                    let t = t as usize;
+                    row.set(t, self.penalize(row.get(t), c));
                 }
             }
         } else {
+            for &t in window {
+                counts[t as usize] += 1;
+            }
             for c in &mut work.cands {
                 c.logit = self.penalize(c.logit, counts[c.id as usize]);
             }

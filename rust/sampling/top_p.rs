@@ -21,19 +21,87 @@ fn prefix_len(cands: &[Cand], max: f32, target: f64, min_keep: usize, fast_exp: 
     cands.len()
 }
 
+/// The nucleus of `cands` (any order) as `(tau, ties)`: keep every logit
+/// above `tau` and the `ties` lowest ids at `tau`. `None` keeps everything.
+///
+/// A quickselect on rank with masses: partition around a pivot logit, keep
+/// the part above it whole when it cannot reach `target`, else descend into
+/// it. Expected linear time; `cands` is reordered.
+pub fn boundary(
+    cands: &mut [Cand],
+    w: impl Fn(&Cand) -> f64,
+    target: f64,
+    min_keep: usize,
+) -> Option<(f32, usize)> {
+    let w = &w;
+    let (mut start, mut end) = (0usize, cands.len());
+    let mut acc = 0.0f64;
+    while end - start > 64 {
+        let region = &mut cands[start..end];
+        let n = region.len();
+        let mut piv = [region[0].logit, region[n / 2].logit, region[n - 1].logit];
+        piv.sort_unstable_by(f32::total_cmp);
+        let pv = piv[1];
+        // Three-way partition: [> pv | == pv | < pv].
+        let (mut lt, mut i, mut gt) = (0usize, 0usize, n);
+        while i < gt {
+            let l = region[i].logit;
+            if l > pv {
+                region.swap(lt, i);
+                lt += 1;
+                i += 1;
+            } else if l < pv {
+                gt -= 1;
+                region.swap(i, gt);
+            } else {
+                i += 1;
+            }
+        }
+        let mass_hi: f64 = region[..lt].iter().map(w).sum();
+        if acc + mass_hi >= target && start + lt >= min_keep {
+            end = start + lt;
+            continue;
+        }
+        acc += mass_hi;
+        start += lt;
+        let eq = &mut cands[start..start + (gt - lt)];
+        eq.sort_unstable_by_key(|c| c.id);
+        let n_eq = eq.len();
+        for (j, c) in eq.iter().enumerate() {
+            acc += w(c);
+            if acc >= target && start + j + 1 >= min_keep {
+                return Some((pv, j + 1));
+            }
+        }
+        start += n_eq;
+    }
+    let region = &mut cands[start..end];
+    region.sort_unstable_by(by_rank);
+    for (j, c) in region.iter().enumerate() {
+        acc += w(c);
+        if acc >= target && start + j + 1 >= min_keep {
+            let ties = region[..=j].iter().filter(|d| d.logit == c.logit).count();
+            return Some((c.logit, ties));
+        }
+    }
+    None
+}
+
 /// Apply top-p with mass `p` (`p >= 1` keeps everything).
 ///
 /// On a whole row: one pass for the normaliser, then a gather of the entries
 /// within `delta` of the max, widened until they hold the nucleus, and a sort
 /// of those only.
-pub fn apply(work: &mut Work<'_>, p: f32, min_keep: usize, delta: &mut f32) {
+pub fn apply(work: &mut Work<'_>, p: f32, min_keep: usize, delta: &mut f32, exps: &mut Vec<f32>) {
     if p >= 1.0 {
         return;
     }
     if let Some(d) = &work.dense {
         let row = d.row.as_slice();
         let ms = d.max * d.scale;
-        let total = dense::exp_sum(row, d.max, d.scale);
+        let total = dense::exp_store(row, d.max, d.scale, exps);
+        let exps: &[f32] = exps;
+        let w = |c: &Cand| exps[c.id as usize] as f64;
         let target = p as f64 * total;
         if !(delta.is_finite() && *delta > 0.0) {
             *delta = 6.0;
@@ -42,11 +110,7 @@ pub fn apply(work: &mut Work<'_>, p: f32, min_keep: usize, delta: &mut f32) {
             work.cands.clear();
             let thr = ms - *delta;
             dense::gather_ge(row, d.scale, thr, &mut work.cands);
-            let mass: f64 = work
-                .cands
-                .iter()
-                .map(|c| dense::exp_neg(c.logit - ms) as f64)
-                .sum();
+            let mass: f64 = work.cands.iter().map(w).sum();
             if (mass >= target && work.cands.len() >= min_keep) || thr < f32::MIN {
                 break;
             }
@@ -55,10 +119,26 @@ pub fn apply(work: &mut Work<'_>, p: f32, min_keep: usize, delta: &mut f32) {
         if work.cands.len() > 16_384 {
             *delta *= 0.75;
         }
-        work.cands.sort_unstable_by(by_rank);
-        let n = prefix_len(&work.cands, ms, target, min_keep, true);
-        work.cands.truncate(n);
-        work.order = Order::Desc;
+        // The nucleus boundary by weighted selection on a copy, then one
+        // order-preserving filter: no sort of the gathered set.
+        let mut tmp = std::mem::take(&mut work.spare_cands);
+        tmp.clear();
+        tmp.extend_from_slice(&work.cands);
+        if let Some((tau, ties)) = boundary(&mut tmp, w, target, min_keep) {
+            let mut left = ties;
+            work.cands.retain(|c| {
+                if c.logit > tau {
+                    true
+                } else if c.logit == tau && left > 0 {
+                    left -= 1;
+                    true
+                } else {
+                    false
+                }
+            });
+        }
+        work.spare_cands = tmp;
+        work.order = Order::Id;
         work.release_dense();
         return;
     }
@@ -71,4 +151,65 @@ pub fn apply(work: &mut Work<'_>, p: f32, min_keep: usize, delta: &mut f32) {
         .sum();
     let n = prefix_len(&work.cands, max, p as f64 * total, min_keep, false);
     work.cands.truncate(n);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The nucleus by a full sort and a walk: what `boundary` must reproduce.
+    fn by_sorting(cands: &[Cand], target: f64, min_keep: usize) -> Vec<u32> {
+        let mut s = cands.to_vec();
+        s.sort_unstable_by(by_rank);
+        let n = prefix_len(&s, 0.0, target, min_keep, true);
+        let mut ids: Vec<u32> = s[..n].iter().map(|c| c.id).collect();
+        ids.sort_unstable();
+        ids
+    }
+
+    #[test]
+    fn boundary_agrees_with_sorting_on_many_rows() {
+        let mut state = 0x9e37_79b9_7f4a_7c15u64;
+        for case in 0..300 {
+            let n = 1 + case * 7 % 900;
+            let cands: Vec<Cand> = (0..n as u32)
+                .map(|id| {
+                    state = state
+                        .wrapping_mul(6_364_136_223_846_793_005)
+                        .wrapping_add(1);
+                    // Coarse values so that ties straddle the boundary often.
+                    let logit = -(((state >> 40) % 40) as f32) / 4.0;
+                    Cand { id, logit }
+                })
+                .collect();
+            let total: f64 = cands.iter().map(|c| dense::exp_neg(c.logit) as f64).sum();
+            for (p, min_keep) in [(0.1, 1), (0.5, 3), (0.9, 1), (0.999, 2), (0.0, 5)] {
+                let target = p * total;
+                let mut tmp = cands.clone();
+                let w = |c: &Cand| dense::exp_neg(c.logit) as f64;
+                let got: Vec<u32> = match boundary(&mut tmp, w, target, min_keep) {
+                    None => cands.iter().map(|c| c.id).collect(),
+                    Some((tau, ties)) => {
+                        let mut left = ties;
+                        cands
+                            .iter()
+                            .filter(|c| {
+                                c.logit > tau
+                                    || (c.logit == tau && left > 0 && {
+                                        left -= 1;
+                                        true
+                                    })
+                            })
+                            .map(|c| c.id)
+                            .collect()
+                    }
+                };
+                assert_eq!(
+                    got,
+                    by_sorting(&cands, target, min_keep),
+                    "case {case} p {p}"
+                );
+            }
+        }
+    }
 }

@@ -38,7 +38,7 @@ class GgufFile:
         if f is None:
             return None
         try:
-            return f.contents()
+            return f.contents() if hasattr(f, "contents") else _field_value(f)
         except Exception as exc:  # the gguf package raises assorted errors on corrupt fields
             raise WeightFormatError(f"{self.path}: unreadable header field {key}: {exc}") from None
 
@@ -128,6 +128,18 @@ def open_gguf(path: str | Path) -> GgufFile:
     except Exception as exc:
         raise WeightFormatError(f"{p}: not a readable GGUF file: {exc}") from None
     return GgufFile(p, reader)
+
+
+def _field_value(f: Any) -> Any:
+    """A header field's value from its raw parts (gguf releases before ``contents()``)."""
+    from gguf import GGUFValueType
+
+    def one(part: Any, vtype: Any) -> Any:
+        return bytes(part).decode("utf-8") if vtype == GGUFValueType.STRING else part.tolist()[0]
+
+    if f.types[0] == GGUFValueType.ARRAY:
+        return [one(f.parts[i], f.types[-1]) for i in f.data]
+    return one(f.parts[f.data[0]], f.types[0])
 
 
 def _f32(a: npt.NDArray[Any]) -> npt.NDArray[np.float32]:

@@ -14,7 +14,7 @@ from contextlib import contextmanager
 from contextvars import ContextVar
 from os import PathLike
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal
 
 import numpy as np
 import numpy.typing as npt
@@ -49,9 +49,17 @@ ProgressCallback = Callable[[int, int], None]
 """Called with ``(tokens_done, tokens_total)`` after each prefill chunk."""
 
 
-def _new_cache(cfg: LlamaConfig, max_seq: int) -> KvCache:
+KvDtype = Literal["float32", "float16"]
+"""Storage type of the session KV cache (float16 halves its memory)."""
+
+
+def _new_cache(cfg: LlamaConfig, max_seq: int, dtype: KvDtype = "float32") -> KvCache:
     return KvCache(
-        n_layers=cfg.n_layers, n_kv_heads=cfg.n_kv_heads, head_dim=cfg.head_dim, max_seq=max_seq
+        n_layers=cfg.n_layers,
+        n_kv_heads=cfg.n_kv_heads,
+        head_dim=cfg.head_dim,
+        max_seq=max_seq,
+        dtype=dtype,
     )
 
 
@@ -66,6 +74,7 @@ class LlamaRunner:
         max_seq: int = 128,
         chunk: int = 128,
         source: str = "",
+        kv_dtype: KvDtype = "float32",
     ) -> None:
         if max_seq <= 0:
             raise InvalidOptionError(f"max_seq must be positive, got {max_seq}")
@@ -74,7 +83,8 @@ class LlamaRunner:
         self.source = source
         self.forward = LlamaForward(cfg, weights, chunk=chunk)
         self._max_seq = max_seq
-        self._cache = _new_cache(cfg, max_seq)
+        self.kv_dtype = kv_dtype
+        self._cache = _new_cache(cfg, max_seq, kv_dtype)
         self._tokens: list[int] = []
         self._progress: ProgressCallback | None = None
         self._phase_callback: Callable[[str], None] | None = None
@@ -168,7 +178,7 @@ class LlamaRunner:
     def predict_logits(self, prompt_ids: Sequence[int], /) -> F32:
         """Last-position logits of ``prompt_ids`` from scratch (the session is left alone)."""
         ids = self._ids(prompt_ids)
-        return self.forward.prefill(ids, _new_cache(self.cfg, len(ids)), 0)
+        return self.forward.prefill(ids, _new_cache(self.cfg, len(ids), self.kv_dtype), 0)
 
     def prefill_logits(self, prompt_ids: Sequence[int], /) -> F32:
         """Start a new session from ``prompt_ids``; return the last position's logits."""
@@ -325,6 +335,7 @@ def load_llama(
     max_seq: int = 128,
     chunk: int = 128,
     on_progress: ProgressCallback | None = None,
+    kv_dtype: KvDtype = "float32",
 ) -> LlamaRunner:
     """Load a GGUF file, a safetensors file, or a Hugging Face / MLX directory.
 
@@ -333,7 +344,7 @@ def load_llama(
     or config.json beside the safetensors). ``packed`` keeps quantised GGUF matrices as
     blocks, dequantised per use (default: on for GGUF files of 256 MiB or more).
     ``on_progress(done, total)`` follows the blocks as they load (default: the callback
-    of an enclosing `load_progress` block).
+    of an enclosing `load_progress` block). ``kv_dtype="float16"`` halves the KV cache.
     """
     p = Path(path)
     if not p.exists():
@@ -349,7 +360,7 @@ def load_llama(
         ckpt, cfg_path = SafetensorsCheckpoint.locate(p)
         cfg = _explicit_config(config) or _config_beside(cfg_path, p)
         weights = ckpt.weights(cfg, on_progress=progress)
-    return LlamaRunner(cfg, weights, max_seq=max_seq, chunk=chunk, source=str(p))
+    return LlamaRunner(cfg, weights, max_seq=max_seq, chunk=chunk, source=str(p), kv_dtype=kv_dtype)
 
 
 def _is_gguf(p: Path) -> bool:

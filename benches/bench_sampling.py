@@ -1,0 +1,155 @@
+"""Sampler-chain speed as ratios to np.argmax over the same row, timed in the same run.
+
+Run the table:   python benches/bench_sampling.py          (needs a release build)
+As benchmarks:   pytest benches/bench_sampling.py --benchmark-only
+As smoke tests:  pytest benches/bench_sampling.py --benchmark-disable   (each call once)
+
+Rows are LM-shaped: token ranks in random order, logit = 12 - s*ln(1+rank) plus
+Gumbel noise (scale 0.5). s = 2.2 is a peaked row (top-p 0.95 keeps a handful of
+tokens); s = 1.1 is a flat one (top-p 0.95 keeps thousands).
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+import pytest
+
+from rlx_lm import SampleOpts, SamplerChain
+
+VOCABS = (32000, 151936, 262144)
+CLASSIC: dict[str, Any] = {"temperature": 0.8, "top_k": 40, "top_p": 0.95, "min_p": 0.05}
+PENALTIES: dict[str, Any] = {
+    **CLASSIC,
+    "repetition_penalty": 1.1,
+    "frequency_penalty": 0.1,
+    "presence_penalty": 0.1,
+    "repetition_window": 4096,
+    "dry_multiplier": 0.8,
+}
+SCENARIOS: dict[str, dict[str, Any]] = {
+    "greedy": {},
+    "classic": CLASSIC,
+    "top_p": {"temperature": 0.8, "top_p": 0.95},
+    "penalties+dry": PENALTIES,
+}
+TARGETS = {"greedy": 1.1, "classic": 3.0, "top_p": 5.0, "penalties+dry": 4.0}
+
+
+def lm_row(vocab: int, shape: float = 2.2, seed: int = 0) -> np.ndarray:
+    """One LM-shaped float32 logits row."""
+    rng = np.random.default_rng(seed)
+    rank = rng.permutation(vocab)
+    return (12.0 - shape * np.log1p(rank) + 0.5 * rng.gumbel(size=vocab)).astype(np.float32)
+
+
+def history(vocab: int, n: int = 4096, seed: int = 1) -> np.ndarray:
+    """A token history with some repeats, as DRY and the penalties see in text."""
+    rng = np.random.default_rng(seed)
+    base = rng.integers(0, vocab, n // 4)
+    return np.concatenate([base, base[: n // 4], rng.integers(0, vocab, n // 2)]).astype(np.int64)
+
+
+def best_of(fn: Callable[[], object], number: int) -> float:
+    """Seconds per call: the best of several timed batches."""
+    t0 = time.perf_counter()
+    for _ in range(number):
+        fn()
+    return (time.perf_counter() - t0) / number
+
+
+def ratio(
+    fn: Callable[[], object], base: Callable[[], object], repeat: int = 15
+) -> tuple[float, float, float]:
+    """(fn seconds, base seconds, fn/base), interleaving the two to share machine noise."""
+    # Calibrate so one batch takes about 20 ms.
+    once = max(best_of(fn, 3), 1e-7)
+    number = max(3, int(0.02 / once))
+    base_number = max(3, int(0.02 / max(best_of(base, 3), 1e-7)))
+    f, b = [], []
+    for _ in range(repeat):
+        b.append(best_of(base, base_number))
+        f.append(best_of(fn, number))
+    fs, bs = min(f), min(b)
+    return fs, bs, fs / bs
+
+
+def chain_for(name: str) -> SamplerChain:
+    return SampleOpts(seed=1, **SCENARIOS[name]).into_chain()
+
+
+def call_for(name: str, vocab: int, shape: float = 2.2) -> tuple[Callable[[], object], np.ndarray]:
+    row = lm_row(vocab, shape)
+    chain = chain_for(name)
+    hist = history(vocab) if name == "penalties+dry" else None
+    return (lambda: chain.sample(row, hist)), row
+
+
+# --- pytest-benchmark entry points (smoke tests when benchmarks are disabled) -------
+
+
+@pytest.mark.parametrize("vocab", VOCABS)
+@pytest.mark.parametrize("name", list(SCENARIOS))
+def test_chain_vs_argmax(benchmark: Any, name: str, vocab: int) -> None:
+    fn, row = call_for(name, vocab)
+    assert 0 <= int(fn()) < vocab  # type: ignore[call-overload]
+    benchmark(fn)
+    if not benchmark.disabled:
+        s, b, r = ratio(fn, lambda: np.argmax(row))
+        benchmark.extra_info.update(argmax_us=b * 1e6, chain_us=s * 1e6, ratio=r)
+
+
+def test_call_overhead_small_vocab(benchmark: Any) -> None:
+    row = lm_row(16)
+    chain = chain_for("classic")
+    benchmark(chain.sample, row, None)
+
+
+def test_batch_rate(benchmark: Any) -> None:
+    logits = np.stack([lm_row(151936, seed=s) for s in range(32)])
+    chain = chain_for("classic")
+    assert benchmark(chain.sample_batch, logits).shape == (32,)
+
+
+# --- the table --------------------------------------------------------------------
+
+
+def main() -> int:
+    import rlx_lm
+
+    if rlx_lm.build_profile != "release":
+        print("build a release extension first: maturin develop --release", file=sys.stderr)
+        return 2
+    print(
+        f"{'scenario':<16}{'vocab':>8}{'np.argmax us':>14}{'chain us':>10}{'ratio':>8}{'target':>8}"
+    )
+    for name in SCENARIOS:
+        shapes = (2.2, 1.1) if name == "top_p" else (2.2,)
+        for shape in shapes:
+            for vocab in VOCABS:
+                fn, row = call_for(name, vocab, shape)
+                s, b, r = ratio(fn, lambda row=row: np.argmax(row))
+                label = name if shape == 2.2 else f"{name} (flat)"
+                us = f"{b * 1e6:>14.1f}{s * 1e6:>10.1f}"
+                print(f"{label:<16}{vocab:>8}{us}{r:>8.2f}{TARGETS[name]:>8}")
+    row16 = lm_row(16)
+    chain = chain_for("classic")
+    s16 = min(best_of(lambda: chain.sample(row16, None), 20000) for _ in range(7))
+    print(f"call overhead, classic chain, V=16: {s16 * 1e6:.2f} us (target <= 2 us)")
+    logits = np.stack([lm_row(151936, seed=s) for s in range(32)])
+    rows = list(logits)
+    batch = min(best_of(lambda: chain.sample_batch(logits), 5) for _ in range(7))
+    single = min(best_of(lambda: [chain.sample(r) for r in rows], 5) for _ in range(7))
+    print(
+        f"sample_batch 32 x 151936: {batch * 1e3:.2f} ms vs {single * 1e3:.2f} ms row by row "
+        f"= {single / batch:.2f}x the single-row rate (target >= 1.8x)"
+    )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -355,3 +355,24 @@ def test_cli_generate_without_a_model_uses_the_bundled_one(
     out, err = capsys.readouterr()
     assert reads_as_training_english(out, training_words), out
     assert "decode:" in err
+
+
+def test_llama_cpp_reads_the_file_as_we_do(ref: Reference) -> None:
+    """Optional: llama.cpp tokenises alike, and agrees on logits and greedy text."""
+    llama_cpp = pytest.importorskip("llama_cpp")
+    llm = llama_cpp.Llama(
+        model_path=str(model_path()), n_ctx=256, logits_all=True, verbose=False, n_threads=1
+    )
+    prompt = "It is a truth universally acknowledged, that a single man"
+    ids = [int(t) for t in llm.tokenize(prompt.encode(), add_bos=True)]
+    assert ids == [ref.meta["tokenizer.ggml.bos_token_id"], *ref.tokenizer().encode(prompt).ids]
+    llm.eval(ids)
+    theirs = np.asarray(llm.scores[len(ids) - 1], np.float64)
+    want = ref.logits(ids)[-1]
+    # llama.cpp multiplies Q8_0 weights by 8-bit-quantised activations: about 0.5% of the range.
+    np.testing.assert_allclose(theirs, want, atol=0.02 * np.abs(want).max())
+    llm.reset()
+    out = llm("Mr. Darcy", max_tokens=16, temperature=0.0)["choices"][0]["text"]
+    tok = ref.tokenizer()
+    bos = ref.meta["tokenizer.ggml.bos_token_id"]
+    assert out == tok.decode(ref.greedy([bos, *tok.encode("Mr. Darcy").ids], 16))

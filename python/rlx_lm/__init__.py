@@ -17,6 +17,7 @@ from rlx_lm._core import (
 )
 from rlx_lm.builder import LmRunnerBuilder
 from rlx_lm.config import ConfigSource, Device
+from rlx_lm.default_model import load_default
 from rlx_lm.errors import (
     CapacityError,
     DtypeError,
@@ -130,6 +131,7 @@ __all__ = [
     "generate",
     "greedy_generate",
     "inspect",
+    "load_default",
     "load_model",
     "match_architectures",
     "register_model",

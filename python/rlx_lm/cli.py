@@ -76,7 +76,12 @@ def _parser() -> argparse.ArgumentParser:
     sub = p.add_subparsers(dest="command", required=True)
 
     g = sub.add_parser("generate", help="generate text from a prompt")
-    g.add_argument("model", help="GGUF file, safetensors file, or model directory")
+    g.add_argument(
+        "model",
+        nargs="?",
+        default=None,
+        help="GGUF file, safetensors file, or model directory (default: the bundled model)",
+    )
     g.add_argument("-p", "--prompt", required=True, help="prompt text")
     g.add_argument("-n", "--n-predict", type=int, default=128, help="tokens to generate")
     g.add_argument("-c", "--ctx-size", type=int, default=0, help="KV capacity (0: prompt + n)")
@@ -146,6 +151,7 @@ def _packed_by_memory(builder: Any) -> bool | None:
 
 def _generate(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
     from rlx_lm.builder import LmRunnerBuilder
+    from rlx_lm.default_model import default_model_path
     from rlx_lm.generation import GenerationEvent, stream
     from rlx_lm.runners.llama import load_progress
     from rlx_lm.tokenizer import Tokenizer
@@ -154,7 +160,8 @@ def _generate(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
         raise _usage(f"-n must be >= 0, got {args.n_predict}")
     progress = _Progress(err)
     opts = _sample_opts(args)
-    builder = LmRunnerBuilder().weights(args.model)
+    model = str(default_model_path()) if args.model is None else args.model
+    builder = LmRunnerBuilder().weights(model)
     # the concrete file (a directory of GGUFs resolves to the one it picks)
     tokenizer = Tokenizer.load(builder.resolved_weights())
     ids = tokenizer.encode(args.prompt)

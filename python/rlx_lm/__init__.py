@@ -6,9 +6,18 @@ a reference Llama-family runner.
 
 from __future__ import annotations
 
-from rlx_lm._core import SamplerChain, SampleResult, __version__, argmax, build_profile
+from rlx_lm._core import (
+    KvCache,
+    KvSnapshot,
+    SamplerChain,
+    SampleResult,
+    __version__,
+    argmax,
+    build_profile,
+)
 from rlx_lm.builder import LmRunnerBuilder
 from rlx_lm.config import ConfigSource, Device
+from rlx_lm.default_model import load_default
 from rlx_lm.errors import (
     CapacityError,
     DtypeError,
@@ -23,7 +32,17 @@ from rlx_lm.errors import (
     UnsupportedError,
     WeightFormatError,
 )
+from rlx_lm.generation import (
+    GenerationChunk,
+    GenerationEvent,
+    GenerationResult,
+    TokenLogprob,
+    generate,
+    load_model,
+    stream,
+)
 from rlx_lm.host_driven import HostDriven
+from rlx_lm.prompt_cache import PromptCache, PromptCacheStats, cached_prefill_logits
 from rlx_lm.registry import (
     ModelRegistration,
     auto_runner_name,
@@ -53,6 +72,7 @@ from rlx_lm.runner import (
 )
 from rlx_lm.sample_opts import MirostatMode, SampleOpts
 from rlx_lm.session import ModelFingerprint, SessionSnapshot
+from rlx_lm.tokenizer import IncrementalDetokenizer, Tokenizer
 from rlx_lm.weight_report import WeightReport, inspect
 from rlx_lm.weights import WeightFormat
 
@@ -62,9 +82,15 @@ __all__ = [
     "Device",
     "DtypeError",
     "FullLmRunner",
+    "GenerationChunk",
+    "GenerationEvent",
+    "GenerationResult",
     "HostDriven",
+    "IncrementalDetokenizer",
     "InvalidLogitsError",
     "InvalidOptionError",
+    "KvCache",
+    "KvSnapshot",
     "LmCore",
     "LmRunner",
     "LmRunnerBuilder",
@@ -72,6 +98,8 @@ __all__ = [
     "MirostatMode",
     "ModelFingerprint",
     "ModelRegistration",
+    "PromptCache",
+    "PromptCacheStats",
     "RlxError",
     "RunnerAdapter",
     "SampleOpts",
@@ -85,7 +113,9 @@ __all__ = [
     "SupportsKvStats",
     "SupportsMultimodal",
     "SupportsPromptCache",
+    "TokenLogprob",
     "TokenOutOfRangeError",
+    "Tokenizer",
     "UnknownArchitectureError",
     "UnsupportedError",
     "WeightFormat",
@@ -96,12 +126,17 @@ __all__ = [
     "as_logits",
     "auto_runner_name",
     "build_profile",
+    "cached_prefill_logits",
     "find_registration",
+    "generate",
     "greedy_generate",
     "inspect",
+    "load_default",
+    "load_model",
     "match_architectures",
     "register_model",
     "registered_models",
+    "stream",
     "supports_generate",
     "supports_host_driven",
     "supports_kv_stats",

@@ -44,7 +44,7 @@ __all__ = [
 ENTRY_POINT_GROUP = "rlx_lm.runners"
 """The entry-point group third-party packages use to add model families."""
 
-BUILTIN_RUNNERS: tuple[str, ...] = ()
+BUILTIN_RUNNERS: tuple[str, ...] = ("rlx_lm.runners.llama",)
 """Modules of rlx_lm's own runners, imported (and so registered) on the first lookup."""
 
 Matcher = Callable[[str, Path], bool]

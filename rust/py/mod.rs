@@ -4,6 +4,7 @@
 mod argmax;
 mod arrays;
 mod errors;
+mod kv;
 mod sampling;
 
 use pyo3::prelude::*;
@@ -15,6 +16,8 @@ mod _core {
 
     #[pymodule_export]
     use super::argmax::argmax;
+    #[pymodule_export]
+    use super::kv::{_kv_snapshot_from_state, PyKvCache, PyKvSnapshot};
     #[pymodule_export]
     use super::sampling::{PySamplerChain, SampleResult};
 

@@ -1,0 +1,243 @@
+"""The ``rlx-lm`` command: ``generate`` text from a model file, or ``inspect`` one.
+
+Sampling flags keep llama.cpp's names; a flag left out keeps the `SampleOpts` default
+(greedy decoding unless a flag asks otherwise). Text streams to stdout; progress and the
+closing timing line go to stderr. Any rlx_lm error becomes one ``rlx-lm: error:`` line and
+exit status 2.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any, TextIO
+
+from rlx_lm.errors import InvalidOptionError, RlxError
+from rlx_lm.sample_opts import MirostatMode
+
+if TYPE_CHECKING:
+    from rlx_lm.sample_opts import SampleOpts
+
+__all__ = ["main"]
+
+# flag -> (SampleOpts field, type)
+_SAMPLER_FLAGS: dict[str, tuple[str, type]] = {
+    "--temp": ("temperature", float),
+    "--top-k": ("top_k", int),
+    "--top-p": ("top_p", float),
+    "--min-p": ("min_p", float),
+    "--typical": ("typical_p", float),
+    "--repeat-penalty": ("repetition_penalty", float),
+    "--repeat-last-n": ("repetition_window", int),
+    "--presence-penalty": ("presence_penalty", float),
+    "--frequency-penalty": ("frequency_penalty", float),
+    "--dry-multiplier": ("dry_multiplier", float),
+    "--dry-base": ("dry_base", float),
+    "--dry-allowed-length": ("dry_allowed_length", int),
+    "--xtc-probability": ("xtc_prob", float),
+    "--xtc-threshold": ("xtc_threshold", float),
+    "--top-nsigma": ("top_n_sigma", float),
+    "--mirostat": ("mirostat", int),
+    "--mirostat-lr": ("mirostat_eta", float),
+    "--mirostat-ent": ("mirostat_tau", float),
+}
+
+
+class _Progress:
+    """A one-line progress bar on a terminal stream; silent when the stream is not a tty."""
+
+    WIDTH = 30
+
+    def __init__(self, stream: TextIO) -> None:
+        self.stream = stream
+        self.enabled = stream.isatty()
+        self.shown = False
+
+    def update(self, label: str, done: int, total: int) -> None:
+        if not self.enabled or total <= 0:
+            return
+        filled = self.WIDTH * done // total
+        bar = "#" * filled + "-" * (self.WIDTH - filled)
+        self.stream.write(f"\r{label:<8} [{bar}] {done}/{total}")
+        self.stream.flush()
+        self.shown = True
+
+    def clear(self) -> None:
+        if self.shown:
+            self.stream.write("\r" + " " * (self.WIDTH + 40) + "\r")
+            self.stream.flush()
+            self.shown = False
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="rlx-lm", description="Run Llama-family models from Python.")
+    sub = p.add_subparsers(dest="command", required=True)
+
+    g = sub.add_parser("generate", help="generate text from a prompt")
+    g.add_argument(
+        "model",
+        nargs="?",
+        default=None,
+        help="GGUF file, safetensors file, or model directory (default: the bundled model)",
+    )
+    g.add_argument("-p", "--prompt", required=True, help="prompt text")
+    g.add_argument("-n", "--n-predict", type=int, default=128, help="tokens to generate")
+    g.add_argument("-c", "--ctx-size", type=int, default=0, help="KV capacity (0: prompt + n)")
+    g.add_argument("--seed", type=int, default=None, help="sampling seed")
+    g.add_argument("--stop", action="append", default=[], help="stop string (repeatable)")
+    g.add_argument(
+        "--packed",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="keep quantised GGUF weights packed, dequantised per use (less memory, much "
+        "slower); default: packed only when float32 weights would not fit in half the free memory",
+    )
+    for flag, (field, typ) in _SAMPLER_FLAGS.items():
+        g.add_argument(flag, dest=field, type=typ, default=None, help=f"SampleOpts.{field}")
+
+    i = sub.add_parser("inspect", help="describe a model file or directory")
+    i.add_argument("model")
+
+    # Listed for --help; main() hands "check" and its arguments to rlx_lm.testing.
+    sub.add_parser("check", help="check a runner factory against the conformance clauses")
+    return p
+
+
+def _sample_opts(args: argparse.Namespace) -> SampleOpts:
+    from rlx_lm.sample_opts import SampleOpts
+
+    kw: dict[str, Any] = {}
+    for field, _ in _SAMPLER_FLAGS.values():
+        value = getattr(args, field)
+        if value is not None:
+            kw[field] = value
+    if "mirostat" in kw:
+        if kw["mirostat"] not in (0, 1, 2):
+            raise InvalidOptionError(f"--mirostat must be 0, 1 or 2, got {kw['mirostat']}")
+        kw["mirostat"] = MirostatMode(kw["mirostat"])
+    if args.seed is not None:
+        kw["seed"] = args.seed
+    return SampleOpts(**kw)
+
+
+def _available_memory() -> int | None:
+    try:
+        return int(os.sysconf("SC_AVPHYS_PAGES")) * int(os.sysconf("SC_PAGE_SIZE"))
+    except (AttributeError, ValueError, OSError):
+        return None
+
+
+def _packed_by_memory(builder: Any) -> bool | None:
+    """For GGUF: dequantise up front when float32 weights fit in half the free memory.
+
+    Dense decoding runs at BLAS speed; packed weights are dequantised on every use,
+    which in numpy costs seconds per token for a 1B model. None leaves the builder's rule.
+    """
+    from rlx_lm.runners.gguf_loader import open_gguf
+    from rlx_lm.weights import WeightFormat
+
+    if builder.resolved_format() is not WeightFormat.GGUF:
+        return None
+    free = _available_memory()
+    if free is None:
+        return None
+    elements = sum(
+        int(t.n_elements) for t in open_gguf(builder.resolved_weights()).tensors.values()
+    )
+    return elements * 4 > free // 2
+
+
+def _generate(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
+    from rlx_lm.builder import LmRunnerBuilder
+    from rlx_lm.default_model import default_model_path
+    from rlx_lm.generation import GenerationEvent, stream
+    from rlx_lm.runners.llama import load_progress
+    from rlx_lm.tokenizer import Tokenizer
+
+    if args.n_predict < 0:
+        raise _usage(f"-n must be >= 0, got {args.n_predict}")
+    progress = _Progress(err)
+    opts = _sample_opts(args)
+    model = str(default_model_path()) if args.model is None else args.model
+    builder = LmRunnerBuilder().weights(model)
+    # the concrete file (a directory of GGUFs resolves to the one it picks)
+    tokenizer = Tokenizer.load(builder.resolved_weights())
+    ids = tokenizer.encode(args.prompt)
+    ctx = args.ctx_size or len(ids) + max(args.n_predict, 1)
+    builder = builder.max_seq(ctx)
+    packed = args.packed if args.packed is not None else _packed_by_memory(builder)
+    if packed is not None:
+        builder = builder.packed_weights(packed)
+    with load_progress(lambda done, total: progress.update("loading", done, total)):
+        runner = builder.build()
+    progress.clear()
+
+    def on_event(ev: GenerationEvent) -> None:
+        if ev.phase == "prefill":
+            progress.update("prefill", ev.done, ev.total)
+            if ev.done == ev.total:
+                progress.clear()
+
+    gen = stream(
+        runner,
+        tokenizer,
+        ids,
+        opts=opts,
+        max_tokens=args.n_predict,
+        stop=args.stop,
+        on_event=on_event,
+    )
+    for chunk in gen:
+        if chunk.text:
+            out.write(chunk.text)
+            out.flush()
+    r = gen.result
+    out.write("\n")
+    out.flush()
+    err.write(
+        f"prefill: {r.prompt_tokens} tokens, {r.prefill_tokens_per_second:.1f} tok/s | "
+        f"decode: {len(r.tokens)} tokens, {r.decode_tokens_per_second:.1f} tok/s | "
+        f"stop: {r.stop_reason}\n"
+    )
+    return 0
+
+
+def _inspect(args: argparse.Namespace, out: TextIO) -> int:
+    from rlx_lm import inspect
+
+    out.write(f"{inspect(args.model)}\n")
+    return 0
+
+
+class _UsageError(Exception):
+    pass
+
+
+def _usage(msg: str) -> _UsageError:
+    return _UsageError(msg)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point of the ``rlx-lm`` command; returns the exit status."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv[:1] == ["check"]:
+        from rlx_lm.testing import cli_check
+
+        return cli_check(argv[1:])
+    args = _parser().parse_args(argv)
+    try:
+        if args.command == "generate":
+            return _generate(args, sys.stdout, sys.stderr)
+        return _inspect(args, sys.stdout)
+    except (RlxError, OSError, _UsageError) as exc:
+        sys.stderr.write(f"rlx-lm: error: {exc}\n")
+        return 2
+    except KeyboardInterrupt:
+        sys.stderr.write("\n")
+        return 130
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

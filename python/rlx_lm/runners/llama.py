@@ -1,0 +1,429 @@
+"""The reference Llama-family runner: llama, mistral, qwen2, qwen3 on numpy with the Rust KV cache.
+
+`LlamaRunner` meets the whole runner contract natively: cached ``prefill_logits`` /
+``decode_logits`` over one session `rlx_lm.KvCache`, ``predict_logits`` on a throwaway
+cache, greedy ``generate`` on the cached pair, session export/restore and prefix reuse.
+`load_llama` reads GGUF files, safetensors files and HF/MLX directories.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from contextvars import ContextVar
+from os import PathLike
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Literal
+
+import numpy as np
+import numpy.typing as npt
+
+from rlx_lm._core import KvCache, argmax
+from rlx_lm.errors import (
+    CapacityError,
+    InvalidOptionError,
+    SequenceStateError,
+    SnapshotMismatchError,
+    TokenOutOfRangeError,
+    UnsupportedError,
+    WeightFormatError,
+)
+from rlx_lm.registry import match_architectures, register_model
+from rlx_lm.runners.gguf_loader import open_gguf
+from rlx_lm.runners.llama_config import LLAMA_ARCHITECTURES, LlamaConfig
+from rlx_lm.runners.llama_forward import LlamaForward
+from rlx_lm.runners.llama_weights import LlamaWeights
+from rlx_lm.runners.safetensors_loader import SafetensorsCheckpoint, read_config_json
+from rlx_lm.session import ModelFingerprint, SessionSnapshot
+
+if TYPE_CHECKING:
+    from rlx_lm.builder import LmRunnerBuilder
+
+__all__ = ["FAMILY", "LlamaRunner", "load_from_builder", "load_llama", "load_progress"]
+
+FAMILY = "llama"
+
+F32 = npt.NDArray[np.float32]
+ProgressCallback = Callable[[int, int], None]
+"""Called with ``(tokens_done, tokens_total)`` after each prefill chunk."""
+
+
+KvDtype = Literal["float32", "float16"]
+"""Storage type of the session KV cache (float16 halves its memory)."""
+
+
+def _new_cache(cfg: LlamaConfig, max_seq: int, dtype: KvDtype = "float32") -> KvCache:
+    return KvCache(
+        n_layers=cfg.n_layers,
+        n_kv_heads=cfg.n_kv_heads,
+        head_dim=cfg.head_dim,
+        max_seq=max_seq,
+        dtype=dtype,
+    )
+
+
+class LlamaRunner:
+    """A Llama/Mistral/Qwen2/Qwen3 model with a cached decode session (float32 numpy compute)."""
+
+    def __init__(
+        self,
+        cfg: LlamaConfig,
+        weights: LlamaWeights,
+        *,
+        max_seq: int = 128,
+        chunk: int = 128,
+        source: str = "",
+        kv_dtype: KvDtype = "float32",
+    ) -> None:
+        if max_seq <= 0:
+            raise InvalidOptionError(f"max_seq must be positive, got {max_seq}")
+        self.cfg = cfg
+        self.weights = weights
+        self.source = source
+        self.forward = LlamaForward(cfg, weights, chunk=chunk)
+        self._max_seq = max_seq
+        self.kv_dtype = kv_dtype
+        self._cache = _new_cache(cfg, max_seq, kv_dtype)
+        self._tokens: list[int] = []
+        self._progress: ProgressCallback | None = None
+        self._phase_callback: Callable[[str], None] | None = None
+        self._stats_source: Any = None
+        self.fingerprint = ModelFingerprint(FAMILY, cfg.geometry, _model_id(cfg, weights))
+
+    def __repr__(self) -> str:
+        c = self.cfg
+        return (
+            f"LlamaRunner(arch={c.arch!r}, layers={c.n_layers}, hidden={c.hidden_size}, "
+            f"heads={c.n_heads}/{c.n_kv_heads}, vocab={c.vocab_size}, max_seq={self._max_seq})"
+        )
+
+    # ------------------------------------------------------------- identity
+
+    @property
+    def family(self) -> str:
+        """The registry family, ``"llama"`` (the architecture is ``cfg.arch``)."""
+        return FAMILY
+
+    @property
+    def vocab_size(self) -> int:
+        """Number of logits per position."""
+        return self.cfg.vocab_size
+
+    @property
+    def max_seq(self) -> int:
+        """Capacity of the session cache in tokens."""
+        return self._max_seq
+
+    @property
+    def tokens(self) -> tuple[int, ...]:
+        """The tokens of the current session (prompt and decoded tokens)."""
+        return tuple(self._tokens)
+
+    def set_progress_callback(self, callback: ProgressCallback | None) -> None:
+        """Register (or clear) a ``(done, total)`` callback fired after each prefill chunk."""
+        self._progress = callback
+
+    def attach_prompt_cache(self, cache: Any) -> None:
+        """Report the occupancy of ``cache`` (anything with ``kv_store_stats``) as this runner's."""
+        self._stats_source = cache
+
+    # --------------------------------------------------------------- checks
+
+    def _ids(
+        self, prompt_ids: Sequence[int] | npt.NDArray[np.integer[Any]]
+    ) -> npt.NDArray[np.intp]:
+        ids = np.asarray(prompt_ids)
+        if ids.ndim != 1:
+            raise InvalidOptionError(f"prompt_ids must be a flat sequence, got shape {ids.shape}")
+        if ids.size == 0:
+            raise InvalidOptionError("prompt_ids is empty; a prompt needs at least one token")
+        if ids.dtype.kind not in "iu":
+            raise InvalidOptionError(f"prompt_ids must be integers, got dtype {ids.dtype}")
+        bad = (ids < 0) | (ids >= self.vocab_size)
+        if bad.any():
+            pos = int(np.argmax(bad))
+            raise TokenOutOfRangeError(
+                f"token {int(ids[pos])} at position {pos} is outside the vocabulary "
+                f"(0..{self.vocab_size - 1})"
+            )
+        return ids.astype(np.intp, copy=False)
+
+    def _fits(self, n: int) -> None:
+        if n > self._max_seq:
+            raise CapacityError(
+                f"{n} tokens do not fit the session cache of max_seq={self._max_seq}; "
+                "build the runner with a larger max_seq"
+            )
+
+    def _run(self, ids: npt.NDArray[np.intp], start: int) -> F32:
+        """Prefill ``ids`` on the session cache from ``start``; on failure roll the cache back."""
+        try:
+            logits = self.forward.prefill(
+                ids, self._cache, start, on_chunk=self._on_chunk(start, start + len(ids))
+            )
+        except BaseException:
+            self._cache.truncate(start)
+            raise
+        return logits
+
+    def _on_chunk(self, start: int, total: int) -> ProgressCallback | None:
+        cb = self._progress
+        if cb is None:
+            return None
+        return lambda done, _n: cb(start + done, total)
+
+    # ------------------------------------------------------------ contract
+
+    def predict_logits(self, prompt_ids: Sequence[int], /) -> F32:
+        """Last-position logits of ``prompt_ids`` from scratch (the session is left alone)."""
+        ids = self._ids(prompt_ids)
+        return self.forward.prefill(ids, _new_cache(self.cfg, len(ids), self.kv_dtype), 0)
+
+    def prefill_logits(self, prompt_ids: Sequence[int], /) -> F32:
+        """Start a new session from ``prompt_ids``; return the last position's logits."""
+        ids = self._ids(prompt_ids)
+        self._fits(len(ids))
+        self._cache.clear()
+        self._tokens = []
+        logits = self._run(ids, 0)
+        self._tokens = [int(t) for t in ids]
+        return logits
+
+    def decode_logits(self, token: int, /) -> F32:
+        """Append ``token`` to the session; return the next position's logits."""
+        if not self._tokens:
+            raise SequenceStateError(
+                f"{self.family}: decode_logits before prefill_logits; there is no sequence "
+                "to continue"
+            )
+        ids = self._ids([token])
+        self._fits(len(self._tokens) + 1)
+        logits = self._run(ids, len(self._tokens))
+        self._tokens.append(int(ids[0]))
+        return logits
+
+    def generate(
+        self,
+        prompt_ids: Sequence[int],
+        n_new: int,
+        on_token: Callable[[int], bool] | None = None,
+        /,
+    ) -> list[int]:
+        """Greedy decoding on the cached pair; each token is kept, then ``on_token`` False stops."""
+        if n_new < 0:
+            raise InvalidOptionError(f"n_new must be >= 0, got {n_new}")
+        if n_new == 0:
+            return []
+        self._fits(len(prompt_ids) + n_new - 1)
+        logits = self.prefill_logits(prompt_ids)
+        out: list[int] = []
+        for i in range(n_new):
+            tok = argmax(logits)
+            out.append(tok)
+            if (on_token is not None and not on_token(tok)) or i == n_new - 1:
+                break
+            logits = self.decode_logits(tok)
+        return out
+
+    def export_session(self) -> SessionSnapshot:
+        """Snapshot the session (KV blocks shared copy-on-write, tokens, fingerprint)."""
+        return SessionSnapshot(self._cache.snapshot(), self._tokens, self.fingerprint)
+
+    def _check_snapshot(self, snap: SessionSnapshot) -> None:
+        if snap.fingerprint is None:
+            raise SnapshotMismatchError(
+                f"snapshot has no model fingerprint; this runner only restores its own "
+                f"({self.fingerprint})"
+            )
+        snap.check(self.fingerprint, self._cache)
+
+    def restore_session(self, snapshot: SessionSnapshot, /) -> bool:
+        """Resume from ``snapshot``; a snapshot of another model raises SnapshotMismatchError."""
+        self._check_snapshot(snapshot)
+        snapshot.restore_into(self._cache, self.fingerprint)
+        self._tokens = list(snapshot.tokens)
+        return True
+
+    def prefill_logits_reusing(
+        self, prompt_ids: Sequence[int], snapshot: SessionSnapshot, reuse_len: int, /
+    ) -> F32:
+        """Prefill ``prompt_ids`` whose first ``reuse_len`` tokens ``snapshot`` covers: only the
+        suffix is computed (the last prompt token always is, to produce logits)."""
+        ids = self._ids(prompt_ids)
+        self._check_snapshot(snapshot)
+        self._fits(len(ids))
+        if not 0 <= reuse_len <= min(len(ids), len(snapshot.tokens)):
+            raise InvalidOptionError(
+                f"reuse_len={reuse_len} is outside 0..{min(len(ids), len(snapshot.tokens))}"
+            )
+        if tuple(int(t) for t in ids[:reuse_len]) != snapshot.tokens[:reuse_len]:
+            raise SnapshotMismatchError(
+                f"the snapshot's first {reuse_len} tokens differ from the prompt's"
+            )
+        keep = min(reuse_len, len(ids) - 1)
+        snapshot.restore_into(self._cache, self.fingerprint, keep)
+        self._tokens = [int(t) for t in ids[:keep]]
+        logits = self._run(ids[keep:], keep)
+        self._tokens = [int(t) for t in ids]
+        return logits
+
+    def kv_store_stats(self) -> tuple[int, int, int] | None:
+        """``(blocks, tokens, disk_bytes)`` of an attached prompt cache, else None."""
+        src = self._stats_source
+        if src is None:
+            return None
+        stats = src.kv_store_stats()
+        return None if stats is None else (int(stats[0]), int(stats[1]), int(stats[2]))
+
+    def set_multimodal_phase_callback(self, callback: Callable[[str], None] | None, /) -> None:
+        """Text-only model: kept for the contract, never fired."""
+        self._phase_callback = callback
+
+    def supports_multimodal(self) -> bool:
+        """Text-only: False."""
+        return False
+
+    def generate_multimodal(
+        self,
+        prompt: str,
+        rgb: bytes,
+        img_w: int,
+        img_h: int,
+        tokenizer: str | PathLike[str] | None,
+        n_new: int,
+        on_token: Callable[[int], bool] | None = None,
+        /,
+    ) -> list[int]:
+        """Text-only model: raises UnsupportedError."""
+        raise UnsupportedError(f"{self.family}: {self.cfg.arch} is a text-only model")
+
+
+def _model_id(cfg: LlamaConfig, w: LlamaWeights) -> str:
+    """A short hash of the configuration and a sample of the weights."""
+    h = hashlib.sha256(repr(cfg).encode())
+    h.update(w.embed.rows(np.array([0, cfg.vocab_size - 1], dtype=np.intp)).tobytes())
+    h.update(w.norm.tobytes())
+    h.update(w.layers[-1].ffn_norm.tobytes())
+    return h.hexdigest()[:16]
+
+
+_LOAD_PROGRESS: ContextVar[ProgressCallback | None] = ContextVar(
+    "rlx_lm_load_progress", default=None
+)
+
+
+@contextmanager
+def load_progress(callback: ProgressCallback | None) -> Iterator[None]:
+    """Within this block, Llama loads report ``(blocks_done, blocks_total)`` to ``callback``.
+
+    Lets a caller that builds through `LmRunnerBuilder` (which takes no callback) show
+    progress; the setting is per thread/task (a context variable).
+    """
+    token = _LOAD_PROGRESS.set(callback)
+    try:
+        yield
+    finally:
+        _LOAD_PROGRESS.reset(token)
+
+
+def load_llama(
+    path: str | PathLike[str],
+    *,
+    config: LlamaConfig | Mapping[str, Any] | str | PathLike[str] | None = None,
+    packed: bool | None = None,
+    max_seq: int = 128,
+    chunk: int = 128,
+    on_progress: ProgressCallback | None = None,
+    kv_dtype: KvDtype = "float32",
+) -> LlamaRunner:
+    """Load a GGUF file, a safetensors file, or a Hugging Face / MLX directory.
+
+    ``config`` overrides where the hyper-parameters come from: a `LlamaConfig`, a
+    config.json-style mapping, or a path to a JSON file (default: embedded in the GGUF,
+    or config.json beside the safetensors). ``packed`` keeps quantised GGUF matrices as
+    blocks, dequantised per use (default: on for GGUF files of 256 MiB or more).
+    ``on_progress(done, total)`` follows the blocks as they load (default: the callback
+    of an enclosing `load_progress` block). ``kv_dtype="float16"`` halves the KV cache.
+    """
+    p = Path(path)
+    if not p.exists():
+        raise WeightFormatError(f"{p}: no such file or directory")
+    progress = on_progress or _LOAD_PROGRESS.get()
+    if p.is_file() and _is_gguf(p):
+        g = open_gguf(p)
+        cfg = _explicit_config(config) or g.config()
+        g.check_quant_types()
+        use_packed = packed if packed is not None else p.stat().st_size >= 256 * 1024 * 1024
+        weights = g.weights(cfg, packed=use_packed, on_progress=progress)
+    else:
+        ckpt, cfg_path = SafetensorsCheckpoint.locate(p)
+        cfg = _explicit_config(config) or _config_beside(cfg_path, p)
+        weights = ckpt.weights(cfg, on_progress=progress)
+    return LlamaRunner(cfg, weights, max_seq=max_seq, chunk=chunk, source=str(p), kv_dtype=kv_dtype)
+
+
+def _is_gguf(p: Path) -> bool:
+    with p.open("rb") as fh:
+        return fh.read(4) == b"GGUF"
+
+
+def _explicit_config(
+    config: LlamaConfig | Mapping[str, Any] | str | PathLike[str] | None,
+) -> LlamaConfig | None:
+    if config is None or isinstance(config, LlamaConfig):
+        return config
+    if isinstance(config, Mapping):
+        return LlamaConfig.from_hf(config, where="explicit config")
+    cp = Path(config)
+    return LlamaConfig.from_hf(read_config_json(cp), where=str(cp))
+
+
+def _config_beside(cfg_path: Path | None, weights: Path) -> LlamaConfig:
+    if cfg_path is None:
+        where = weights if weights.is_dir() else weights.parent
+        raise WeightFormatError(
+            f"{where}: no config.json beside the safetensors weights (pass a config explicitly)"
+        )
+    return LlamaConfig.from_hf(read_config_json(cfg_path), where=str(cfg_path))
+
+
+@register_model(
+    FAMILY,
+    "Llama, Mistral, Qwen2 and Qwen3 in float32 numpy with the Rust KV cache "
+    "(GGUF F32/F16/BF16/Q8_0/Q4_0/Q4_K/Q6_K, safetensors, MLX)",
+    matches=match_architectures(*LLAMA_ARCHITECTURES),
+)
+def load_from_builder(builder: LmRunnerBuilder) -> LlamaRunner:
+    """Build a `LlamaRunner` from a resolved builder (weights, format, config source, max_seq)."""
+    from rlx_lm.config import ConfigSource
+
+    source = builder.config()
+    config: LlamaConfig | Mapping[str, Any] | Path | None = None
+    if isinstance(source, ConfigSource.JsonFile):
+        config = source.path
+    elif isinstance(source, ConfigSource.Explicit):
+        value = source.value
+        if not isinstance(value, LlamaConfig | Mapping):
+            raise InvalidOptionError(
+                f"explicit config for {FAMILY} must be a LlamaConfig or a config.json mapping, "
+                f"got {type(value).__name__}"
+            )
+        config = value
+    weights = builder.weights()
+    if weights is None:
+        raise InvalidOptionError("the builder has no weights path")
+    return load_llama(
+        weights,
+        config=config,
+        packed=builder.resolved_packed(builder.format()),
+        max_seq=builder.max_seq(),
+    )
+
+
+if TYPE_CHECKING:
+    from rlx_lm.runner import FullLmRunner
+
+    def _meets_the_whole_contract(runner: LlamaRunner) -> FullLmRunner:
+        """mypy proves here that LlamaRunner structurally satisfies every runner protocol."""
+        return runner

@@ -1,0 +1,154 @@
+"""The tensors of a Llama-family model, gathered under llama.cpp's short names by either loader."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import numpy as np
+import numpy.typing as npt
+
+from rlx_lm.errors import WeightFormatError
+from rlx_lm.runners.linear import Matrix
+from rlx_lm.runners.llama_config import LlamaConfig
+
+__all__ = ["LayerWeights", "LlamaWeights", "TensorGetter", "unpermute_rope_rows"]
+
+F32 = npt.NDArray[np.float32]
+
+#: ``get(name, kind)`` -> a matrix ("matrix"), a float32 vector ("vector"), or None if absent.
+TensorGetter = Callable[[str, str], "Matrix | F32 | None"]
+
+
+@dataclass
+class LayerWeights:
+    """One transformer block's weights (``[out, in]`` matrices, float32 vectors)."""
+
+    attn_norm: F32
+    q: Matrix
+    k: Matrix
+    v: Matrix
+    o: Matrix
+    ffn_norm: F32
+    gate: Matrix
+    up: Matrix
+    down: Matrix
+    q_bias: F32 | None = None
+    k_bias: F32 | None = None
+    v_bias: F32 | None = None
+    q_norm: F32 | None = None
+    k_norm: F32 | None = None
+
+
+@dataclass
+class LlamaWeights:
+    """All weights of a model: embedding, blocks, final norm and output head."""
+
+    embed: Matrix
+    layers: list[LayerWeights]
+    norm: F32
+    output: Matrix
+
+    @property
+    def nbytes(self) -> int:
+        """Resident bytes of every weight (a tied head counted once)."""
+        total = self.embed.nbytes + int(self.norm.nbytes)
+        if self.output is not self.embed:
+            total += self.output.nbytes
+        for lw in self.layers:
+            for m in (lw.q, lw.k, lw.v, lw.o, lw.gate, lw.up, lw.down):
+                total += m.nbytes
+            for vec in (lw.attn_norm, lw.ffn_norm, lw.q_bias, lw.k_bias, lw.v_bias):
+                total += 0 if vec is None else int(vec.nbytes)
+        return total
+
+    @classmethod
+    def gather(
+        cls,
+        cfg: LlamaConfig,
+        get: TensorGetter,
+        *,
+        where: str,
+        on_progress: Callable[[int, int], None] | None = None,
+    ) -> LlamaWeights:
+        """Collect and shape-check every tensor ``cfg`` needs from ``get`` (llama.cpp names).
+
+        ``on_progress(done, total)`` is called after each block and after the head.
+        """
+        hd, h, f = cfg.head_dim, cfg.hidden_size, cfg.intermediate_size
+        q_out, kv_out = cfg.n_heads * hd, cfg.n_kv_heads * hd
+
+        def matrix(name: str, shape: tuple[int, int]) -> Matrix:
+            m = get(name, "matrix")
+            if m is None or isinstance(m, np.ndarray):
+                raise WeightFormatError(f"{where}: missing tensor {name}")
+            if tuple(m.shape) != shape:
+                raise WeightFormatError(
+                    f"{where}: tensor {name} has shape {tuple(m.shape)}, expected {shape}"
+                )
+            return m
+
+        def vector(name: str, n: int, *, required: bool = True) -> F32 | None:
+            v = get(name, "vector")
+            if v is None:
+                if required:
+                    raise WeightFormatError(f"{where}: missing tensor {name}")
+                return None
+            if not isinstance(v, np.ndarray) or v.shape != (n,):
+                got = getattr(v, "shape", None)
+                raise WeightFormatError(f"{where}: tensor {name} has shape {got}, expected ({n},)")
+            return np.ascontiguousarray(v, dtype=np.float32)
+
+        def must(v: F32 | None) -> F32:
+            assert v is not None
+            return v
+
+        layers = []
+        for i in range(cfg.n_layers):
+            p = f"blk.{i}."
+            layers.append(
+                LayerWeights(
+                    attn_norm=must(vector(p + "attn_norm", h)),
+                    q=matrix(p + "attn_q", (q_out, h)),
+                    k=matrix(p + "attn_k", (kv_out, h)),
+                    v=matrix(p + "attn_v", (kv_out, h)),
+                    o=matrix(p + "attn_output", (h, q_out)),
+                    ffn_norm=must(vector(p + "ffn_norm", h)),
+                    gate=matrix(p + "ffn_gate", (f, h)),
+                    up=matrix(p + "ffn_up", (f, h)),
+                    down=matrix(p + "ffn_down", (h, f)),
+                    q_bias=vector(p + "attn_q.bias", q_out, required=cfg.attention_bias),
+                    k_bias=vector(p + "attn_k.bias", kv_out, required=cfg.attention_bias),
+                    v_bias=vector(p + "attn_v.bias", kv_out, required=cfg.attention_bias),
+                    q_norm=vector(p + "attn_q_norm", hd, required=cfg.qk_norm),
+                    k_norm=vector(p + "attn_k_norm", hd, required=cfg.qk_norm),
+                )
+            )
+            if on_progress is not None:
+                on_progress(i + 1, cfg.n_layers + 1)
+        embed = matrix("token_embd", (cfg.vocab_size, h))
+        head = get("output", "matrix")
+        if head is None or isinstance(head, np.ndarray):
+            output = embed
+        else:
+            output = matrix("output", (cfg.vocab_size, h))
+        norm = must(vector("output_norm", h))
+        if on_progress is not None:
+            on_progress(cfg.n_layers + 1, cfg.n_layers + 1)
+        return cls(embed=embed, layers=layers, norm=norm, output=output)
+
+
+def unpermute_rope_rows(w: npt.NDArray[np.generic], n_heads: int) -> npt.NDArray[np.generic]:
+    """Undo llama.cpp's q/k row permutation (interleaved rotary pairs -> rotate-half halves).
+
+    llama.cpp's converter reorders each head's rows from ``[x0..x_{d/2-1}, y0..]`` to
+    ``[x0, y0, x1, y1, ...]`` so its NORM-style RoPE rotates adjacent pairs; this runner uses
+    the rotate-half convention, so the rows go back to the Hugging Face order. Works on dense
+    rows and on rows of packed quantised blocks alike (only whole rows move).
+    """
+    rows = w.shape[0]
+    if rows % (2 * n_heads):
+        raise WeightFormatError(f"cannot unpermute {rows} rows into {n_heads} heads")
+    half = rows // n_heads // 2
+    out = w.reshape(n_heads, half, 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
+    return np.ascontiguousarray(out)

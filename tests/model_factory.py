@@ -1,0 +1,296 @@
+"""Tiny random-weight Llama-family models written to disk in every format the runner reads.
+
+A `TinyModel` holds a Hugging Face style config and float32 tensors under HF names. It can be
+written as a safetensors directory (single or sharded, + config.json, + tokenizer.json) or as a
+GGUF file with matrices in any supported GGML type. For quantised types the model's own tensors
+are replaced by the dequantised values first, so every format of one TinyModel holds exactly the
+same numbers and their logits can be compared tightly.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import gguf
+import numpy as np
+from gguf.quants import dequantize, quantize
+from safetensors.numpy import save_file
+
+QT = gguf.GGMLQuantizationType
+
+# Bytes per block / values per block of the K-quants, whose writers the gguf package lacks.
+_KQUANT = {"Q4_K": (144, 256), "Q6_K": (210, 256)}
+
+
+@dataclass
+class TinyModel:
+    """A random model: HF config dict and HF-named float32 tensors."""
+
+    config: dict[str, Any]
+    tensors: dict[str, np.ndarray] = field(default_factory=dict)
+    tokenizer_json: str | None = None
+
+    @property
+    def arch(self) -> str:
+        return str(self.config["model_type"])
+
+
+def make_tiny(
+    arch: str = "llama",
+    *,
+    seed: int = 0,
+    hidden: int = 32,
+    layers: int = 2,
+    heads: int = 4,
+    kv_heads: int = 2,
+    inter: int = 64,
+    vocab: int = 128,
+    head_dim: int | None = None,
+    tie: bool = False,
+    theta: float = 10000.0,
+    scale: float = 0.3,
+) -> TinyModel:
+    """Random weights with the given geometry (norm weights near 1 so activations stay sane)."""
+    rng = np.random.default_rng(seed)
+    hd = head_dim or hidden // heads
+    cfg: dict[str, Any] = {
+        "model_type": arch,
+        "vocab_size": vocab,
+        "hidden_size": hidden,
+        "intermediate_size": inter,
+        "num_hidden_layers": layers,
+        "num_attention_heads": heads,
+        "num_key_value_heads": kv_heads,
+        "head_dim": hd,
+        "rms_norm_eps": 1e-5,
+        "rope_theta": theta,
+        "max_position_embeddings": 512,
+        "tie_word_embeddings": tie,
+    }
+
+    def mat(out: int, inp: int) -> np.ndarray:
+        return (rng.standard_normal((out, inp)) * scale / np.sqrt(inp) * 3).astype(np.float32)
+
+    def norm(n: int) -> np.ndarray:
+        return (1.0 + 0.1 * rng.standard_normal(n)).astype(np.float32)
+
+    t: dict[str, np.ndarray] = {
+        "model.embed_tokens.weight": rng.standard_normal((vocab, hidden)).astype(np.float32),
+        "model.norm.weight": norm(hidden),
+    }
+    if not tie:
+        t["lm_head.weight"] = mat(vocab, hidden)
+    for i in range(layers):
+        p = f"model.layers.{i}."
+        t[p + "input_layernorm.weight"] = norm(hidden)
+        t[p + "post_attention_layernorm.weight"] = norm(hidden)
+        t[p + "self_attn.q_proj.weight"] = mat(heads * hd, hidden)
+        t[p + "self_attn.k_proj.weight"] = mat(kv_heads * hd, hidden)
+        t[p + "self_attn.v_proj.weight"] = mat(kv_heads * hd, hidden)
+        t[p + "self_attn.o_proj.weight"] = mat(hidden, heads * hd)
+        t[p + "mlp.gate_proj.weight"] = mat(inter, hidden)
+        t[p + "mlp.up_proj.weight"] = mat(inter, hidden)
+        t[p + "mlp.down_proj.weight"] = mat(hidden, inter)
+        if arch == "qwen2":
+            for name, n in (("q", heads * hd), ("k", kv_heads * hd), ("v", kv_heads * hd)):
+                t[p + f"self_attn.{name}_proj.bias"] = (0.2 * rng.standard_normal(n)).astype(
+                    np.float32
+                )
+        if arch == "qwen3":
+            t[p + "self_attn.q_norm.weight"] = norm(hd)
+            t[p + "self_attn.k_norm.weight"] = norm(hd)
+    return TinyModel(cfg, t)
+
+
+# ----------------------------------------------------------------- safetensors
+
+
+def write_safetensors_dir(
+    model: TinyModel, directory: Path, *, shards: int = 1, bf16: bool = False
+) -> Path:
+    """Write config.json + model.safetensors (or N shards with an index), and tokenizer.json."""
+    directory.mkdir(parents=True, exist_ok=True)
+    (directory / "config.json").write_text(json.dumps(model.config))
+    if model.tokenizer_json is not None:
+        (directory / "tokenizer.json").write_text(model.tokenizer_json)
+    names = sorted(model.tensors)
+    if bf16:
+        # Stored as raw uint16 and patched to BF16 in the header below.
+        tensors = {n: (model.tensors[n].view(np.uint32) >> 16).astype(np.uint16) for n in names}
+    else:
+        tensors = dict(model.tensors)
+    if shards == 1:
+        _save(tensors, directory / "model.safetensors", bf16)
+        return directory
+    weight_map = {}
+    for s in range(shards):
+        fname = f"model-{s + 1:05d}-of-{shards:05d}.safetensors"
+        part = {n: tensors[n] for n in names[s::shards]}
+        _save(part, directory / fname, bf16)
+        weight_map.update({n: fname for n in part})
+    (directory / "model.safetensors.index.json").write_text(
+        json.dumps({"metadata": {}, "weight_map": weight_map})
+    )
+    return directory
+
+
+def _save(tensors: dict[str, np.ndarray], path: Path, bf16: bool) -> None:
+    save_file(tensors, str(path))
+    if not bf16:
+        return
+    raw = path.read_bytes()
+    n = int.from_bytes(raw[:8], "little")
+    header = raw[8 : 8 + n].decode().replace('"U16"', '"BF16"').encode()
+    path.write_bytes(len(header).to_bytes(8, "little") + header + raw[8 + n :])
+
+
+def round_to_bf16(model: TinyModel) -> TinyModel:
+    """The same model with every tensor truncated to bfloat16 precision."""
+    t = {n: ((a.view(np.uint32) >> 16) << 16).view(np.float32) for n, a in model.tensors.items()}
+    return TinyModel(dict(model.config), t, model.tokenizer_json)
+
+
+# ------------------------------------------------------------------------ GGUF
+
+
+def _permute(w: np.ndarray, n_head: int) -> np.ndarray:
+    """llama.cpp convert_hf_to_gguf's q/k permutation (rotate-half rows -> interleaved pairs)."""
+    return (
+        w.reshape(n_head, 2, w.shape[0] // n_head // 2, *w.shape[1:])
+        .swapaxes(1, 2)
+        .reshape(w.shape)
+    )
+
+
+def _random_kquant(rows: int, cols: int, qname: str, rng: np.random.Generator) -> np.ndarray:
+    nbytes, per = _KQUANT[qname]
+    assert cols % per == 0, f"{qname} needs a row length divisible by {per}"
+    blocks = rng.integers(0, 256, size=(rows, cols // per, nbytes), dtype=np.uint8)
+    d = np.array([0.02], dtype=np.float16).view(np.uint8)
+    if qname == "Q4_K":
+        blocks[..., 0:2] = d
+        blocks[..., 2:4] = np.array([0.01], dtype=np.float16).view(np.uint8)
+    else:
+        blocks[..., 208:210] = d
+        blocks[..., 192:208] = (
+            rng.integers(-8, 8, size=(rows, cols // per, 16)).astype(np.int8).view(np.uint8)
+        )
+    return blocks.reshape(rows, -1)
+
+
+def quantize_model(
+    model: TinyModel, qtype: str, *, seed: int = 1
+) -> tuple[TinyModel, dict[str, np.ndarray]]:
+    """Replace every 2-D tensor by its ``qtype`` round trip; return the model and the raw blocks."""
+    rng = np.random.default_rng(seed)
+    out: dict[str, np.ndarray] = {}
+    raw: dict[str, np.ndarray] = {}
+    qt = QT[qtype]
+    for name, a in model.tensors.items():
+        if a.ndim != 2 or qtype == "F32":
+            out[name] = a
+            continue
+        if qtype in _KQUANT:
+            blocks = _random_kquant(a.shape[0], a.shape[1], qtype, rng)
+        elif qtype == "F16":
+            blocks = a.astype(np.float16)
+        else:
+            blocks = quantize(a, qt)
+        raw[name] = blocks
+        out[name] = np.asarray(dequantize(blocks, qt), dtype=np.float32).reshape(a.shape)
+    return TinyModel(dict(model.config), out, model.tokenizer_json), raw
+
+
+_GGUF_LAYER = {
+    "input_layernorm.weight": "attn_norm.weight",
+    "post_attention_layernorm.weight": "ffn_norm.weight",
+    "self_attn.q_proj.weight": "attn_q.weight",
+    "self_attn.k_proj.weight": "attn_k.weight",
+    "self_attn.v_proj.weight": "attn_v.weight",
+    "self_attn.o_proj.weight": "attn_output.weight",
+    "self_attn.q_proj.bias": "attn_q.bias",
+    "self_attn.k_proj.bias": "attn_k.bias",
+    "self_attn.v_proj.bias": "attn_v.bias",
+    "self_attn.q_norm.weight": "attn_q_norm.weight",
+    "self_attn.k_norm.weight": "attn_k_norm.weight",
+    "mlp.gate_proj.weight": "ffn_gate.weight",
+    "mlp.up_proj.weight": "ffn_up.weight",
+    "mlp.down_proj.weight": "ffn_down.weight",
+}
+_GGUF_TOP = {
+    "model.embed_tokens.weight": "token_embd.weight",
+    "model.norm.weight": "output_norm.weight",
+    "lm_head.weight": "output.weight",
+}
+
+
+def write_gguf(
+    model: TinyModel,
+    path: Path,
+    *,
+    qtype: str = "F32",
+    raw: dict[str, np.ndarray] | None = None,
+    tokenizer: dict[str, Any] | None = None,
+    arch_override: str | None = None,
+) -> Path:
+    """Write ``model`` as GGUF (matrices as ``qtype``, from ``raw`` blocks when given).
+
+    ``tokenizer`` holds ``tokenizer.ggml.*`` fields (see tokenizer_factory). Mistral is written with
+    architecture ``llama``, as llama.cpp's converter does.
+    """
+    c = model.config
+    arch = arch_override or ("llama" if model.arch == "mistral" else model.arch)
+    w = gguf.GGUFWriter(str(path), arch)
+    w.add_block_count(c["num_hidden_layers"])
+    w.add_context_length(c["max_position_embeddings"])
+    w.add_embedding_length(c["hidden_size"])
+    w.add_feed_forward_length(c["intermediate_size"])
+    w.add_head_count(c["num_attention_heads"])
+    w.add_head_count_kv(c["num_key_value_heads"])
+    w.add_key_length(c["head_dim"])
+    w.add_value_length(c["head_dim"])
+    w.add_layer_norm_rms_eps(c["rms_norm_eps"])
+    w.add_rope_freq_base(c["rope_theta"])
+    w.add_vocab_size(c["vocab_size"])
+    for key, val in (tokenizer or {}).items():
+        if isinstance(val, list):
+            w.add_array(key, val)
+        elif isinstance(val, bool):
+            w.add_bool(key, val)
+        elif isinstance(val, int):
+            w.add_uint32(key, val)
+        else:
+            w.add_string(key, val)
+    permute = arch in ("llama", "mistral")
+    heads, kv_heads = c["num_attention_heads"], c["num_key_value_heads"]
+    qt = QT[qtype]
+    for name in sorted(model.tensors):
+        a = model.tensors[name]
+        if name in _GGUF_TOP:
+            gname = _GGUF_TOP[name]
+        else:
+            _, _, idx, rest = name.split(".", 3)
+            gname = f"blk.{idx}.{_GGUF_LAYER[rest]}"
+        n_perm = 0
+        if permute and ("q_proj" in name or "k_proj" in name):
+            n_perm = heads if "q_proj" in name else kv_heads
+        if a.ndim == 2 and qtype != "F32":
+            blocks = (raw or {}).get(name)
+            if blocks is None:
+                blocks = a.astype(np.float16) if qtype == "F16" else quantize(a, qt)
+            if n_perm:
+                blocks = _permute(blocks, n_perm)
+            if qtype == "F16":
+                w.add_tensor(gname, np.ascontiguousarray(blocks))
+            else:
+                w.add_tensor(gname, np.ascontiguousarray(blocks), raw_dtype=qt)
+        else:
+            w.add_tensor(gname, np.ascontiguousarray(_permute(a, n_perm) if n_perm else a))
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return path

@@ -1,0 +1,51 @@
+"""Optional: the same GGUF gives the same logits in llama.cpp and in this runner.
+
+Skipped unless ``llama-cpp-python`` is installed (it builds llama.cpp from source). This is
+the end-to-end check of the GGUF conventions (q/k permutation, NORM vs NEOX RoPE, biases,
+q/k norms, tied heads) against the engine that defines them.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+from model_factory import make_tiny, write_gguf
+from tokenizer_factory import spm_gguf_fields, spm_vocab
+
+from rlx_lm.runners.llama import load_llama
+
+llama_cpp = pytest.importorskip("llama_cpp")
+
+TOKENS, _, _ = spm_vocab()
+PROMPT = [1, 17, 42, 8, 99, 5, 61, 300, 12, 7]
+
+
+@pytest.mark.parametrize("arch", ["llama", "mistral", "qwen2", "qwen3"])
+@pytest.mark.parametrize(
+    ("qtype", "tol"),
+    [
+        # llama.cpp keeps its KV cache in float16 (2^-11 relative rounding per element) and
+        # sums in other orders; observed <= 2e-4 of the logit range.
+        ("F32", 2e-3),
+        # F16 weights: it also rounds the activations to float16 for the matmul.
+        ("F16", 3e-3),
+        # Q8_0: it quantises the activations to 8-bit blocks too (vec_dot q8_0 x q8_0), an
+        # error of ~0.4% per block; observed <= 8e-3.
+        ("Q8_0", 3e-2),
+    ],
+)
+def test_llama_cpp_and_this_runner_agree_on_logits(
+    tmp_path: Path, arch: str, qtype: str, tol: float
+) -> None:
+    m = make_tiny(arch, seed=31, vocab=len(TOKENS), tie=arch == "qwen3", hidden=64, inter=128)
+    path = write_gguf(m, tmp_path / f"{arch}.gguf", qtype=qtype, tokenizer=spm_gguf_fields())
+    llm = llama_cpp.Llama(
+        model_path=str(path), n_ctx=64, n_threads=1, logits_all=True, verbose=False
+    )
+    llm.eval(PROMPT)
+    theirs = np.asarray(llm.scores[len(PROMPT) - 1], dtype=np.float64)
+    ours = load_llama(path).predict_logits(PROMPT).astype(np.float64)
+    np.testing.assert_allclose(ours, theirs, rtol=0, atol=tol * np.abs(theirs).max())
+    assert int(np.argmax(ours)) == int(np.argmax(theirs))

@@ -1,0 +1,153 @@
+"""Tokenizers from tokenizer.json and from GGUF headers, and the streaming detokenizer."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from model_factory import make_tiny, write_gguf, write_safetensors_dir
+from tokenizer_factory import (
+    BOS,
+    EOS,
+    bpe_gguf_fields,
+    spm_gguf_fields,
+    spm_reference_encode,
+    spm_vocab,
+    train_bpe,
+)
+
+from rlx_lm.errors import UnsupportedError, WeightFormatError
+from rlx_lm.tokenizer import Tokenizer
+
+TRAINED = train_bpe()
+SPM_TOKENS, SPM_SCORES, _ = spm_vocab()
+
+# Letters the vocabularies know, spaces/newlines, and characters of 2, 3 and 4 UTF-8 bytes.
+TEXT = st.text(alphabet="the cat sat on mat hello world\n é日😀,!1", max_size=40)
+
+
+@pytest.fixture(scope="module")
+def bpe_gguf(tmp_path_factory: pytest.TempPathFactory) -> Tokenizer:
+    path = tmp_path_factory.mktemp("bpe") / "m.gguf"
+    write_gguf(make_tiny(vocab=300), path, tokenizer=bpe_gguf_fields(TRAINED))
+    return Tokenizer.load(path)
+
+
+@pytest.fixture(scope="module")
+def spm_gguf(tmp_path_factory: pytest.TempPathFactory) -> Tokenizer:
+    path = tmp_path_factory.mktemp("spm") / "m.gguf"
+    write_gguf(make_tiny(vocab=len(SPM_TOKENS)), path, tokenizer=spm_gguf_fields())
+    return Tokenizer.load(path)
+
+
+@settings(max_examples=60)
+@given(text=TEXT)
+def test_gguf_bpe_encodes_like_the_tokenizer_it_was_written_from(
+    bpe_gguf: Tokenizer, text: str
+) -> None:
+    bos = TRAINED.token_to_id(BOS)
+    assert bpe_gguf.encode(text) == [bos, *TRAINED.encode(text).ids]
+    assert bpe_gguf.decode(bpe_gguf.encode(text)) == text
+
+
+@settings(max_examples=60)
+@given(text=TEXT)
+def test_gguf_sentencepiece_encodes_like_llama_cpp_spm(spm_gguf: Tokenizer, text: str) -> None:
+    ids = spm_gguf.encode(text, add_special_tokens=False)
+    assert ids == spm_reference_encode(text, SPM_TOKENS, SPM_SCORES)
+    assert spm_gguf.decode(ids) == text
+    assert spm_gguf.encode(text)[0] == 1, "add_bos_token puts <s> first"
+
+
+def test_special_ids_come_from_the_gguf_header(bpe_gguf: Tokenizer, spm_gguf: Tokenizer) -> None:
+    assert bpe_gguf.bos_id == TRAINED.token_to_id(BOS)
+    assert bpe_gguf.eos_ids == {TRAINED.token_to_id(EOS)}
+    assert (spm_gguf.bos_id, spm_gguf.eos_ids) == (1, {2})
+    assert spm_gguf.is_eos(2)
+    assert not spm_gguf.is_eos(1)
+
+
+def test_directory_tokenizer_takes_eos_from_its_config_files(tmp_path: Path) -> None:
+    m = make_tiny(vocab=300)
+    m.tokenizer_json = TRAINED.to_str()
+    d = write_safetensors_dir(m, tmp_path / "m")
+    (d / "tokenizer_config.json").write_text(json.dumps({"bos_token": BOS, "eos_token": EOS}))
+    tok = Tokenizer.load(d)
+    assert tok.bos_id == TRAINED.token_to_id(BOS)
+    assert tok.eos_ids == {TRAINED.token_to_id(EOS)}
+    (d / "generation_config.json").write_text(json.dumps({"eos_token_id": [5, 7]}))
+    assert Tokenizer.load(d / "model.safetensors").eos_ids == {5, 7}
+    assert tok.encode("hello world") == TRAINED.encode("hello world").ids
+
+
+@settings(max_examples=60)
+@given(text=TEXT)
+def test_streaming_never_emits_a_broken_character_and_adds_up(
+    bpe_gguf: Tokenizer, spm_gguf: Tokenizer, text: str
+) -> None:
+    for tok in (bpe_gguf, spm_gguf):
+        ids = tok.encode(text, add_special_tokens=False)
+        det = tok.detokenizer()
+        pieces = [det.push(t) for t in ids]
+        pieces.append(det.flush())
+        assert "".join(pieces) == tok.decode(ids)
+        assert all("\ufffd" not in p for p in pieces)
+
+
+def test_a_four_byte_character_is_held_back_until_complete(spm_gguf: Tokenizer) -> None:
+    ids = spm_gguf.encode("😀", add_special_tokens=False)[-4:]  # four <0xNN> byte tokens
+    det = spm_gguf.detokenizer()
+    assert [det.push(t) for t in ids] == ["", "", "", "😀"]
+
+
+def test_prompt_context_keeps_the_space_before_the_first_generated_word(
+    spm_gguf: Tokenizer,
+) -> None:
+    prompt = spm_gguf.encode("hello")
+    full = spm_gguf.encode("hello world", add_special_tokens=False)
+    generated = full[len(prompt) - 1 :]
+    det = spm_gguf.detokenizer(prompt)
+    assert "".join(det.push(t) for t in generated) + det.flush() == " world"
+
+
+def test_unknown_tokenizer_model_and_missing_tokenizer_are_refused(tmp_path: Path) -> None:
+    fields = spm_gguf_fields() | {"tokenizer.ggml.model": "rwkv"}
+    bad = write_gguf(make_tiny(vocab=len(SPM_TOKENS)), tmp_path / "a.gguf", tokenizer=fields)
+    with pytest.raises(UnsupportedError, match="rwkv"):
+        Tokenizer.load(bad)
+    bare = write_gguf(make_tiny(), tmp_path / "b.gguf")
+    with pytest.raises(WeightFormatError, match="no tokenizer"):
+        Tokenizer.load(bare)
+    with pytest.raises(WeightFormatError, match=r"no tokenizer\.json"):
+        Tokenizer.load(tmp_path)
+
+
+@pytest.mark.parametrize(
+    ("pre", "digits"),
+    [("llama-bpe", ["123", "45"]), ("qwen2", ["1", "2", "3", "4", "5"]), ("default", ["12345"])],
+)
+def test_gguf_pre_tokenizer_name_picks_the_split_rules(
+    tmp_path: Path, pre: str, digits: list[str]
+) -> None:
+    # llama3 groups digits by three, qwen2 splits every digit, GPT-2 keeps the run whole.
+    fields = bpe_gguf_fields(TRAINED) | {"tokenizer.ggml.pre": pre}
+    tok = Tokenizer.load(write_gguf(make_tiny(vocab=300), tmp_path / "m.gguf", tokenizer=fields))
+    pieces = [p for p, _ in tok.inner.pre_tokenizer.pre_tokenize_str("I'm 12345")]
+    assert pieces[:2] == ["I", "'m"]
+    assert [p.lstrip("Ġ") for p in pieces[2:] if p.lstrip("Ġ")] == digits
+    assert tok.decode(tok.encode("I'm 12345 ok", add_special_tokens=False)) == "I'm 12345 ok"
+
+
+def test_sentencepiece_without_space_prefix(tmp_path: Path) -> None:
+    fields = spm_gguf_fields() | {"tokenizer.ggml.add_space_prefix": False}
+    tok = Tokenizer.load(
+        write_gguf(make_tiny(vocab=len(SPM_TOKENS)), tmp_path / "m.gguf", tokenizer=fields)
+    )
+    ids = tok.encode("the cat", add_special_tokens=False)
+    # "the" without the leading ▁ cannot use the "▁the" piece
+    assert ids[0] != SPM_TOKENS.index("▁the")
+    assert ids == spm_reference_encode("the cat", SPM_TOKENS, SPM_SCORES, space_prefix=False)
+    assert tok.decode(ids) == "the cat"

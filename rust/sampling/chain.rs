@@ -1,358 +1,20 @@
-//! The sampler chain: the knobs, the stage orders (presets and custom lists),
-//! and one sampling call from a logits row to a token.
+//! The sampler chain: a built sequence of stages with its selector and
+//! per-sequence state, and one sampling call from a logits row to a token.
 
-use super::candidates::{top_k_sparse, Cand, RowRef, Work};
+use super::candidates::{Cand, RowRef, Work};
 use super::dense;
 use super::dist::{self, Stream};
 use super::dry::Dry;
+use super::logprobs::{dense_logprobs, final_logprobs};
 use super::mirostat::{self, Surprises};
+use super::order::preset_order;
 use super::penalties::Penalties;
 use super::{logit_bias, min_p, temperature, top_k, top_n_sigma, top_p, typical, xtc};
 use crate::error::{CoreError, CoreResult};
 
-/// Which mirostat, if any, replaces the final draw.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
-pub enum Mirostat {
-    #[default]
-    Off,
-    V1,
-    V2,
-}
-
-/// Every knob of the chain (defaults: greedy, every other stage off).
-#[derive(Clone, Debug, PartialEq)]
-pub struct Knobs {
-    pub temperature: f32,
-    pub top_k: usize,
-    pub top_p: f32,
-    pub min_p: f32,
-    pub typical_p: f32,
-    pub top_n_sigma: f32,
-    pub repetition_penalty: f32,
-    pub frequency_penalty: f32,
-    pub presence_penalty: f32,
-    /// Most recent history tokens the penalties look at (`None`: all).
-    pub repetition_window: Option<usize>,
-    pub dynamic_temp: Option<(f32, f32)>,
-    pub dynamic_temp_exponent: f32,
-    pub xtc_threshold: f32,
-    pub xtc_prob: f32,
-    pub dry_multiplier: f32,
-    pub dry_base: f32,
-    pub dry_allowed_length: usize,
-    pub dry_max_ngram: usize,
-    pub dry_sequence_breakers: Vec<u32>,
-    pub mirostat: Mirostat,
-    pub mirostat_tau: f32,
-    pub mirostat_eta: f32,
-    pub mirostat_m: usize,
-    pub min_keep: usize,
-    pub seed: u64,
-    /// `(token, bias)`, any order, one entry per token.
-    pub logit_bias: Vec<(u32, f32)>,
-}
-
-impl Default for Knobs {
-    fn default() -> Self {
-        Knobs {
-            temperature: 0.0,
-            top_k: 0,
-            top_p: 1.0,
-            min_p: 0.0,
-            typical_p: 1.0,
-            top_n_sigma: 0.0,
-            repetition_penalty: 1.0,
-            frequency_penalty: 0.0,
-            presence_penalty: 0.0,
-            repetition_window: Some(64),
-            dynamic_temp: None,
-            dynamic_temp_exponent: 1.0,
-            xtc_threshold: 0.0,
-            xtc_prob: 0.0,
-            dry_multiplier: 0.0,
-            dry_base: 1.75,
-            dry_allowed_length: 2,
-            dry_max_ngram: 32,
-            dry_sequence_breakers: Vec::new(),
-            mirostat: Mirostat::Off,
-            mirostat_tau: 5.0,
-            mirostat_eta: 0.1,
-            mirostat_m: 100,
-            min_keep: 1,
-            seed: 0,
-            logit_bias: Vec::new(),
-        }
-    }
-}
-
-fn finite(field: &str, v: f32) -> CoreResult<()> {
-    if v.is_finite() {
-        Ok(())
-    } else {
-        Err(CoreError::option(
-            field,
-            format!("must be a finite number, got {v}"),
-        ))
-    }
-}
-
-fn check(ok: bool, field: &str, reason: impl Into<String>) -> CoreResult<()> {
-    if ok {
-        Ok(())
-    } else {
-        Err(CoreError::option(field, reason))
-    }
-}
-
-impl Knobs {
-    /// Refuse values no stage can honour, naming the field.
-    pub fn validate(&self) -> CoreResult<()> {
-        for (f, v) in [
-            ("temperature", self.temperature),
-            ("top_p", self.top_p),
-            ("min_p", self.min_p),
-            ("typical_p", self.typical_p),
-            ("top_n_sigma", self.top_n_sigma),
-            ("repetition_penalty", self.repetition_penalty),
-            ("frequency_penalty", self.frequency_penalty),
-            ("presence_penalty", self.presence_penalty),
-            ("dynamic_temp_exponent", self.dynamic_temp_exponent),
-            ("xtc_threshold", self.xtc_threshold),
-            ("xtc_prob", self.xtc_prob),
-            ("dry_multiplier", self.dry_multiplier),
-            ("dry_base", self.dry_base),
-            ("mirostat_tau", self.mirostat_tau),
-            ("mirostat_eta", self.mirostat_eta),
-        ] {
-            finite(f, v)?;
-        }
-        let t = self.temperature;
-        check(
-            t >= 0.0,
-            "temperature",
-            format!("must be >= 0 (0 = greedy), got {t}"),
-        )?;
-        let p = self.top_p;
-        check(
-            p > 0.0 && p <= 1.0,
-            "top_p",
-            format!("must be in (0, 1], got {p}"),
-        )?;
-        let p = self.min_p;
-        check(
-            (0.0..=1.0).contains(&p),
-            "min_p",
-            format!("must be in [0, 1], got {p}"),
-        )?;
-        let p = self.typical_p;
-        check(
-            p > 0.0 && p <= 1.0,
-            "typical_p",
-            format!("must be in (0, 1], got {p}"),
-        )?;
-        let n = self.top_n_sigma;
-        check(
-            n >= 0.0,
-            "top_n_sigma",
-            format!("must be >= 0 (0 = off), got {n}"),
-        )?;
-        let r = self.repetition_penalty;
-        check(
-            r > 0.0,
-            "repetition_penalty",
-            format!("must be > 0 (1 = off), got {r}"),
-        )?;
-        check(
-            self.repetition_window != Some(0),
-            "repetition_window",
-            "must be >= 1 (or -1 for the whole history); use repetition_penalty=1 to turn penalties off",
-        )?;
-        if let Some((lo, hi)) = self.dynamic_temp {
-            finite("dynamic_temp", lo)?;
-            finite("dynamic_temp", hi)?;
-            check(
-                lo >= 0.0,
-                "dynamic_temp",
-                format!("min must be >= 0, got {lo}"),
-            )?;
-            check(
-                lo <= hi,
-                "dynamic_temp",
-                format!("min {lo} is greater than max {hi}"),
-            )?;
-        }
-        let e = self.dynamic_temp_exponent;
-        check(
-            e >= 0.0,
-            "dynamic_temp_exponent",
-            format!("must be >= 0, got {e}"),
-        )?;
-        let x = self.xtc_prob;
-        check(
-            (0.0..=1.0).contains(&x),
-            "xtc_prob",
-            format!("must be in [0, 1], got {x}"),
-        )?;
-        let x = self.xtc_threshold;
-        check(
-            (0.0..=1.0).contains(&x),
-            "xtc_threshold",
-            format!("must be in [0, 1], got {x}"),
-        )?;
-        check(
-            self.xtc_prob == 0.0 || self.xtc_threshold > 0.0,
-            "xtc_threshold",
-            "must be > 0 when xtc_prob > 0 (0 would remove every token but one)",
-        )?;
-        let m = self.dry_multiplier;
-        check(
-            m >= 0.0,
-            "dry_multiplier",
-            format!("must be >= 0 (0 = off), got {m}"),
-        )?;
-        let b = self.dry_base;
-        check(b >= 1.0, "dry_base", format!("must be >= 1, got {b}"))?;
-        check(
-            self.dry_allowed_length >= 1,
-            "dry_allowed_length",
-            "must be >= 1 (0 would penalise every token seen, like a presence penalty)",
-        )?;
-        let tau = self.mirostat_tau;
-        check(
-            tau >= 0.0,
-            "mirostat_tau",
-            format!("must be >= 0, got {tau}"),
-        )?;
-        let eta = self.mirostat_eta;
-        check(
-            eta >= 0.0,
-            "mirostat_eta",
-            format!("must be >= 0, got {eta}"),
-        )?;
-        check(
-            self.mirostat_m >= 2,
-            "mirostat_m",
-            format!(
-                "must be >= 2 (the Zipf fit needs two ranks), got {}",
-                self.mirostat_m
-            ),
-        )?;
-        check(
-            self.min_keep >= 1,
-            "min_keep",
-            "must be >= 1: a stage must keep at least one token",
-        )?;
-        let mut seen: Vec<u32> = self.logit_bias.iter().map(|&(t, _)| t).collect();
-        seen.sort_unstable();
-        check(
-            seen.windows(2).all(|w| w[0] != w[1]),
-            "logit_bias",
-            "a token appears twice",
-        )?;
-        for &(tok, b) in &self.logit_bias {
-            check(
-                !b.is_nan() && b != f32::INFINITY,
-                "logit_bias",
-                format!("bias for token {tok} must be finite or -inf (ban), got {b}"),
-            )?;
-        }
-        Ok(())
-    }
-
-    fn penalties(&self) -> Penalties {
-        Penalties {
-            repeat: self.repetition_penalty,
-            frequency: self.frequency_penalty,
-            presence: self.presence_penalty,
-            window: self.repetition_window,
-        }
-    }
-
-    fn dry(&self) -> Dry {
-        let mut breakers = self.dry_sequence_breakers.clone();
-        breakers.sort_unstable();
-        breakers.dedup();
-        Dry {
-            multiplier: self.dry_multiplier,
-            base: self.dry_base,
-            allowed_length: self.dry_allowed_length,
-            max_ngram: self.dry_max_ngram,
-            breakers,
-        }
-    }
-
-    /// Whether `stage` would change anything with these knobs.
-    pub fn enables(&self, stage: Stage) -> bool {
-        match stage {
-            Stage::LogitBias => !self.logit_bias.is_empty(),
-            Stage::Penalties => !self.penalties().is_neutral(),
-            Stage::Dry => self.dry_multiplier > 0.0,
-            Stage::Temperature => {
-                self.dynamic_temp.is_some()
-                    || self.mirostat == Mirostat::Off
-                    || self.temperature > 0.0
-            }
-            Stage::TopK => self.top_k > 0,
-            Stage::Typical => self.typical_p < 1.0,
-            Stage::TopP => self.top_p < 1.0,
-            Stage::MinP => self.min_p > 0.0,
-            Stage::TopNSigma => self.top_n_sigma > 0.0,
-            Stage::Xtc => self.xtc_prob > 0.0,
-        }
-    }
-}
-
-/// One stage of the chain, by its public name.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Stage {
-    LogitBias,
-    Penalties,
-    Dry,
-    Temperature,
-    TopK,
-    Typical,
-    TopP,
-    MinP,
-    TopNSigma,
-    Xtc,
-}
-
-impl Stage {
-    /// Every stage, in the default order.
-    pub const DEFAULT_ORDER: [Stage; 10] = [
-        Stage::LogitBias,
-        Stage::Penalties,
-        Stage::Dry,
-        Stage::Temperature,
-        Stage::TopK,
-        Stage::Typical,
-        Stage::TopP,
-        Stage::MinP,
-        Stage::TopNSigma,
-        Stage::Xtc,
-    ];
-
-    /// The stage's name in order lists.
-    pub fn name(self) -> &'static str {
-        match self {
-            Stage::LogitBias => "logit_bias",
-            Stage::Penalties => "penalties",
-            Stage::Dry => "dry",
-            Stage::Temperature => "temperature",
-            Stage::TopK => "top_k",
-            Stage::Typical => "typical",
-            Stage::TopP => "top_p",
-            Stage::MinP => "min_p",
-            Stage::TopNSigma => "top_n_sigma",
-            Stage::Xtc => "xtc",
-        }
-    }
-
-    /// The stage with this name.
-    pub fn parse(name: &str) -> Option<Stage> {
-        Stage::DEFAULT_ORDER.into_iter().find(|s| s.name() == name)
-    }
-}
+pub use super::knobs::{Knobs, Mirostat};
+pub use super::logprobs::{LogprobMode, Logprobs};
+pub use super::order::{Flavor, OrderSpec, Stage, PRESETS};
 
 /// The stage that picks the token at the end of the chain.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -372,104 +34,6 @@ enum FirstPass {
     Scan,
     /// The first stage edits logits: copy the row while scanning it.
     Copy,
-}
-
-/// Boundary rules that differ between engines.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
-pub struct Flavor {
-    /// Top-k keeps every candidate tied with the k-th (Hugging Face, vLLM).
-    pub top_k_keep_ties: bool,
-    /// Typical stops at cumulative mass `>= p` (Hugging Face) rather than `> p`.
-    pub typical_inclusive: bool,
-}
-
-/// How the stages are ordered.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub enum OrderSpec {
-    /// A named preset: "default", "llama.cpp", "hf" or "vllm".
-    Preset(String),
-    /// Stage names in the order to run them; the draw always comes last.
-    Custom(Vec<String>),
-}
-
-/// The preset names.
-pub const PRESETS: [&str; 4] = ["default", "llama.cpp", "hf", "vllm"];
-
-fn preset_order(name: &str) -> Option<(Vec<Stage>, Flavor)> {
-    use Stage::*;
-    Some(match name {
-        "default" => (Stage::DEFAULT_ORDER.to_vec(), Flavor::default()),
-        "llama.cpp" => (
-            vec![
-                LogitBias,
-                Penalties,
-                Dry,
-                TopNSigma,
-                TopK,
-                Typical,
-                TopP,
-                MinP,
-                Xtc,
-                Temperature,
-            ],
-            Flavor::default(),
-        ),
-        "hf" => (
-            vec![
-                LogitBias,
-                Penalties,
-                Dry,
-                Temperature,
-                TopK,
-                TopP,
-                MinP,
-                Typical,
-                TopNSigma,
-                Xtc,
-            ],
-            Flavor {
-                top_k_keep_ties: true,
-                typical_inclusive: true,
-            },
-        ),
-        "vllm" => (
-            vec![
-                LogitBias,
-                Penalties,
-                Dry,
-                Temperature,
-                MinP,
-                TopK,
-                TopP,
-                Typical,
-                TopNSigma,
-                Xtc,
-            ],
-            Flavor {
-                top_k_keep_ties: true,
-                typical_inclusive: false,
-            },
-        ),
-        _ => return None,
-    })
-}
-
-/// Which distribution `sample_with_logprobs` reports.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum LogprobMode {
-    /// The softmax of the logits as given.
-    Raw,
-    /// After logit bias, penalties and DRY, before temperature and truncation.
-    Penalized,
-    /// The distribution the token was drawn from.
-    Final,
-}
-
-/// Log-probabilities reported with a token.
-#[derive(Clone, Debug, PartialEq)]
-pub struct Logprobs {
-    pub logprob: f64,
-    pub top: Vec<(u32, f64)>,
 }
 
 /// The result of one sampling call.
@@ -892,13 +456,27 @@ impl SamplerChain {
         };
         let logprobs = match logprobs {
             None => None,
-            Some((n, LogprobMode::Final)) => Some(final_logprobs(work, chosen.id, n, scratch)),
-            Some((n, LogprobMode::Raw)) => Some(dense_logprobs(row, 1.0, chosen.id, n, scratch)),
+            Some((n, LogprobMode::Final)) => {
+                Some(final_logprobs(work, chosen.id, n, &mut scratch.delta_top_k))
+            }
+            Some((n, LogprobMode::Raw)) => Some(dense_logprobs(
+                row,
+                1.0,
+                chosen.id,
+                n,
+                &mut scratch.delta_top_k,
+            )),
             Some((n, LogprobMode::Penalized)) => {
                 let (am, mx, _) = dense::argmax_nan(row);
                 let mut w = Work::from_row(RowRef::Borrowed(row), am, mx, Vec::new());
                 if w.max_logit() == f32::INFINITY {
-                    Some(dense_logprobs(row, 1.0, chosen.id, n, scratch))
+                    Some(dense_logprobs(
+                        row,
+                        1.0,
+                        chosen.id,
+                        n,
+                        &mut scratch.delta_top_k,
+                    ))
                 } else {
                     for &stage in &self.stages {
                         match stage {
@@ -912,7 +490,13 @@ impl SamplerChain {
                     }
                     w.refresh()?;
                     let d = w.dense.as_ref().map(|d| d.row.as_slice()).unwrap_or(row);
-                    Some(dense_logprobs(d, 1.0, chosen.id, n, scratch))
+                    Some(dense_logprobs(
+                        d,
+                        1.0,
+                        chosen.id,
+                        n,
+                        &mut scratch.delta_top_k,
+                    ))
                 }
             }
         };
@@ -924,86 +508,70 @@ impl SamplerChain {
     }
 }
 
-/// Log-probabilities under the softmax of a whole row (`+inf` entries share
-/// all the mass).
-fn dense_logprobs(
-    row: &[f32],
-    scale: f32,
-    token: u32,
-    top_n: usize,
-    scratch: &mut Scratch,
-) -> Logprobs {
-    let (max, _) = crate::argmax::max_and_nan(row);
-    if max == f32::INFINITY {
-        let n_inf = row.iter().filter(|&&v| v == f32::INFINITY).count() as f64;
-        let lp = |t: u32| {
-            if row[t as usize] == f32::INFINITY {
-                -n_inf.ln()
-            } else {
-                f64::NEG_INFINITY
-            }
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn chain(f: impl FnOnce(&mut Knobs)) -> SamplerChain {
+        let mut k = Knobs {
+            seed: 1,
+            ..Knobs::default()
         };
-        let top = row
-            .iter()
-            .enumerate()
-            .filter(|(_, &v)| v == f32::INFINITY)
-            .take(top_n)
-            .map(|(i, _)| (i as u32, lp(i as u32)))
-            .collect();
-        return Logprobs {
-            logprob: lp(token),
-            top,
-        };
+        f(&mut k);
+        SamplerChain::new(k, &OrderSpec::Preset("default".into()), 0).unwrap()
     }
-    let ln_s = dense::exp_sum(row, max, scale).ln();
-    // In f64 on both sides: rounding `max * scale` to f32 alone would shift
-    // every log-probability when the scale is large.
-    let ms = max as f64 * scale as f64;
-    let lp = |l: f32| l as f64 * scale as f64 - ms - ln_s;
-    let mut top = Vec::new();
-    if top_n > 0 {
-        dense::top_k(
-            row,
-            1.0,
-            max,
-            top_n,
-            false,
-            &mut scratch.delta_top_k,
-            &mut top,
+
+    fn token(c: &SamplerChain, row: &[f32], history: &[u32]) -> CoreResult<u32> {
+        Ok(
+            c.sample_row(row, history, 0, None, None, &mut Scratch::default())?
+                .token,
+        )
+    }
+
+    #[test]
+    fn greedy_is_the_first_argmax() {
+        let row = [0.0, 3.0, 1.0, 3.0];
+        assert_eq!(token(&chain(|_| {}), &row, &[]), Ok(1));
+    }
+
+    #[test]
+    fn a_penalised_argmax_hands_over_to_the_next_best() {
+        // The edit lowers the maximum itself, so the max must be recomputed.
+        let c = chain(|k| k.presence_penalty = 5.0);
+        assert_eq!(token(&c, &[0.0, 3.0, 1.0, 2.5], &[1]), Ok(3));
+        // And a raised token takes over without a rescan.
+        let c = chain(|k| k.logit_bias = vec![(0, 10.0)]);
+        assert_eq!(token(&c, &[0.0, 3.0, 1.0, 2.5], &[]), Ok(0));
+    }
+
+    #[test]
+    fn banning_every_token_is_an_error_not_a_token() {
+        let c = chain(|k| k.logit_bias = vec![(0, f32::NEG_INFINITY), (1, f32::NEG_INFINITY)]);
+        assert_eq!(token(&c, &[1.0, 2.0], &[]), Err(CoreError::AllBanned));
+        let c = chain(|k| k.temperature = 1.0);
+        assert_eq!(
+            token(&c, &[1.0, f32::NAN], &[]),
+            Err(CoreError::NanLogit { index: 1 })
+        );
+        assert_eq!(
+            token(&c, &[1.0, 2.0], &[2]),
+            Err(CoreError::TokenOutOfRange { token: 2, vocab: 2 })
         );
     }
-    Logprobs {
-        logprob: lp(row[token as usize]),
-        top: top.iter().map(|c| (c.id, lp(c.logit))).collect(),
-    }
-}
 
-/// Log-probabilities under the distribution left at the draw.
-fn final_logprobs(work: &Work<'_>, token: u32, top_n: usize, scratch: &mut Scratch) -> Logprobs {
-    if let Some(d) = &work.dense {
-        return dense_logprobs(d.row.as_slice(), d.scale, token, top_n, scratch);
-    }
-    let max = work.max_logit() as f64;
-    let ln_s = work
-        .cands
-        .iter()
-        .map(|c| (c.logit as f64 - max).exp())
-        .sum::<f64>()
-        .ln();
-    let lp = |l: f32| l as f64 - max - ln_s;
-    let logprob = work
-        .cands
-        .iter()
-        .find(|c| c.id == token)
-        .map_or(f64::NEG_INFINITY, |c| lp(c.logit));
-    let mut top = work.cands.clone();
-    if top_n > 0 {
-        top_k_sparse(&mut top, top_n, false);
-    } else {
-        top.clear();
-    }
-    Logprobs {
-        logprob,
-        top: top.iter().map(|c| (c.id, lp(c.logit))).collect(),
+    #[test]
+    fn sampling_is_pure_and_accept_moves_the_step() {
+        let mut c = chain(|k| k.temperature = 1.0);
+        let row = vec![0.0f32; 1000];
+        let a = token(&c, &row, &[]).unwrap();
+        assert_eq!(token(&c, &row, &[]), Ok(a));
+        let mut seen = std::collections::HashSet::new();
+        for _ in 0..50 {
+            let t = token(&c, &row, &[]).unwrap();
+            seen.insert(t);
+            c.accept(t);
+        }
+        assert_eq!(c.step, 50);
+        assert!(seen.len() > 40, "a uniform row should give varied tokens");
     }
 }

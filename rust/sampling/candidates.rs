@@ -109,6 +109,8 @@ pub struct Work<'a> {
     pub spare_row: Option<Vec<f32>>,
     /// A second candidate buffer for stages that need a working copy.
     pub spare_cands: Vec<Cand>,
+    /// A float buffer for stages that need one.
+    pub spare_f32: Vec<f32>,
 }
 
 impl<'a> Work<'a> {
@@ -126,6 +128,7 @@ impl<'a> Work<'a> {
             order: Order::Id,
             spare_row: None,
             spare_cands: Vec::new(),
+            spare_f32: Vec::new(),
         }
     }
 
@@ -208,9 +211,9 @@ impl<'a> Work<'a> {
     }
 
     /// Hand the reusable buffers back.
-    pub fn into_buffers(mut self) -> (Vec<Cand>, Option<Vec<f32>>, Vec<Cand>) {
+    pub fn into_buffers(mut self) -> (Vec<Cand>, Option<Vec<f32>>, Vec<Cand>, Vec<f32>) {
         self.release_dense();
-        (self.cands, self.spare_row, self.spare_cands)
+        (self.cands, self.spare_row, self.spare_cands, self.spare_f32)
     }
 
     /// Sort the candidates by rank (descending logit, ties by id).

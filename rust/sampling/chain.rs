@@ -53,6 +53,7 @@ pub struct Scratch {
     exps: Vec<f32>,
     cands: Vec<Cand>,
     cands2: Vec<Cand>,
+    floats: Vec<f32>,
     counts: Vec<u32>,
     probs: Vec<f64>,
     delta_top_k: f32,
@@ -331,6 +332,7 @@ impl SamplerChain {
         let mut work = Work::from_row(row_ref, best, max, cands);
         work.spare_row = Some(std::mem::take(&mut scratch.row));
         work.spare_cands = std::mem::take(&mut scratch.cands2);
+        work.spare_f32 = std::mem::take(&mut scratch.floats);
         if max == f32::INFINITY {
             // +inf logits hold all the mass, shared equally.
             work.cands.clear();
@@ -347,9 +349,10 @@ impl SamplerChain {
         let result = self.run(
             &mut work, history, sequence, uniform, logprobs, row, scratch,
         );
-        let (cands, spare, spare_cands) = work.into_buffers();
+        let (cands, spare, spare_cands, spare_f32) = work.into_buffers();
         scratch.cands = cands;
         scratch.cands2 = spare_cands;
+        scratch.floats = spare_f32;
         if let Some(v) = spare {
             scratch.row = v;
         }

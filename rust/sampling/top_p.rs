@@ -100,16 +100,19 @@ pub fn apply(work: &mut Work<'_>, p: f32, min_keep: usize, delta: &mut f32, exps
         let row = d.row.as_slice();
         let ms = d.max * d.scale;
         let total = dense::exp_sum(row, d.max, d.scale);
-        let w = |c: &Cand| dense::exp_neg(c.logit - ms) as f64;
         let target = p as f64 * total;
         if !(delta.is_finite() && *delta > 0.0) {
             *delta = 6.0;
         }
+        // The gathered logits side by side, so their exponentials vectorise.
+        let mut logits = std::mem::take(&mut work.spare_f32);
         loop {
             work.cands.clear();
             let thr = ms - *delta;
             dense::gather_ge(row, d.scale, thr, &mut work.cands);
-            let mass: f64 = work.cands.iter().map(w).sum();
+            logits.clear();
+            logits.extend(work.cands.iter().map(|c| c.logit));
+            let mass = dense::exp_sum(&logits, ms, 1.0);
             if (mass >= target && work.cands.len() >= min_keep) || thr < f32::MIN {
                 break;
             }
@@ -123,14 +126,18 @@ pub fn apply(work: &mut Work<'_>, p: f32, min_keep: usize, delta: &mut f32, exps
         let mut tmp = std::mem::take(&mut work.spare_cands);
         tmp.clear();
         tmp.extend_from_slice(&work.cands);
-        // The selection reads each weight several times: for a large nucleus
-        // compute them once, indexed by token id.
+        // The selection reads each weight several times: compute them once
+        // (vectorised), stored by token id.
+        let mut weights = work.spare_row.take().unwrap_or_default();
+        dense::exp_store(&logits, ms, 1.0, &mut weights);
         if exps.len() < row.len() {
             exps.resize(row.len(), 0.0);
         }
-        for c in &work.cands {
-            exps[c.id as usize] = dense::exp_neg(c.logit - ms);
+        for (c, &e) in work.cands.iter().zip(&weights) {
+            exps[c.id as usize] = e;
         }
+        work.spare_row = Some(weights);
+        work.spare_f32 = logits;
         let stored: &[f32] = exps;
         let w = |c: &Cand| stored[c.id as usize] as f64;
         if let Some((tau, ties)) = boundary(&mut tmp, w, target, min_keep) {

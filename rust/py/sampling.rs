@@ -476,20 +476,26 @@ impl PySamplerChain {
                 run(0, &mut out, &mut scratches[0])?;
                 return Ok(out);
             }
+            // The calling thread takes the first share; one thread is spawned
+            // per other share.
             let results: Vec<Result<(), CoreError>> = std::thread::scope(|s| {
-                let handles: Vec<_> = out
-                    .chunks_mut(per)
-                    .zip(scratches.iter_mut())
+                let mut shares = out.chunks_mut(per).zip(scratches.iter_mut());
+                let first = shares.next();
+                let handles: Vec<_> = shares
                     .enumerate()
-                    .map(|(i, (chunk, scratch))| s.spawn(move || run(i * per, chunk, scratch)))
-                    .collect();
-                handles
-                    .into_iter()
-                    .map(|h| {
-                        h.join()
-                            .unwrap_or(Err(CoreError::Shape("a sampling thread panicked".into())))
+                    .map(|(i, (chunk, scratch))| {
+                        s.spawn(move || run((i + 1) * per, chunk, scratch))
                     })
-                    .collect()
+                    .collect();
+                let mut results = Vec::with_capacity(handles.len() + 1);
+                if let Some((chunk, scratch)) = first {
+                    results.push(run(0, chunk, scratch));
+                }
+                results.extend(handles.into_iter().map(|h| {
+                    h.join()
+                        .unwrap_or(Err(CoreError::Shape("a sampling thread panicked".into())))
+                }));
+                results
             });
             for r in results {
                 r?;

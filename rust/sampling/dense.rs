@@ -228,6 +228,65 @@ fn exp_sum_generic<const FMA: bool>(row: &[f32], max: f32, scale: f32) -> f64 {
 }
 
 dispatch! {
+    /// [`exp_sum`] and, in the same pass, [`gather_ge`] of `x * scale >= thr`.
+    pub fn exp_sum_gather / exp_sum_gather_avx2 / exp_sum_gather_generic(row: &[f32], max: f32, scale: f32, thr: f32, out: &mut Vec<Cand>) -> f64 ; wide = true
+}
+
+#[inline(always)]
+fn exp_sum_gather_generic<const FMA: bool>(
+    row: &[f32],
+    max: f32,
+    scale: f32,
+    thr: f32,
+    out: &mut Vec<Cand>,
+) -> f64 {
+    let thr = if thr >= f32::MIN { thr } else { f32::MIN };
+    let ms = max * scale;
+    let mut total = 0.0f64;
+    for (bi, block) in row.chunks(BLOCK).enumerate() {
+        let mut acc = [0.0f32; LANES];
+        let chunks = block.chunks_exact(LANES);
+        let tail_start = block.len() - chunks.remainder().len();
+        for (ci, c) in chunks.enumerate() {
+            let c: &[f32; LANES] = c.try_into().unwrap_or(&[0.0; LANES]);
+            let mut hit = 0u32;
+            for i in 0..LANES {
+                acc[i] += exp_neg_impl::<FMA>(c[i] * scale - ms);
+                hit |= (c[i] * scale >= thr) as u32;
+            }
+            if hit != 0 {
+                let base = bi * BLOCK + ci * LANES;
+                for (i, &v) in c.iter().enumerate() {
+                    let l = v * scale;
+                    if l >= thr {
+                        out.push(Cand {
+                            id: (base + i) as u32,
+                            logit: l,
+                        });
+                    }
+                }
+            }
+        }
+        let mut s = 0.0f32;
+        for a in acc {
+            s += a;
+        }
+        for (i, &v) in block[tail_start..].iter().enumerate() {
+            s += exp_neg_impl::<FMA>(v * scale - ms);
+            let l = v * scale;
+            if l >= thr {
+                out.push(Cand {
+                    id: (bi * BLOCK + tail_start + i) as u32,
+                    logit: l,
+                });
+            }
+        }
+        total += s as f64;
+    }
+    total
+}
+
+dispatch! {
     /// Like [`exp_sum`], also storing each term in `out` (resized to the row).
     pub fn exp_store / exp_store_avx2 / exp_store_generic(row: &[f32], max: f32, scale: f32, out: &mut Vec<f32>) -> f64 ; wide = true
 }
@@ -510,6 +569,12 @@ mod tests {
                 .collect();
             let mut dst = Vec::new();
             assert_eq!(copy_argmax_nan(&row, &mut dst), argmax_nan(&row));
+            let (_, max, _) = argmax_nan(&row);
+            let (mut got, mut want) = (Vec::new(), Vec::new());
+            let s = exp_sum_gather(&row, max, 0.5, max * 0.5 - 1.0, &mut got);
+            gather_ge(&row, 0.5, max * 0.5 - 1.0, &mut want);
+            assert_eq!(got, want);
+            assert_eq!(s, exp_sum(&row, max, 0.5));
             assert_eq!(dst, row);
         }
     }

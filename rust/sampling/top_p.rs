@@ -99,17 +99,23 @@ pub fn apply(work: &mut Work<'_>, p: f32, min_keep: usize, delta: &mut f32, exps
     if let Some(d) = &work.dense {
         let row = d.row.as_slice();
         let ms = d.max * d.scale;
-        let total = dense::exp_sum(row, d.max, d.scale);
-        let target = p as f64 * total;
         if !(delta.is_finite() && *delta > 0.0) {
             *delta = 6.0;
         }
+        // The normaliser and a first gather share one pass over the row.
+        work.cands.clear();
+        let total = dense::exp_sum_gather(row, d.max, d.scale, ms - *delta, &mut work.cands);
+        let target = p as f64 * total;
         // The gathered logits side by side, so their exponentials vectorise.
         let mut logits = std::mem::take(&mut work.spare_f32);
+        let mut first = true;
         loop {
-            work.cands.clear();
             let thr = ms - *delta;
-            dense::gather_ge(row, d.scale, thr, &mut work.cands);
+            if !first {
+                work.cands.clear();
+                dense::gather_ge(row, d.scale, thr, &mut work.cands);
+            }
+            first = false;
             logits.clear();
             logits.extend(work.cands.iter().map(|c| c.logit));
             let mass = dense::exp_sum(&logits, ms, 1.0);

@@ -32,34 +32,42 @@ MARGIN = 1e-5
 PRESETS = ["default", "llama.cpp", "hf", "vllm"]
 
 
+def f32s(lo: float, hi: float) -> st.SearchStrategy[float]:
+    """Floats the chain holds exactly (it stores knobs as float32)."""
+    return st.floats(lo, hi).map(lambda x: float(np.float32(x)))
+
+
 @st.composite
 def sample_opts(draw: st.DrawFn, vocab: int) -> SampleOpts:
-    """Random options touching every stage but mirostat."""
+    """Random options touching every stage but mirostat (float32 knobs, as the chain holds them)."""
     kw: dict[str, Any] = {"seed": draw(st.integers(0, 2**64 - 1))}
     if draw(st.booleans()):
-        kw["dynamic_temp"] = (draw(st.floats(0.1, 1.0)), draw(st.floats(1.0, 2.0)))
+        kw["dynamic_temp"] = (
+            draw(f32s(0.1, 1.0)),
+            draw(f32s(1.0, 2.0)),
+        )
     else:
         kw["temperature"] = draw(st.sampled_from([0.0, 0.5, 0.7, 1.0, 1.3, 2.0]))
     if draw(st.booleans()):
         kw["top_k"] = draw(st.integers(1, 60))
     if draw(st.booleans()):
-        kw["top_p"] = draw(st.floats(0.05, 1.0))
+        kw["top_p"] = draw(f32s(0.05, 1.0))
     if draw(st.booleans()):
-        kw["min_p"] = draw(st.floats(0.0, 0.5))
+        kw["min_p"] = draw(f32s(0.0, 0.5))
     if draw(st.booleans()):
-        kw["typical_p"] = draw(st.floats(0.2, 1.0))
+        kw["typical_p"] = draw(f32s(0.2, 1.0))
     if draw(st.booleans()):
-        kw["top_n_sigma"] = draw(st.floats(0.5, 3.0))
+        kw["top_n_sigma"] = draw(f32s(0.5, 3.0))
     if draw(st.booleans()):
-        kw["xtc_prob"] = draw(st.floats(0.0, 1.0))
-        kw["xtc_threshold"] = draw(st.floats(0.05, 0.5))
+        kw["xtc_prob"] = draw(f32s(0.0, 1.0))
+        kw["xtc_threshold"] = draw(f32s(0.05, 0.5))
     if draw(st.booleans()):
-        kw["repetition_penalty"] = draw(st.floats(0.8, 1.5))
-        kw["frequency_penalty"] = draw(st.floats(-0.5, 0.5))
-        kw["presence_penalty"] = draw(st.floats(-0.5, 0.5))
+        kw["repetition_penalty"] = draw(f32s(0.8, 1.5))
+        kw["frequency_penalty"] = draw(f32s(-0.5, 0.5))
+        kw["presence_penalty"] = draw(f32s(-0.5, 0.5))
         kw["repetition_window"] = draw(st.sampled_from([-1, 8, 64]))
     if draw(st.booleans()):
-        kw["dry_multiplier"] = draw(st.floats(0.1, 2.0))
+        kw["dry_multiplier"] = draw(f32s(0.1, 2.0))
         kw["dry_allowed_length"] = draw(st.integers(1, 3))
     if draw(st.booleans()):
         kw["logit_bias"] = draw(

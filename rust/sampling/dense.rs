@@ -1,6 +1,6 @@
 //! Kernels over a whole logits row: exponential sums, threshold gathers and
 //! the adaptive top-k gather. Each is one linear pass written so that it
-//! vectorises; on x86-64 an AVX2+FMA copy is chosen at run time.
+//! vectorises; on x86-64 an AVX-512 or AVX2+FMA build is chosen at run time.
 
 use super::candidates::{by_rank, top_k_sparse, Cand};
 
@@ -57,26 +57,21 @@ fn exp_neg_impl<const FMA: bool>(z: f32) -> f32 {
     }
 }
 
-/// Kernels come in three builds chosen at run time: AVX-512 (for the
-/// arithmetic-heavy exponential kernels, marked `wide`), AVX2+FMA, and
-/// portable code.
+/// Every kernel comes in three builds chosen at run time: AVX-512F (16 lanes
+/// per instruction), AVX2+FMA, and portable code. No `target-cpu=native`.
 macro_rules! dispatch {
     ($(#[$doc:meta])* pub fn $name:ident / $avx:ident / $generic:ident ( $($arg:ident : $ty:ty),* ) -> $ret:ty) => {
-        dispatch! { $(#[$doc])* pub fn $name / $avx / $generic ( $($arg : $ty),* ) -> $ret ; wide = false }
-    };
-    ($(#[$doc:meta])* pub fn $name:ident / $avx:ident / $generic:ident ( $($arg:ident : $ty:ty),* ) -> $ret:ty ; wide = $wide:expr) => {
         $(#[$doc])*
         pub fn $name($($arg: $ty),*) -> $ret {
             #[cfg(target_arch = "x86_64")]
             {
-                if $wide && std::arch::is_x86_feature_detected!("avx512f") {
-                    // SAFETY: the CPU supports AVX-512F (and so AVX2 and FMA),
-                    // checked just above.
+                let avx2 = std::arch::is_x86_feature_detected!("avx2")
+                    && std::arch::is_x86_feature_detected!("fma");
+                if avx2 && std::arch::is_x86_feature_detected!("avx512f") {
+                    // SAFETY: the CPU supports AVX-512F, AVX2 and FMA, checked just above.
                     return unsafe { $avx::avx512($($arg),*) };
                 }
-                if std::arch::is_x86_feature_detected!("avx2")
-                    && std::arch::is_x86_feature_detected!("fma")
-                {
+                if avx2 {
                     // SAFETY: the CPU supports AVX2 and FMA, checked just above.
                     return unsafe { $avx::avx2($($arg),*) };
                 }
@@ -105,7 +100,7 @@ macro_rules! dispatch {
 dispatch! {
     /// One pass: `(index of the first maximum, maximum, whether any entry is
     /// NaN)`. NaN never becomes the maximum; an all `-inf` row gives index 0.
-    pub fn argmax_nan / argmax_nan_avx2 / argmax_nan_generic(row: &[f32]) -> (usize, f32, bool) ; wide = true
+    pub fn argmax_nan / argmax_nan_avx2 / argmax_nan_generic(row: &[f32]) -> (usize, f32, bool)
 }
 
 #[inline(always)]
@@ -151,7 +146,7 @@ fn argmax_nan_generic<const FMA: bool>(row: &[f32]) -> (usize, f32, bool) {
 
 dispatch! {
     /// [`argmax_nan`] of `src` while copying it into `dst` (resized), in one pass.
-    pub fn copy_argmax_nan / copy_argmax_nan_avx2 / copy_argmax_nan_generic(src: &[f32], dst: &mut Vec<f32>) -> (usize, f32, bool) ; wide = true
+    pub fn copy_argmax_nan / copy_argmax_nan_avx2 / copy_argmax_nan_generic(src: &[f32], dst: &mut Vec<f32>) -> (usize, f32, bool)
 }
 
 #[inline(always)]
@@ -198,7 +193,7 @@ fn copy_argmax_nan_generic<const FMA: bool>(src: &[f32], dst: &mut Vec<f32>) -> 
 
 dispatch! {
     /// `sum(exp((x - max) * scale))` over the row (`-inf` entries add 0).
-    pub fn exp_sum / exp_sum_avx2 / exp_sum_generic(row: &[f32], max: f32, scale: f32) -> f64 ; wide = true
+    pub fn exp_sum / exp_sum_avx2 / exp_sum_generic(row: &[f32], max: f32, scale: f32) -> f64
 }
 
 #[inline(always)]
@@ -229,7 +224,7 @@ fn exp_sum_generic<const FMA: bool>(row: &[f32], max: f32, scale: f32) -> f64 {
 
 dispatch! {
     /// [`exp_sum`] and, in the same pass, [`gather_ge`] of `x * scale >= thr`.
-    pub fn exp_sum_gather / exp_sum_gather_avx2 / exp_sum_gather_generic(row: &[f32], max: f32, scale: f32, thr: f32, out: &mut Vec<Cand>) -> f64 ; wide = true
+    pub fn exp_sum_gather / exp_sum_gather_avx2 / exp_sum_gather_generic(row: &[f32], max: f32, scale: f32, thr: f32, out: &mut Vec<Cand>) -> f64
 }
 
 #[inline(always)]
@@ -288,7 +283,7 @@ fn exp_sum_gather_generic<const FMA: bool>(
 
 dispatch! {
     /// Like [`exp_sum`], also storing each term in `out` (resized to the row).
-    pub fn exp_store / exp_store_avx2 / exp_store_generic(row: &[f32], max: f32, scale: f32, out: &mut Vec<f32>) -> f64 ; wide = true
+    pub fn exp_store / exp_store_avx2 / exp_store_generic(row: &[f32], max: f32, scale: f32, out: &mut Vec<f32>) -> f64
 }
 
 #[inline(always)]
@@ -334,7 +329,7 @@ fn exp_store_generic<const FMA: bool>(
 dispatch! {
     /// `(sum e, sum e*z)` with `z = (x - max) * scale`, `e = exp(z)`: what the
     /// entropy of the row's softmax needs (`H = ln S - sum(e*z)/S`).
-    pub fn entropy_sums / entropy_sums_avx2 / entropy_sums_generic(row: &[f32], max: f32, scale: f32) -> (f64, f64) ; wide = true
+    pub fn entropy_sums / entropy_sums_avx2 / entropy_sums_generic(row: &[f32], max: f32, scale: f32) -> (f64, f64)
 }
 
 #[inline(always)]
@@ -372,7 +367,7 @@ fn entropy_sums_generic<const FMA: bool>(row: &[f32], max: f32, scale: f32) -> (
 
 dispatch! {
     /// Count, mean and population standard deviation of the finite entries.
-    pub fn moments / moments_avx2 / moments_generic(row: &[f32]) -> (usize, f64, f64) ; wide = true
+    pub fn moments / moments_avx2 / moments_generic(row: &[f32]) -> (usize, f64, f64)
 }
 
 #[inline(always)]
@@ -409,7 +404,7 @@ dispatch! {
     /// Append every entry with `x * scale >= thr` (finite, id order) as a
     /// candidate with logit `x * scale`. `thr` below `f32::MIN` gathers every
     /// finite entry.
-    pub fn gather_ge / gather_ge_avx2 / gather_ge_generic(row: &[f32], scale: f32, thr: f32, out: &mut Vec<Cand>) -> () ; wide = true
+    pub fn gather_ge / gather_ge_avx2 / gather_ge_generic(row: &[f32], scale: f32, thr: f32, out: &mut Vec<Cand>) -> ()
 }
 
 #[inline(always)]

@@ -16,7 +16,7 @@ pub fn argmax(logits: &[f32]) -> CoreResult<usize> {
     if logits.is_empty() {
         return Err(CoreError::EmptyLogits);
     }
-    let (best, max, has_nan) = scan(logits);
+    let (best, max, has_nan) = argmax_nan(logits);
     if has_nan {
         let index = logits.iter().position(|v| v.is_nan()).unwrap_or(0);
         return Err(CoreError::NanLogit { index });
@@ -29,12 +29,14 @@ pub fn argmax(logits: &[f32]) -> CoreResult<usize> {
 
 /// Maximum of the row and whether any entry is NaN (NaN is ignored by the max).
 pub fn max_and_nan(logits: &[f32]) -> (f32, bool) {
-    let (_, max, nan) = scan(logits);
+    let (_, max, nan) = argmax_nan(logits);
     (max, nan)
 }
 
-/// One pass: (first index of the maximum, the maximum, any NaN seen).
-fn scan(logits: &[f32]) -> (usize, f32, bool) {
+/// One pass: `(index of the first maximum, the maximum, whether any entry is
+/// NaN)`. NaN never becomes the maximum; a row with nothing above `-inf`
+/// gives index 0. The sampler chain's greedy and first-pass scans use this too.
+pub fn argmax_nan(logits: &[f32]) -> (usize, f32, bool) {
     #[cfg(target_arch = "x86_64")]
     {
         if std::arch::is_x86_feature_detected!("avx2") {
@@ -199,8 +201,8 @@ mod tests {
                         }
                     })
                     .collect();
-                assert_eq!(scan(&row).0, scan_generic(&row).0, "len {len}");
-                assert_eq!(scan(&row).0, reference(&row), "len {len}");
+                assert_eq!(argmax_nan(&row).0, scan_generic(&row).0, "len {len}");
+                assert_eq!(argmax_nan(&row).0, reference(&row), "len {len}");
             }
         }
     }

@@ -97,52 +97,8 @@ macro_rules! dispatch {
     };
 }
 
-dispatch! {
-    /// One pass: `(index of the first maximum, maximum, whether any entry is
-    /// NaN)`. NaN never becomes the maximum; an all `-inf` row gives index 0.
-    pub fn argmax_nan / argmax_nan_avx2 / argmax_nan_generic(row: &[f32]) -> (usize, f32, bool)
-}
-
-#[inline(always)]
-fn argmax_nan_generic<const FMA: bool>(row: &[f32]) -> (usize, f32, bool) {
-    // Block maxima in one vectorised pass; the first block holding the
-    // overall maximum is then scanned for its position.
-    const BLOCK_ARGMAX: usize = 256;
-    let (mut best_v, mut best_b, mut any_nan) = (f32::NEG_INFINITY, 0usize, false);
-    for (b, block) in row.chunks(BLOCK_ARGMAX).enumerate() {
-        let mut lane_max = [f32::NEG_INFINITY; LANES];
-        let mut lane_nan = [0u32; LANES];
-        let chunks = block.chunks_exact(LANES);
-        let tail = chunks.remainder();
-        for c in chunks {
-            let c: &[f32; LANES] = c.try_into().unwrap_or(&[0.0; LANES]);
-            for l in 0..LANES {
-                let v = c[l];
-                lane_max[l] = if v > lane_max[l] { v } else { lane_max[l] };
-                lane_nan[l] |= v.is_nan() as u32;
-            }
-        }
-        let mut m = f32::NEG_INFINITY;
-        for l in 0..LANES {
-            m = if lane_max[l] > m { lane_max[l] } else { m };
-            any_nan |= lane_nan[l] != 0;
-        }
-        for &v in tail {
-            m = if v > m { v } else { m };
-            any_nan |= v.is_nan();
-        }
-        if m > best_v {
-            best_v = m;
-            best_b = b;
-        }
-    }
-    let start = best_b * BLOCK_ARGMAX;
-    let pos = row[start..]
-        .iter()
-        .position(|&v| v == best_v)
-        .map_or(0, |p| start + p);
-    (pos, best_v, any_nan)
-}
+/// The crate's argmax scan (`crate::argmax`), shared so there is one kernel.
+pub use crate::argmax::argmax_nan;
 
 dispatch! {
     /// [`argmax_nan`] of `src` while copying it into `dst` (resized), in one pass.

@@ -405,13 +405,7 @@ impl SamplerChain {
                     self.flavor.typical_inclusive,
                     &mut scratch.probs,
                 ),
-                Stage::TopP => top_p::apply(
-                    work,
-                    k.top_p,
-                    k.min_keep,
-                    &mut scratch.delta_top_p,
-                    &mut scratch.exps,
-                ),
+                Stage::TopP => top_p::apply(work, k.top_p, k.min_keep, &mut scratch.delta_top_p),
                 Stage::MinP => min_p::apply(work, k.min_p, k.min_keep, &mut scratch.delta_top_k),
                 Stage::TopNSigma => top_n_sigma::apply(work, k.top_n_sigma),
                 Stage::Xtc => {

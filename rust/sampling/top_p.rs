@@ -148,6 +148,11 @@ pub fn apply(work: &mut Work<'_>, p: f32, min_keep: usize, delta: &mut f32) {
         work.spare_row = Some(weights);
         work.spare_f32 = logits;
         if let Some((tau, ties)) = found {
+            // The next row likely needs about as wide a gather as this one.
+            let want = (ms - tau) + 1.0;
+            if want < *delta {
+                *delta = want.max(1.0);
+            }
             let mut left = ties;
             work.cands.retain(|c| {
                 if c.logit > tau {

@@ -21,12 +21,12 @@ fn prefix_len(cands: &[Cand], max: f32, target: f64, min_keep: usize, fast_exp: 
     cands.len()
 }
 
-/// Number of logit bins of [`bucket_boundary`].
-const BINS: usize = 1024;
+/// Number of logit bins of [`bucket_boundary`] (a bin index fits a `u8`).
+const BINS: usize = 256;
 
 /// The nucleus of `cands` (any order, `weights[i]` the mass of `cands[i]`,
-/// every logit in `[bottom, top]`) as `(tau, ties)`, keep every logit above `tau` and the `ties` lowest ids at `tau`;
-/// `None` keeps everything.
+/// every logit in `[bottom, top]`) as `(tau, ties)`: keep every logit above
+/// `tau` and the `ties` lowest ids at `tau`; `None` keeps everything.
 ///
 /// One pass bins the candidates by logit (bins never split equal logits and
 /// follow rank order), a walk over the bins' masses finds the bin where the
@@ -47,11 +47,15 @@ pub fn bucket_boundary(
         0.0
     };
     let bin = |l: f32| (((top - l) * inv) as usize).min(BINS - 1);
-    let mut mass = vec![0.0f64; BINS];
-    let mut count = vec![0u32; BINS];
-    for (c, &w) in cands.iter().zip(weights) {
+    // Four interleaved histograms, so that runs of candidates in one bin do
+    // not chain their additions.
+    let mut mass = [[0.0f64; BINS]; 4];
+    let mut count = [0u32; BINS];
+    let mut bins: Vec<u8> = Vec::with_capacity(cands.len());
+    for (i, (c, &w)) in cands.iter().zip(weights).enumerate() {
         let b = bin(c.logit);
-        mass[b] += w as f64;
+        bins.push(b as u8);
+        mass[i & 3][b] += w as f64;
         count[b] += 1;
     }
     let (mut acc, mut kept) = (0.0f64, 0usize);
@@ -61,16 +65,17 @@ pub fn bucket_boundary(
         if n == 0 {
             continue;
         }
-        if acc + mass[b] < target || kept + n < min_keep {
-            acc += mass[b];
+        let m = (mass[0][b] + mass[1][b]) + (mass[2][b] + mass[3][b]);
+        if acc + m < target || kept + n < min_keep {
+            acc += m;
             kept += n;
             continue;
         }
         // The crossing is in this bin: sort it alone and walk it.
         idx.clear();
         tmp.clear();
-        for (i, c) in cands.iter().enumerate() {
-            if bin(c.logit) == b {
+        for (i, &bi) in bins.iter().enumerate() {
+            if bi as usize == b {
                 idx.push(i as u32);
             }
         }

@@ -181,10 +181,11 @@ fn history_from(obj: Option<&Bound<'_, PyAny>>, what: &str) -> PyResult<Vec<u32>
             let ro = a.readonly();
             if let Ok(s) = ro.as_slice() {
                 // The common case, converted without an intermediate copy.
-                let (lo, hi) = s
-                    .iter()
-                    .fold((0i64, 0i64), |(lo, hi), &t| (lo.min(t), hi.max(t)));
-                if lo >= 0 && hi <= u32::MAX as i64 {
+                // An id fits in u32 exactly when its top 32 bits are clear
+                // (negative ids have them set): an OR over the row, which
+                // vectorises where a signed min/max does not.
+                let high = s.iter().fold(0u64, |acc, &t| acc | (t as u64 >> 32));
+                if high == 0 {
                     return Ok(s.iter().map(|&t| t as u32).collect());
                 }
             }

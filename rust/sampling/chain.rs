@@ -291,7 +291,7 @@ impl SamplerChain {
             return Err(CoreError::AllBanned);
         }
         let vocab = row.len();
-        let hist_max = history.iter().fold(0u32, |m, &t| m.max(t));
+        let hist_max = max_u32(history);
         let bad_token = if hist_max as usize >= vocab {
             history.iter().copied().find(|&t| t as usize >= vocab)
         } else {
@@ -405,13 +405,7 @@ impl SamplerChain {
                     self.flavor.typical_inclusive,
                     &mut scratch.probs,
                 ),
-                Stage::TopP => top_p::apply(
-                    work,
-                    k.top_p,
-                    k.min_keep,
-                    &mut scratch.delta_top_p,
-                    &mut scratch.exps,
-                ),
+                Stage::TopP => top_p::apply(work, k.top_p, k.min_keep, &mut scratch.delta_top_p),
                 Stage::MinP => min_p::apply(work, k.min_p, k.min_keep, &mut scratch.delta_top_k),
                 Stage::TopNSigma => top_n_sigma::apply(work, k.top_n_sigma),
                 Stage::Xtc => {
@@ -511,9 +505,32 @@ impl SamplerChain {
     }
 }
 
+/// The largest value (0 for none), lane-wise so that it vectorises.
+fn max_u32(v: &[u32]) -> u32 {
+    let mut m = [0u32; 16];
+    let chunks = v.chunks_exact(16);
+    let tail = chunks.remainder();
+    for c in chunks {
+        for i in 0..16 {
+            m[i] = m[i].max(c[i]);
+        }
+    }
+    m.iter().chain(tail).fold(0u32, |a, &b| a.max(b))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn max_u32_matches_iter_max() {
+        for n in [0usize, 1, 15, 16, 17, 100] {
+            let v: Vec<u32> = (0..n as u32)
+                .map(|i| i.wrapping_mul(2_654_435_761) >> 3)
+                .collect();
+            assert_eq!(max_u32(&v), v.iter().copied().max().unwrap_or(0), "n {n}");
+        }
+    }
 
     fn chain(f: impl FnOnce(&mut Knobs)) -> SamplerChain {
         let mut k = Knobs {

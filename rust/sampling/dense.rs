@@ -178,6 +178,25 @@ fn exp_sum_generic<const FMA: bool>(row: &[f32], max: f32, scale: f32) -> f64 {
     total
 }
 
+/// Append the entries of the lane-wide chunk `c` with `x * scale >= thr`:
+/// a bit mask first, then one step per hit (not per lane), so chunks with
+/// scattered hits cost no branch per entry.
+#[inline(always)]
+fn push_hits(c: &[f32], base: usize, scale: f32, thr: f32, out: &mut Vec<Cand>) {
+    let mut hit = 0u32;
+    for (i, &v) in c.iter().enumerate() {
+        hit |= ((v * scale >= thr) as u32) << i;
+    }
+    while hit != 0 {
+        let i = hit.trailing_zeros() as usize;
+        hit &= hit - 1;
+        out.push(Cand {
+            id: (base + i) as u32,
+            logit: c[i] * scale,
+        });
+    }
+}
+
 dispatch! {
     /// [`exp_sum`] and, in the same pass, [`gather_ge`] of `x * scale >= thr`.
     pub fn exp_sum_gather / exp_sum_gather_avx2 / exp_sum_gather_generic(row: &[f32], max: f32, scale: f32, thr: f32, out: &mut Vec<Cand>) -> f64
@@ -206,16 +225,7 @@ fn exp_sum_gather_generic<const FMA: bool>(
                 hit |= (c[i] * scale >= thr) as u32;
             }
             if hit != 0 {
-                let base = bi * BLOCK + ci * LANES;
-                for (i, &v) in c.iter().enumerate() {
-                    let l = v * scale;
-                    if l >= thr {
-                        out.push(Cand {
-                            id: (base + i) as u32,
-                            logit: l,
-                        });
-                    }
-                }
+                push_hits(c, bi * BLOCK + ci * LANES, scale, thr, out);
             }
         }
         let mut s = 0.0f32;

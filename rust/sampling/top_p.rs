@@ -21,68 +21,76 @@ fn prefix_len(cands: &[Cand], max: f32, target: f64, min_keep: usize, fast_exp: 
     cands.len()
 }
 
-/// The nucleus of `cands` (any order) as `(tau, ties)`: keep every logit
-/// above `tau` and the `ties` lowest ids at `tau`. `None` keeps everything.
+/// Number of logit bins of [`bucket_boundary`] (a bin index fits a `u8`).
+const BINS: usize = 256;
+
+/// The nucleus of `cands` (any order, `weights[i]` the mass of `cands[i]`,
+/// every logit in `[bottom, top]`) as `(tau, ties)`: keep every logit above
+/// `tau` and the `ties` lowest ids at `tau`; `None` keeps everything.
 ///
-/// A quickselect on rank with masses: partition around a pivot logit, keep
-/// the part above it whole when it cannot reach `target`, else descend into
-/// it. Expected linear time; `cands` is reordered.
-pub fn boundary(
-    cands: &mut [Cand],
-    w: impl Fn(&Cand) -> f64,
+/// One pass bins the candidates by logit (bins never split equal logits and
+/// follow rank order), a walk over the bins' masses finds the bin where the
+/// cumulative mass reaches `target`, and only that bin is sorted and walked.
+pub fn bucket_boundary(
+    cands: &[Cand],
+    weights: &[f32],
+    top: f32,
+    bottom: f32,
     target: f64,
     min_keep: usize,
+    tmp: &mut Vec<Cand>,
 ) -> Option<(f32, usize)> {
-    let w = &w;
-    let (mut start, mut end) = (0usize, cands.len());
-    let mut acc = 0.0f64;
-    while end - start > 64 {
-        let region = &mut cands[start..end];
-        let n = region.len();
-        let mut piv = [region[0].logit, region[n / 2].logit, region[n - 1].logit];
-        piv.sort_unstable_by(f32::total_cmp);
-        let pv = piv[1];
-        // Three-way partition: [> pv | == pv | < pv].
-        let (mut lt, mut i, mut gt) = (0usize, 0usize, n);
-        while i < gt {
-            let l = region[i].logit;
-            if l > pv {
-                region.swap(lt, i);
-                lt += 1;
-                i += 1;
-            } else if l < pv {
-                gt -= 1;
-                region.swap(i, gt);
-            } else {
-                i += 1;
-            }
-        }
-        let mass_hi: f64 = region[..lt].iter().map(w).sum();
-        if acc + mass_hi >= target && start + lt >= min_keep {
-            end = start + lt;
+    let span = top - bottom;
+    let inv = if span.is_finite() && span > 0.0 {
+        (BINS as f32 / span).min(f32::MAX)
+    } else {
+        0.0
+    };
+    let bin = |l: f32| (((top - l) * inv) as usize).min(BINS - 1);
+    // Four interleaved histograms, so that runs of candidates in one bin do
+    // not chain their additions.
+    let mut mass = [[0.0f64; BINS]; 4];
+    let mut count = [0u32; BINS];
+    let mut bins: Vec<u8> = Vec::with_capacity(cands.len());
+    for (i, (c, &w)) in cands.iter().zip(weights).enumerate() {
+        let b = bin(c.logit);
+        bins.push(b as u8);
+        mass[i & 3][b] += w as f64;
+        count[b] += 1;
+    }
+    let (mut acc, mut kept) = (0.0f64, 0usize);
+    let mut idx: Vec<u32> = Vec::new();
+    for b in 0..BINS {
+        let n = count[b] as usize;
+        if n == 0 {
             continue;
         }
-        acc += mass_hi;
-        start += lt;
-        let eq = &mut cands[start..start + (gt - lt)];
-        eq.sort_unstable_by_key(|c| c.id);
-        let n_eq = eq.len();
-        for (j, c) in eq.iter().enumerate() {
-            acc += w(c);
-            if acc >= target && start + j + 1 >= min_keep {
-                return Some((pv, j + 1));
+        let m = (mass[0][b] + mass[1][b]) + (mass[2][b] + mass[3][b]);
+        if acc + m < target || kept + n < min_keep {
+            acc += m;
+            kept += n;
+            continue;
+        }
+        // The crossing is in this bin: sort it alone and walk it.
+        idx.clear();
+        tmp.clear();
+        for (i, &bi) in bins.iter().enumerate() {
+            if bi as usize == b {
+                idx.push(i as u32);
             }
         }
-        start += n_eq;
-    }
-    let region = &mut cands[start..end];
-    region.sort_unstable_by(by_rank);
-    for (j, c) in region.iter().enumerate() {
-        acc += w(c);
-        if acc >= target && start + j + 1 >= min_keep {
-            let ties = region[..=j].iter().filter(|d| d.logit == c.logit).count();
-            return Some((c.logit, ties));
+        idx.sort_unstable_by(|&x, &y| by_rank(&cands[x as usize], &cands[y as usize]));
+        for (j, &i) in idx.iter().enumerate() {
+            let c = cands[i as usize];
+            acc += weights[i as usize] as f64;
+            tmp.push(c);
+            if acc >= target && kept + j + 1 >= min_keep {
+                let ties = tmp.iter().filter(|d| d.logit == c.logit).count();
+                return Some((c.logit, ties));
+            }
         }
+        // Rounding kept the bin's walk short of the target: go on.
+        kept += n;
     }
     None
 }
@@ -92,7 +100,7 @@ pub fn boundary(
 /// On a whole row: one pass for the normaliser, then a gather of the entries
 /// within `delta` of the max, widened until they hold the nucleus, and a sort
 /// of those only.
-pub fn apply(work: &mut Work<'_>, p: f32, min_keep: usize, delta: &mut f32, exps: &mut Vec<f32>) {
+pub fn apply(work: &mut Work<'_>, p: f32, min_keep: usize, delta: &mut f32) {
     if p >= 1.0 {
         return;
     }
@@ -127,26 +135,29 @@ pub fn apply(work: &mut Work<'_>, p: f32, min_keep: usize, delta: &mut f32, exps
         if work.cands.len() > 16_384 {
             *delta *= 0.75;
         }
-        // The nucleus boundary by weighted selection on a copy, then one
+        // The nucleus boundary by binning the gathered logits, then one
         // order-preserving filter: no sort of the gathered set.
-        let mut tmp = std::mem::take(&mut work.spare_cands);
-        tmp.clear();
-        tmp.extend_from_slice(&work.cands);
-        // The selection reads each weight several times: compute them once
-        // (vectorised), stored by token id.
+        let bottom = logits.iter().fold(ms, |m, &l| m.min(l));
         let mut weights = work.spare_row.take().unwrap_or_default();
         dense::exp_store(&logits, ms, 1.0, &mut weights);
-        if exps.len() < row.len() {
-            exps.resize(row.len(), 0.0);
-        }
-        for (c, &e) in work.cands.iter().zip(&weights) {
-            exps[c.id as usize] = e;
-        }
+        let mut tmp = std::mem::take(&mut work.spare_cands);
+        let found = bucket_boundary(
+            &work.cands,
+            &weights,
+            ms,
+            bottom,
+            target,
+            min_keep,
+            &mut tmp,
+        );
         work.spare_row = Some(weights);
         work.spare_f32 = logits;
-        let stored: &[f32] = exps;
-        let w = |c: &Cand| stored[c.id as usize] as f64;
-        if let Some((tau, ties)) = boundary(&mut tmp, w, target, min_keep) {
+        if let Some((tau, ties)) = found {
+            // The next row likely needs about as wide a gather as this one.
+            let want = (ms - tau) + 1.0;
+            if want < *delta {
+                *delta = want.max(1.0);
+            }
             let mut left = ties;
             work.cands.retain(|c| {
                 if c.logit > tau {
@@ -179,7 +190,7 @@ pub fn apply(work: &mut Work<'_>, p: f32, min_keep: usize, delta: &mut f32, exps
 mod tests {
     use super::*;
 
-    /// The nucleus by a full sort and a walk: what `boundary` must reproduce.
+    /// The nucleus by a full sort and a walk: what `bucket_boundary` must reproduce.
     fn by_sorting(cands: &[Cand], target: f64, min_keep: usize) -> Vec<u32> {
         let mut s = cands.to_vec();
         s.sort_unstable_by(by_rank);
@@ -190,7 +201,7 @@ mod tests {
     }
 
     #[test]
-    fn boundary_agrees_with_sorting_on_many_rows() {
+    fn bucket_boundary_agrees_with_sorting_on_many_rows() {
         let mut state = 0x9e37_79b9_7f4a_7c15u64;
         for case in 0..300 {
             let n = 1 + case * 7 % 900;
@@ -207,9 +218,12 @@ mod tests {
             let total: f64 = cands.iter().map(|c| dense::exp_neg(c.logit) as f64).sum();
             for (p, min_keep) in [(0.1, 1), (0.5, 3), (0.9, 1), (0.999, 2), (0.0, 5)] {
                 let target = p * total;
-                let mut tmp = cands.clone();
-                let w = |c: &Cand| dense::exp_neg(c.logit) as f64;
-                let got: Vec<u32> = match boundary(&mut tmp, w, target, min_keep) {
+                let weights: Vec<f32> = cands.iter().map(|c| dense::exp_neg(c.logit)).collect();
+                let bottom = cands.iter().fold(0.0f32, |m, c| m.min(c.logit));
+                let mut tmp = Vec::new();
+                let got: Vec<u32> = match bucket_boundary(
+                    &cands, &weights, 0.0, bottom, target, min_keep, &mut tmp,
+                ) {
                     None => cands.iter().map(|c| c.id).collect(),
                     Some((tau, ties)) => {
                         let mut left = ties;

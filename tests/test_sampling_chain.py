@@ -404,3 +404,77 @@ def test_large_vocabulary_chains_match_the_reference(shape: float, kw: dict[str,
         assert set(got) == set(want.final)
     else:  # pragma: no cover - depends on the random row
         assert len(set(got) ^ set(want.final)) <= 2
+
+
+@pytest.mark.parametrize("bias", [{}, {7: -math.inf}])
+@pytest.mark.parametrize("shape", [2.2, 1.1])
+def test_large_vocabulary_penalties_on_the_top_tokens_match_the_reference(
+    shape: float, bias: dict[int, float]
+) -> None:
+    # Penalties and DRY before a top-k run on the top-k's candidates only; a
+    # history made of the best tokens pushes them out of the raw top-k.
+    row = lm_row(30000, shape, 2)
+    best = np.argsort(-row, kind="stable")[:60]
+    rng = np.random.default_rng(3)
+    history = [int(t) for t in rng.choice(best, 300)] + [int(best[0]), int(best[1])] * 3
+    opts = SampleOpts(
+        seed=5,
+        temperature=0.8,
+        top_k=40,
+        top_p=0.95,
+        repetition_penalty=1.3,
+        frequency_penalty=0.4,
+        presence_penalty=0.5,
+        dry_multiplier=0.8,
+        logit_bias={int(best[2]): -3.0, **bias},
+    )
+    want = ref.run_chain(opts, "default", row, history)
+    got = survivors(opts.into_chain(), row, history)
+    if want.margin > MARGIN:
+        assert set(got) == set(want.final)
+    else:  # pragma: no cover - depends on the random row
+        assert len(set(got) ^ set(want.final)) <= 2
+
+
+@st.composite
+def history_edits(draw: st.DrawFn) -> list[list[int]]:
+    """Histories one decode loop could pass in turn: grown, slid, rolled back or replaced."""
+    token = st.integers(0, 39)
+    history: list[int] = draw(st.lists(token, max_size=20))
+    out = [list(history)]
+    for _ in range(draw(st.integers(1, 12))):
+        op = draw(st.sampled_from(["append", "extend", "truncate", "replace", "same"]))
+        if op == "append":
+            history.append(draw(token))
+        elif op == "extend":
+            history.extend(draw(st.lists(token, max_size=12)))
+        elif op == "truncate":
+            del history[len(history) - draw(st.integers(0, len(history))) :]
+        elif op == "replace":
+            history = draw(st.lists(token, max_size=30))
+        out.append(list(history))
+    return out
+
+
+@given(history_edits(), st.sampled_from([None, 4, 16]), st.integers(0, 2**32))
+def test_a_chain_gives_what_a_fresh_chain_gives_whatever_it_saw_before(
+    histories: list[list[int]], window: int | None, seed: int
+) -> None:
+    # The penalty counts are carried from call to call; they must always be
+    # those of the history passed in.
+    rng = np.random.default_rng(seed)
+    row = rng.normal(size=40).astype(np.float32)
+    opts = SampleOpts(
+        seed=seed,
+        temperature=1.0,
+        top_k=5,
+        repetition_penalty=1.5,
+        frequency_penalty=0.3,
+        presence_penalty=0.2,
+        repetition_window=window if window is not None else -1,
+    )
+    chain = opts.into_chain()
+    for h in histories:
+        fresh = opts.into_chain()
+        assert survivors(chain, row, h) == survivors(fresh, row, h)
+        assert chain.sample(row, h) == fresh.sample(row, h)

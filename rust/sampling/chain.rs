@@ -1,7 +1,8 @@
 //! The sampler chain: a built sequence of stages with its selector and
 //! per-sequence state, and one sampling call from a logits row to a token.
 
-use super::candidates::{Cand, RowRef, Work};
+use super::candidates::{Cand, Order, RowRef, Work};
+use super::deferred::{self, Edits, Plan};
 use super::dense;
 use super::dist::{self, Stream};
 use super::dry::Dry;
@@ -9,6 +10,7 @@ use super::logprobs::{dense_logprobs, final_logprobs};
 use super::mirostat::{self, Surprises};
 use super::order::preset_order;
 use super::penalties::Penalties;
+use super::window_counts::WindowCounts;
 use super::{logit_bias, min_p, temperature, top_k, top_n_sigma, top_p, typical, xtc};
 use crate::error::{CoreError, CoreResult};
 
@@ -56,6 +58,7 @@ pub struct Scratch {
     floats: Vec<f32>,
     counts: Vec<u32>,
     probs: Vec<f64>,
+    window_counts: WindowCounts,
     delta_top_k: f32,
     delta_top_p: f32,
 }
@@ -80,6 +83,8 @@ pub struct SamplerChain {
     mu: f32,
     pending: Option<Surprises>,
     first_pass: FirstPass,
+    /// Leading edits run on the top-k's candidates rather than the row.
+    deferred: Option<Plan>,
 }
 
 impl SamplerChain {
@@ -170,8 +175,11 @@ impl SamplerChain {
                 }
             }
         };
+        let deferred = Plan::for_chain(&stages, &knobs);
         let first_pass = match stages.first() {
-            Some(Stage::LogitBias | Stage::Penalties | Stage::Dry) => FirstPass::Copy,
+            Some(Stage::LogitBias | Stage::Penalties | Stage::Dry) if deferred.is_none() => {
+                FirstPass::Copy
+            }
             _ => FirstPass::Scan,
         };
         let mut bias = knobs.logit_bias.clone();
@@ -192,6 +200,7 @@ impl SamplerChain {
             sequence,
             pending: None,
             first_pass,
+            deferred,
         })
     }
 
@@ -372,7 +381,46 @@ impl SamplerChain {
     ) -> CoreResult<Sampled> {
         let k = &self.knobs;
         let step = self.step;
-        for &stage in &self.stages {
+        let mut stages: &[Stage] = &self.stages;
+        if let (Some(plan), Some(d)) = (&self.deferred, &work.dense) {
+            if plan.edits.contains(&Stage::Penalties) {
+                scratch
+                    .window_counts
+                    .sync(self.penalties.window(history), row.len());
+            }
+            let dry_lengths = if plan.edits.contains(&Stage::Dry) {
+                self.dry.lengths(history, &mut scratch.counts)
+            } else {
+                Vec::new()
+            };
+            let edits = Edits {
+                stages: &plan.edits,
+                bias: &self.bias,
+                penalties: &self.penalties,
+                counts: &scratch.window_counts,
+                dry: &self.dry,
+                dry_lengths: &dry_lengths,
+            };
+            let mut out = std::mem::take(&mut work.cands);
+            let found = deferred::top_k(
+                d.row.as_slice(),
+                d.max,
+                k.top_k,
+                self.flavor.top_k_keep_ties,
+                &mut scratch.delta_top_k,
+                &edits,
+                &mut out,
+            );
+            work.cands = out;
+            found?;
+            work.order = Order::Desc;
+            work.release_dense();
+            if plan.temperature {
+                temperature::apply(work, k.temperature);
+            }
+            stages = &self.stages[plan.resume..];
+        }
+        for &stage in stages {
             if !matches!(stage, Stage::LogitBias | Stage::Penalties | Stage::Dry) {
                 work.refresh()?;
             }

@@ -7,6 +7,7 @@
 
 pub mod candidates;
 pub mod chain;
+pub mod deferred;
 pub mod dense;
 pub mod dist;
 pub mod dry;
@@ -22,6 +23,7 @@ pub mod top_k;
 pub mod top_n_sigma;
 pub mod top_p;
 pub mod typical;
+pub mod window_counts;
 pub mod xtc;
 
 pub use chain::{

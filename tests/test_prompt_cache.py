@@ -288,12 +288,15 @@ def test_cached_prefill_equals_a_fresh_prefill(dtype: str, prompt_list: list[lis
     runner = ToyRunner(seed=3, dtype=dtype)
     fresh = ToyRunner(seed=3, dtype=dtype)
     tol = 1e-4 if dtype == "float32" else 2e-2  # the reference keeps float32 keys and values
+    # A suffix-only prefill multiplies fewer rows, so BLAS may round a key differently in the
+    # last float32 bit, and that can flip its float16 rounding: one float16 ulp, not more.
+    same = 1e-5 if dtype == "float32" else 1e-3
     cache = PromptCache(1 << 20, fingerprint=runner.fingerprint)
     for prompt in prompt_list:
         longest = max((common(prompt, e) for e in cache_tokens(cache)), default=0)
         expect_reuse = min(longest, len(prompt) - 1)
         got = cached_prefill_logits(runner, prompt, cache)
-        np.testing.assert_allclose(got, fresh.prefill_logits(prompt), rtol=1e-5, atol=1e-5)
+        np.testing.assert_allclose(got, fresh.prefill_logits(prompt), rtol=same, atol=same)
         np.testing.assert_allclose(got, fresh.reference_logits(prompt), rtol=tol, atol=tol)
         assert runner.prefill_calls[-1] == len(prompt) - expect_reuse  # only the suffix ran
         assert tuple(prompt) in cache

@@ -7,10 +7,16 @@ As smoke tests:  make check runs each bench once, untimed
 Rows are LM-shaped: token ranks in random order, logit = 12 - s*ln(1+rank) plus
 Gumbel noise (scale 0.5). s = 2.2 is a peaked row (top-p 0.95 keeps a handful of
 tokens); s = 1.1 is a flat one (top-p 0.95 keeps thousands).
+
+The penalties+DRY chain is timed with three histories: the same 4096 tokens on
+every call ("same"), a 4096-token window that slides by one token per call as in
+a decode loop ("decode"), and two unrelated histories in turn, so that nothing
+carries over from the previous call ("fresh").
 """
 
 from __future__ import annotations
 
+import itertools
 import sys
 import time
 from collections.abc import Callable
@@ -82,11 +88,28 @@ def chain_for(name: str) -> SamplerChain:
     return SampleOpts(seed=1, **SCENARIOS[name]).into_chain()
 
 
-def call_for(name: str, vocab: int, shape: float = 2.2) -> tuple[Callable[[], object], np.ndarray]:
+HISTORY_MODES = ("same", "decode", "fresh")
+
+
+def call_for(
+    name: str, vocab: int, shape: float = 2.2, history_mode: str = "same"
+) -> tuple[Callable[[], object], np.ndarray]:
+    """One sampling call of a scenario as a closure, and its row."""
     row = lm_row(vocab, shape)
     chain = chain_for(name)
-    hist = history(vocab) if name == "penalties+dry" else None
-    return (lambda: chain.sample(row, hist)), row
+    if name != "penalties+dry":
+        return (lambda: chain.sample(row, None)), row
+    hist = history(vocab)
+    if history_mode == "same":
+        return (lambda: chain.sample(row, hist)), row
+    if history_mode == "decode":
+        # The window slides by one token per call; once in 4096 calls it jumps back.
+        stream = np.concatenate([hist, history(vocab, seed=2)])
+        starts = itertools.cycle(range(4096))
+        return (lambda: chain.sample(row, stream[(i := next(starts)) : i + 4096])), row
+    other = history(vocab, seed=3)
+    turns = itertools.cycle((hist, other))
+    return (lambda: chain.sample(row, next(turns))), row
 
 
 # --- pytest-benchmark entry points (smoke tests when benchmarks are disabled) -------
@@ -114,6 +137,14 @@ def test_np_argmax_baseline(benchmark: Any, name: str, shape: float, vocab: int)
 def test_chain(benchmark: Any, name: str, shape: float, vocab: int) -> None:
     fn, _ = call_for(name, vocab, shape)
     benchmark.group = _group(name, shape, vocab)
+    assert 0 <= int(benchmark(fn)) < vocab  # type: ignore[call-overload]
+
+
+@pytest.mark.parametrize("vocab", VOCABS)
+@pytest.mark.parametrize("mode", HISTORY_MODES[1:])
+def test_penalties_history_modes(benchmark: Any, mode: str, vocab: int) -> None:
+    fn, _ = call_for("penalties+dry", vocab, 2.2, mode)
+    benchmark.group = _group("penalties+dry", 2.2, vocab)
     assert 0 <= int(benchmark(fn)) < vocab  # type: ignore[call-overload]
 
 
@@ -149,17 +180,23 @@ def main() -> int:
         print("build a release extension first: maturin develop --release", file=sys.stderr)
         return 2
     print(
-        f"{'scenario':<16}{'vocab':>8}{'np.argmax us':>14}{'chain us':>10}{'ratio':>8}{'target':>8}"
+        f"{'scenario':<22}{'vocab':>8}{'np.argmax us':>14}{'chain us':>10}{'ratio':>8}{'target':>8}"
     )
     for name in SCENARIOS:
-        shapes = (2.2, 1.1) if name == "top_p" else (2.2,)
-        for shape in shapes:
+        variants = [(2.2, "same")]
+        if name == "top_p":
+            variants.append((1.1, "same"))
+        if name == "penalties+dry":
+            variants += [(2.2, "decode"), (2.2, "fresh")]
+        for shape, mode in variants:
             for vocab in VOCABS:
-                fn, row = call_for(name, vocab, shape)
+                fn, row = call_for(name, vocab, shape, mode)
                 s, b, r = ratio(fn, lambda row=row: np.argmax(row))
                 label = name if shape == 2.2 else f"{name} (flat)"
+                if mode != "same":
+                    label = f"{name} ({mode})"
                 us = f"{b * 1e6:>14.1f}{s * 1e6:>10.1f}"
-                print(f"{label:<16}{vocab:>8}{us}{r:>8.2f}{TARGETS[name]:>8}")
+                print(f"{label:<22}{vocab:>8}{us}{r:>8.2f}{TARGETS[name]:>8}")
     row16 = lm_row(16)
     chain = chain_for("classic")
     s16 = min(best_of(lambda: chain.sample(row16, None), 20000) for _ in range(7))

@@ -294,7 +294,7 @@ def main(vocabs: tuple[int, ...] = VOCABS) -> int:
     print(
         "llama.cpp: [penalties(last_n 4096) -> dry(last_n 4096, no breakers) ->] top-k -> top-p ->"
         " min-p -> temp -> dist(seed), or greedy alone; ours: order='llama.cpp' (temperature last,"
-        " so the flat row's untempered nucleus is ~40k tokens).\n"
+        " so on the flat row the untempered top-p 0.95 nucleus is ~40k of 151936 tokens).\n"
         "llama.cpp us = fill + apply; fill = numpy's refill of the candidate array (llama.cpp's"
         " own is one C++ loop); apply = the difference. Ours caps DRY repeats at dry_max_ngram 32,"
         " llama.cpp does not (same cost here)."

@@ -5,6 +5,7 @@
 use super::candidates::{by_rank, top_k_sparse, Cand};
 
 const LANES: usize = 16;
+/// Entries per block of the exponential kernels (at most 64 chunks of `LANES`).
 const BLOCK: usize = 1024;
 
 const LOG2E: f32 = std::f32::consts::LOG2_E;
@@ -217,16 +218,23 @@ fn exp_sum_gather_generic<const FMA: bool>(
         let mut acc = [0.0f32; LANES];
         let chunks = block.chunks_exact(LANES);
         let tail_start = block.len() - chunks.remainder().len();
+        // Chunks with hits are noted in a mask and pushed after the block, so
+        // that the exponential loop makes no call and keeps `acc` in registers.
+        let mut hit_chunks = 0u64;
         for (ci, c) in chunks.enumerate() {
             let c: &[f32; LANES] = c.try_into().unwrap_or(&[0.0; LANES]);
-            let mut hit = 0u32;
+            let mut hit = false;
             for i in 0..LANES {
                 acc[i] += exp_neg_impl::<FMA>(c[i] * scale - ms);
-                hit |= (c[i] * scale >= thr) as u32;
+                hit |= c[i] * scale >= thr;
             }
-            if hit != 0 {
-                push_hits(c, bi * BLOCK + ci * LANES, scale, thr, out);
-            }
+            hit_chunks |= (hit as u64) << ci;
+        }
+        while hit_chunks != 0 {
+            let ci = hit_chunks.trailing_zeros() as usize;
+            hit_chunks &= hit_chunks - 1;
+            let c = &block[ci * LANES..(ci + 1) * LANES];
+            push_hits(c, bi * BLOCK + ci * LANES, scale, thr, out);
         }
         let mut s = 0.0f32;
         for a in acc {

@@ -77,7 +77,13 @@ macro_rules! dispatch {
                     return unsafe { $avx::avx2($($arg),*) };
                 }
             }
-            $generic::<false>($($arg),*)
+            // AArch64 always has fused multiply-add: the same rounding as
+            // the x86-64 builds, so the same tokens for the same seed.
+            if cfg!(target_arch = "aarch64") {
+                $generic::<true>($($arg),*)
+            } else {
+                $generic::<false>($($arg),*)
+            }
         }
 
         #[cfg(target_arch = "x86_64")]

@@ -60,7 +60,9 @@ pub fn uniform(seed: u64, sequence: u64, step: u64, stream: Stream) -> f64 {
 }
 
 /// Index (into `weights`) of the first entry whose running sum exceeds
-/// `u * total`; zero-weight entries are never chosen.
+/// `u * total`; zero-weight entries are never chosen. The plain walk the
+/// blocked one is tested against.
+#[cfg(test)]
 fn walk(weights: impl Iterator<Item = f64>, total: f64, u: f64) -> Option<usize> {
     let target = u * total;
     let mut cum = 0.0f64;
@@ -99,19 +101,16 @@ pub fn draw(work: &mut Work<'_>, u: f64, exps: &mut Vec<f32>) -> (Cand, f64, f64
     if work.order != Order::Id {
         work.sort_id();
     }
-    let max = work.max_logit() as f64;
-    let total: f64 = work
-        .cands
-        .iter()
-        .map(|c| (c.logit as f64 - max).exp())
-        .sum();
-    let i = walk(
-        work.cands.iter().map(|c| (c.logit as f64 - max).exp()),
-        total,
-        u,
-    )
-    .unwrap_or(0);
-    (work.cands[i], total.ln(), max)
+    // The same vectorised exponential and walk as on a whole row, over the
+    // candidates' logits laid side by side.
+    let max = work.max_logit();
+    let mut logits = std::mem::take(&mut work.spare_f32);
+    logits.clear();
+    logits.extend(work.cands.iter().map(|c| c.logit));
+    let total = dense::exp_store(&logits, max, 1.0, exps);
+    work.spare_f32 = logits;
+    let i = walk_dense(exps, total, u);
+    (work.cands[i], total.ln(), max as f64)
 }
 
 /// Sum of a block with 16 independent lanes (vectorises).
@@ -127,8 +126,10 @@ fn block_sum(block: &[f32]) -> f64 {
     acc.iter().chain(tail).map(|&v| v as f64).sum()
 }
 
-/// The dense walk: whole 1024-entry blocks are skipped by their sums, then
-/// entries inside the block that crosses the target.
+/// Index of the first entry of `exps` whose running sum exceeds
+/// `u * total`: whole 1024-entry blocks are skipped by their sums, then
+/// 16-entry chunks of the block that crosses, then entries (zero-mass
+/// entries are never chosen).
 fn walk_dense(exps: &[f32], total: f64, u: f64) -> usize {
     const BLOCK: usize = 1024;
     let target = u * total;
@@ -139,11 +140,18 @@ fn walk_dense(exps: &[f32], total: f64, u: f64) -> usize {
             cum += s;
             continue;
         }
-        for (i, &e) in block.iter().enumerate() {
-            if e > 0.0 {
-                cum += e as f64;
-                if cum > target {
-                    return bi * BLOCK + i;
+        for (ci, chunk) in block.chunks(16).enumerate() {
+            let s = block_sum(chunk);
+            if cum + s <= target {
+                cum += s;
+                continue;
+            }
+            for (i, &e) in chunk.iter().enumerate() {
+                if e > 0.0 {
+                    cum += e as f64;
+                    if cum > target {
+                        return bi * BLOCK + ci * 16 + i;
+                    }
                 }
             }
         }

@@ -4,11 +4,13 @@
 
 use std::cmp::Ordering;
 
-use super::dense;
+use super::dense::{self, Gathered};
 use crate::error::{CoreError, CoreResult};
 
 /// One surviving token and its current logit (never NaN, never `-inf`).
+/// `repr(C)`: the AVX-512 gather writes `(id, logit)` pairs directly.
 #[derive(Clone, Copy, Debug, PartialEq)]
+#[repr(C)]
 pub struct Cand {
     pub id: u32,
     pub logit: f32,
@@ -97,6 +99,15 @@ impl RowRef<'_> {
     }
 }
 
+/// The reusable buffers a [`Work`] hands back at the end of a call.
+pub struct Buffers {
+    pub cands: Vec<Cand>,
+    pub row: Option<Vec<f32>>,
+    pub cands2: Vec<Cand>,
+    pub floats: Vec<f32>,
+    pub gathered: Gathered,
+}
+
 /// The state one sampling call threads through the stages.
 #[derive(Debug)]
 pub struct Work<'a> {
@@ -111,6 +122,8 @@ pub struct Work<'a> {
     pub spare_cands: Vec<Cand>,
     /// A float buffer for stages that need one.
     pub spare_f32: Vec<f32>,
+    /// A two-array candidate buffer for whole-row gathers.
+    pub spare_gathered: Gathered,
 }
 
 impl<'a> Work<'a> {
@@ -129,6 +142,7 @@ impl<'a> Work<'a> {
             spare_row: None,
             spare_cands: Vec::new(),
             spare_f32: Vec::new(),
+            spare_gathered: Gathered::default(),
         }
     }
 
@@ -211,9 +225,15 @@ impl<'a> Work<'a> {
     }
 
     /// Hand the reusable buffers back.
-    pub fn into_buffers(mut self) -> (Vec<Cand>, Option<Vec<f32>>, Vec<Cand>, Vec<f32>) {
+    pub fn into_buffers(mut self) -> Buffers {
         self.release_dense();
-        (self.cands, self.spare_row, self.spare_cands, self.spare_f32)
+        Buffers {
+            cands: self.cands,
+            row: self.spare_row,
+            cands2: self.spare_cands,
+            floats: self.spare_f32,
+            gathered: self.spare_gathered,
+        }
     }
 
     /// Sort the candidates by rank (descending logit, ties by id).

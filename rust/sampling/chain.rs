@@ -3,7 +3,7 @@
 
 use super::candidates::{Cand, Order, RowRef, Work};
 use super::deferred::{self, Edits, Plan};
-use super::dense;
+use super::dense::{self, Gathered};
 use super::dist::{self, Stream};
 use super::dry::Dry;
 use super::logprobs::{dense_logprobs, final_logprobs};
@@ -59,6 +59,7 @@ pub struct Scratch {
     counts: Vec<u32>,
     probs: Vec<f64>,
     window_counts: WindowCounts,
+    gathered: Gathered,
     delta_top_k: f32,
     delta_top_p: f32,
 }
@@ -342,6 +343,7 @@ impl SamplerChain {
         work.spare_row = Some(std::mem::take(&mut scratch.row));
         work.spare_cands = std::mem::take(&mut scratch.cands2);
         work.spare_f32 = std::mem::take(&mut scratch.floats);
+        work.spare_gathered = std::mem::take(&mut scratch.gathered);
         if max == f32::INFINITY {
             // +inf logits hold all the mass, shared equally.
             work.cands.clear();
@@ -358,11 +360,12 @@ impl SamplerChain {
         let result = self.run(
             &mut work, history, sequence, uniform, logprobs, row, scratch,
         );
-        let (cands, spare, spare_cands, spare_f32) = work.into_buffers();
-        scratch.cands = cands;
-        scratch.cands2 = spare_cands;
-        scratch.floats = spare_f32;
-        if let Some(v) = spare {
+        let buffers = work.into_buffers();
+        scratch.cands = buffers.cands;
+        scratch.cands2 = buffers.cands2;
+        scratch.floats = buffers.floats;
+        scratch.gathered = buffers.gathered;
+        if let Some(v) = buffers.row {
             scratch.row = v;
         }
         result

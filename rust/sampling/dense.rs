@@ -60,16 +60,28 @@ fn exp_neg_impl<const FMA: bool>(z: f32) -> f32 {
 
 /// Every kernel comes in three builds chosen at run time: AVX-512F (16 lanes
 /// per instruction), AVX2+FMA, and portable code. No `target-cpu=native`.
+/// A kernel is generic over `FMA` (fused multiply-add); one declared `wide`
+/// is also generic over `WIDE` (AVX-512 instructions may be used directly).
 macro_rules! dispatch {
-    ($(#[$doc:meta])* pub fn $name:ident / $avx:ident / $generic:ident ( $($arg:ident : $ty:ty),* ) -> $ret:ty) => {
+    ($(#[$doc:meta])* pub fn $($rest:tt)*) => {
+        dispatch!(@build [false] [true] [true] [true] $(#[$doc])* pub fn $($rest)*);
+    };
+    (wide $(#[$doc:meta])* pub fn $($rest:tt)*) => {
+        dispatch!(@build [false, false] [true, false] [true, false] [true, true] $(#[$doc])* pub fn $($rest)*);
+    };
+    (@build [$($portable:tt)*] [$($arm:tt)*] [$($avx2c:tt)*] [$($avx512c:tt)*]
+     $(#[$doc:meta])* pub fn $name:ident / $avx:ident / $generic:ident ( $($arg:ident : $ty:ty),* ) -> $ret:ty) => {
         $(#[$doc])*
         pub fn $name($($arg: $ty),*) -> $ret {
             #[cfg(target_arch = "x86_64")]
             {
                 let avx2 = std::arch::is_x86_feature_detected!("avx2")
                     && std::arch::is_x86_feature_detected!("fma");
-                if avx2 && std::arch::is_x86_feature_detected!("avx512f") {
-                    // SAFETY: the CPU supports AVX-512F, AVX2 and FMA, checked just above.
+                if avx2
+                    && std::arch::is_x86_feature_detected!("avx512f")
+                    && std::arch::is_x86_feature_detected!("popcnt")
+                {
+                    // SAFETY: the CPU supports AVX-512F, AVX2, FMA and POPCNT, checked just above.
                     return unsafe { $avx::avx512($($arg),*) };
                 }
                 if avx2 {
@@ -80,9 +92,9 @@ macro_rules! dispatch {
             // AArch64 always has fused multiply-add: the same rounding as
             // the x86-64 builds, so the same tokens for the same seed.
             if cfg!(target_arch = "aarch64") {
-                $generic::<true>($($arg),*)
+                $generic::<$($arm)*>($($arg),*)
             } else {
-                $generic::<false>($($arg),*)
+                $generic::<$($portable)*>($($arg),*)
             }
         }
 
@@ -93,12 +105,12 @@ macro_rules! dispatch {
 
             #[target_feature(enable = "avx2,fma")]
             pub unsafe fn avx2($($arg: $ty),*) -> $ret {
-                $generic::<true>($($arg),*)
+                $generic::<$($avx2c)*>($($arg),*)
             }
 
-            #[target_feature(enable = "avx512f,avx2,fma")]
+            #[target_feature(enable = "avx512f,avx2,fma,popcnt")]
             pub unsafe fn avx512($($arg: $ty),*) -> $ret {
-                $generic::<true>($($arg),*)
+                $generic::<$($avx512c)*>($($arg),*)
             }
         }
     };
@@ -187,9 +199,19 @@ fn exp_sum_generic<const FMA: bool>(row: &[f32], max: f32, scale: f32) -> f64 {
 
 /// Append the entries of the lane-wide chunk `c` with `x * scale >= thr`:
 /// a bit mask first, then one step per hit (not per lane), so chunks with
-/// scattered hits cost no branch per entry.
+/// scattered hits cost no branch per entry. With `WIDE`, a full chunk goes
+/// through AVX-512's compress instead, with no branch at all.
 #[inline(always)]
-fn push_hits(c: &[f32], base: usize, scale: f32, thr: f32, out: &mut Vec<Cand>) {
+fn push_hits<const WIDE: bool>(c: &[f32], base: usize, scale: f32, thr: f32, out: &mut Vec<Cand>) {
+    #[cfg(target_arch = "x86_64")]
+    if WIDE {
+        if let Ok(c) = <&[f32; LANES]>::try_from(c) {
+            // SAFETY: `WIDE` is set only in the AVX-512F build of a kernel,
+            // which runs only on a CPU that has AVX-512F and POPCNT.
+            unsafe { push_hits_avx512(c, base as u32, scale, thr, out) };
+            return;
+        }
+    }
     let mut hit = 0u32;
     for (i, &v) in c.iter().enumerate() {
         hit |= ((v * scale >= thr) as u32) << i;
@@ -204,18 +226,174 @@ fn push_hits(c: &[f32], base: usize, scale: f32, thr: f32, out: &mut Vec<Cand>) 
     }
 }
 
-dispatch! {
-    /// [`exp_sum`] and, in the same pass, [`gather_ge`] of `x * scale >= thr`.
-    pub fn exp_sum_gather / exp_sum_gather_avx2 / exp_sum_gather_generic(row: &[f32], max: f32, scale: f32, thr: f32, out: &mut Vec<Cand>) -> f64
+/// The ids `base..base + 16` in one register.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f")]
+fn ids_from(base: u32) -> std::arch::x86_64::__m512i {
+    use std::arch::x86_64::*;
+    _mm512_add_epi32(
+        _mm512_set1_epi32(base as i32),
+        _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15),
+    )
+}
+
+/// [`push_hits`] for one 16-lane chunk with AVX-512F: compress the hits'
+/// ids and logits into registers, interleave them into `Cand` pairs and
+/// store all 16 slots past the end (capacity is reserved), keeping as many
+/// as there were hits.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f,popcnt")]
+fn push_hits_avx512(c: &[f32; LANES], base: u32, scale: f32, thr: f32, out: &mut Vec<Cand>) {
+    use std::arch::x86_64::*;
+    // SAFETY: `c` holds 16 floats, the 64 bytes the unaligned load reads.
+    let v = _mm512_mul_ps(
+        unsafe { _mm512_loadu_ps(c.as_ptr()) },
+        _mm512_set1_ps(scale),
+    );
+    let m = _mm512_cmp_ps_mask::<_CMP_GE_OQ>(v, _mm512_set1_ps(thr));
+    let ids = _mm512_maskz_compress_epi32(m, ids_from(base));
+    let logits = _mm512_castps_si512(_mm512_maskz_compress_ps(m, v));
+    // Lanes 0-15 pick from `ids`, 16-31 from `logits`: (id_i, logit_i) pairs.
+    let first = _mm512_permutex2var_epi32(
+        ids,
+        _mm512_setr_epi32(0, 16, 1, 17, 2, 18, 3, 19, 4, 20, 5, 21, 6, 22, 7, 23),
+        logits,
+    );
+    let second = _mm512_permutex2var_epi32(
+        ids,
+        _mm512_setr_epi32(8, 24, 9, 25, 10, 26, 11, 27, 12, 28, 13, 29, 14, 30, 15, 31),
+        logits,
+    );
+    out.reserve(LANES);
+    let len = out.len();
+    // SAFETY: `Cand` is `repr(C)` (u32 id, f32 logit: 8 bytes, no padding),
+    // and `reserve` left room for 16 more, which the two 64-byte stores fill;
+    // the first `len + hits` entries are then initialised.
+    unsafe {
+        let dst = out.as_mut_ptr().add(len).cast::<__m512i>();
+        _mm512_storeu_si512(dst, first);
+        _mm512_storeu_si512(dst.add(1), second);
+        out.set_len(len + m.count_ones() as usize);
+    }
+}
+
+/// A candidate list kept as two parallel arrays (ids, logits): what a gather
+/// of thousands of entries writes fastest, and what vectorised passes over
+/// the logits read directly.
+#[derive(Debug, Default, Clone)]
+pub struct Gathered {
+    pub ids: Vec<u32>,
+    pub logits: Vec<f32>,
+}
+
+impl Gathered {
+    pub fn clear(&mut self) {
+        self.ids.clear();
+        self.logits.clear();
+    }
+
+    pub fn len(&self) -> usize {
+        self.ids.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.ids.is_empty()
+    }
+}
+
+/// Append the entries with `x * scale >= thr` of the chunks of `block`
+/// marked in `hit_chunks` (bit `i`: the 16 entries at `16 * i`, ids from
+/// `base`) to `out`, in id order.
+#[inline(always)]
+fn push_chunks<const WIDE: bool>(
+    block: &[f32],
+    base: usize,
+    scale: f32,
+    thr: f32,
+    hit_chunks: u64,
+    out: &mut Gathered,
+) {
+    #[cfg(target_arch = "x86_64")]
+    if WIDE {
+        // SAFETY: `WIDE` is set only in the AVX-512F build of a kernel,
+        // which runs only on a CPU that has AVX-512F and POPCNT.
+        unsafe { push_chunks_avx512(block, base as u32, scale, thr, hit_chunks, out) };
+        return;
+    }
+    let mut hits = hit_chunks;
+    while hits != 0 {
+        let ci = hits.trailing_zeros() as usize;
+        hits &= hits - 1;
+        for (i, &v) in block[ci * LANES..(ci + 1) * LANES].iter().enumerate() {
+            let l = v * scale;
+            if l >= thr {
+                out.ids.push((base + ci * LANES + i) as u32);
+                out.logits.push(l);
+            }
+        }
+    }
+}
+
+/// [`push_chunks`] with AVX-512F: per marked chunk, one compare, a compress
+/// of the ids and of the logits into registers, and two 64-byte stores past
+/// the ends (capacity is reserved), keeping as many entries as were hits.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f,popcnt")]
+fn push_chunks_avx512(
+    block: &[f32],
+    base: u32,
+    scale: f32,
+    thr: f32,
+    hit_chunks: u64,
+    out: &mut Gathered,
+) {
+    use std::arch::x86_64::*;
+    let room = hit_chunks.count_ones() as usize * LANES;
+    out.ids.reserve(room);
+    out.logits.reserve(room);
+    let mut len = out.ids.len();
+    debug_assert_eq!(len, out.logits.len());
+    let (ids_dst, logits_dst) = (out.ids.as_mut_ptr(), out.logits.as_mut_ptr());
+    let (vs, vt) = (_mm512_set1_ps(scale), _mm512_set1_ps(thr));
+    let mut hits = hit_chunks;
+    while hits != 0 {
+        let ci = hits.trailing_zeros() as usize;
+        hits &= hits - 1;
+        let c = &block[ci * LANES..(ci + 1) * LANES];
+        // SAFETY: `c` holds 16 floats, the 64 bytes the unaligned load reads.
+        let v = _mm512_mul_ps(unsafe { _mm512_loadu_ps(c.as_ptr()) }, vs);
+        let m = _mm512_cmp_ps_mask::<_CMP_GE_OQ>(v, vt);
+        let ids = _mm512_maskz_compress_epi32(m, ids_from(base + (ci * LANES) as u32));
+        let logits = _mm512_maskz_compress_ps(m, v);
+        // SAFETY: both vectors have room for `room` more entries past their
+        // old length, and each marked chunk advances `len` by at most 16.
+        unsafe {
+            _mm512_storeu_si512(ids_dst.add(len).cast::<__m512i>(), ids);
+            _mm512_storeu_ps(logits_dst.add(len), logits);
+        }
+        len += m.count_ones() as usize;
+    }
+    // SAFETY: the first `len` entries of both are initialised: the old ones
+    // and the hits written above, contiguously.
+    unsafe {
+        out.ids.set_len(len);
+        out.logits.set_len(len);
+    }
+}
+
+dispatch! { wide
+    /// [`exp_sum`] and, in the same pass, [`gather_ge`] of `x * scale >= thr`
+    /// (into two parallel arrays).
+    pub fn exp_sum_gather / exp_sum_gather_avx2 / exp_sum_gather_generic(row: &[f32], max: f32, scale: f32, thr: f32, out: &mut Gathered) -> f64
 }
 
 #[inline(always)]
-fn exp_sum_gather_generic<const FMA: bool>(
+fn exp_sum_gather_generic<const FMA: bool, const WIDE: bool>(
     row: &[f32],
     max: f32,
     scale: f32,
     thr: f32,
-    out: &mut Vec<Cand>,
+    out: &mut Gathered,
 ) -> f64 {
     let thr = if thr >= f32::MIN { thr } else { f32::MIN };
     let ms = max * scale;
@@ -236,11 +414,8 @@ fn exp_sum_gather_generic<const FMA: bool>(
             }
             hit_chunks |= (hit as u64) << ci;
         }
-        while hit_chunks != 0 {
-            let ci = hit_chunks.trailing_zeros() as usize;
-            hit_chunks &= hit_chunks - 1;
-            let c = &block[ci * LANES..(ci + 1) * LANES];
-            push_hits(c, bi * BLOCK + ci * LANES, scale, thr, out);
+        if hit_chunks != 0 {
+            push_chunks::<WIDE>(block, bi * BLOCK, scale, thr, hit_chunks, out);
         }
         let mut s = 0.0f32;
         for a in acc {
@@ -250,10 +425,8 @@ fn exp_sum_gather_generic<const FMA: bool>(
             s += exp_neg_impl::<FMA>(v * scale - ms);
             let l = v * scale;
             if l >= thr {
-                out.push(Cand {
-                    id: (bi * BLOCK + tail_start + i) as u32,
-                    logit: l,
-                });
+                out.ids.push((bi * BLOCK + tail_start + i) as u32);
+                out.logits.push(l);
             }
         }
         total += s as f64;
@@ -380,7 +553,7 @@ fn moments_generic<const FMA: bool>(row: &[f32]) -> (usize, f64, f64) {
     (n, mean, (ss / n as f64).sqrt())
 }
 
-dispatch! {
+dispatch! { wide
     /// Append every entry with `x * scale >= thr` (finite, id order) as a
     /// candidate with logit `x * scale`. `thr` below `f32::MIN` gathers every
     /// finite entry.
@@ -388,7 +561,12 @@ dispatch! {
 }
 
 #[inline(always)]
-fn gather_ge_generic<const FMA: bool>(row: &[f32], scale: f32, thr: f32, out: &mut Vec<Cand>) {
+fn gather_ge_generic<const FMA: bool, const WIDE: bool>(
+    row: &[f32],
+    scale: f32,
+    thr: f32,
+    out: &mut Vec<Cand>,
+) {
     // -inf * scale is -inf, which never reaches a threshold >= f32::MIN.
     let thr = if thr >= f32::MIN { thr } else { f32::MIN };
     let chunks = row.chunks_exact(LANES);
@@ -399,16 +577,7 @@ fn gather_ge_generic<const FMA: bool>(row: &[f32], scale: f32, thr: f32, out: &m
             hit |= (v * scale >= thr) as u32;
         }
         if hit != 0 {
-            let base = ci * LANES;
-            for (i, &v) in c.iter().enumerate() {
-                let l = v * scale;
-                if l >= thr {
-                    out.push(Cand {
-                        id: (base + i) as u32,
-                        logit: l,
-                    });
-                }
-            }
+            push_hits::<WIDE>(c, ci * LANES, scale, thr, out);
         }
     }
     for (i, &v) in row[tail_start..].iter().enumerate() {
@@ -418,6 +587,43 @@ fn gather_ge_generic<const FMA: bool>(row: &[f32], scale: f32, thr: f32, out: &m
                 id: (tail_start + i) as u32,
                 logit: l,
             });
+        }
+    }
+}
+
+dispatch! { wide
+    /// [`gather_ge`] into two parallel arrays.
+    pub fn gather_ge_into / gather_ge_into_avx2 / gather_ge_into_generic(row: &[f32], scale: f32, thr: f32, out: &mut Gathered) -> ()
+}
+
+#[inline(always)]
+fn gather_ge_into_generic<const FMA: bool, const WIDE: bool>(
+    row: &[f32],
+    scale: f32,
+    thr: f32,
+    out: &mut Gathered,
+) {
+    let thr = if thr >= f32::MIN { thr } else { f32::MIN };
+    for (bi, block) in row.chunks(BLOCK).enumerate() {
+        let chunks = block.chunks_exact(LANES);
+        let tail_start = block.len() - chunks.remainder().len();
+        let mut hit_chunks = 0u64;
+        for (ci, c) in chunks.enumerate() {
+            let mut hit = 0u32;
+            for &v in c {
+                hit |= (v * scale >= thr) as u32;
+            }
+            hit_chunks |= ((hit != 0) as u64) << ci;
+        }
+        if hit_chunks != 0 {
+            push_chunks::<WIDE>(block, bi * BLOCK, scale, thr, hit_chunks, out);
+        }
+        for (i, &v) in block[tail_start..].iter().enumerate() {
+            let l = v * scale;
+            if l >= thr {
+                out.ids.push((bi * BLOCK + tail_start + i) as u32);
+                out.logits.push(l);
+            }
         }
     }
 }
@@ -544,13 +750,115 @@ mod tests {
                 .collect();
             let mut dst = Vec::new();
             assert_eq!(copy_argmax_nan(&row, &mut dst), argmax_nan(&row));
-            let (_, max, _) = argmax_nan(&row);
-            let (mut got, mut want) = (Vec::new(), Vec::new());
-            let s = exp_sum_gather(&row, max, 0.5, max * 0.5 - 1.0, &mut got);
-            gather_ge(&row, 0.5, max * 0.5 - 1.0, &mut want);
-            assert_eq!(got, want);
-            assert_eq!(s, exp_sum(&row, max, 0.5));
             assert_eq!(dst, row);
+        }
+    }
+
+    /// The plain filter every gather must reproduce.
+    fn plain_gather(row: &[f32], scale: f32, thr: f32) -> (Vec<u32>, Vec<f32>) {
+        let thr = thr.max(f32::MIN);
+        row.iter()
+            .enumerate()
+            .filter(|&(_, &v)| v * scale >= thr)
+            .map(|(i, &v)| (i as u32, v * scale))
+            .unzip()
+    }
+
+    #[test]
+    fn every_build_of_every_gather_matches_a_plain_filter() {
+        let mut state = 11u64;
+        for len in [1usize, 15, 16, 17, 1023, 1024, 1025, 3000, 20_000] {
+            let row: Vec<f32> = (0..len)
+                .map(|_| {
+                    state = state
+                        .wrapping_mul(6_364_136_223_846_793_005)
+                        .wrapping_add(1);
+                    match (state >> 33) % 97 {
+                        0 => f32::NEG_INFINITY,
+                        r => r as f32 / 8.0,
+                    }
+                })
+                .collect();
+            let (_, max, _) = argmax_nan(&row);
+            // From no hits to every finite entry.
+            for thr in [
+                max * 0.5 + 1.0,
+                max * 0.5 - 0.5,
+                max * 0.5 - 3.0,
+                0.0,
+                f32::NEG_INFINITY,
+            ] {
+                let (ids, logits) = plain_gather(&row, 0.5, thr);
+                let want_sum = exp_sum_generic::<false>(&row, max, 0.5);
+                type Results = (f64, Gathered, Gathered, Vec<Cand>);
+                let mut builds: Vec<(&str, Results)> = Vec::new();
+                let run = |esg: &dyn Fn(&mut Gathered) -> f64,
+                           gi: &dyn Fn(&mut Gathered),
+                           gg: &dyn Fn(&mut Vec<Cand>)| {
+                    let (mut a, mut b, mut c) =
+                        (Gathered::default(), Gathered::default(), Vec::new());
+                    // Something already in the buffers is kept in front.
+                    a.ids.push(7);
+                    a.logits.push(1.0);
+                    let s = esg(&mut a);
+                    gi(&mut b);
+                    gg(&mut c);
+                    assert_eq!((a.ids.remove(0), a.logits.remove(0)), (7, 1.0));
+                    (s, a, b, c)
+                };
+                builds.push((
+                    "portable",
+                    run(
+                        &|g| exp_sum_gather_generic::<false, false>(&row, max, 0.5, thr, g),
+                        &|g| gather_ge_into_generic::<false, false>(&row, 0.5, thr, g),
+                        &|g| gather_ge_generic::<false, false>(&row, 0.5, thr, g),
+                    ),
+                ));
+                #[cfg(target_arch = "x86_64")]
+                if std::arch::is_x86_feature_detected!("avx2")
+                    && std::arch::is_x86_feature_detected!("fma")
+                {
+                    // SAFETY: the CPU has AVX2 and FMA, checked just above.
+                    builds.push((
+                        "avx2",
+                        run(
+                            &|g| unsafe { exp_sum_gather_avx2::avx2(&row, max, 0.5, thr, g) },
+                            &|g| unsafe { gather_ge_into_avx2::avx2(&row, 0.5, thr, g) },
+                            &|g| unsafe { gather_ge_avx2::avx2(&row, 0.5, thr, g) },
+                        ),
+                    ));
+                    if std::arch::is_x86_feature_detected!("avx512f")
+                        && std::arch::is_x86_feature_detected!("popcnt")
+                    {
+                        // SAFETY: the CPU has AVX-512F, AVX2, FMA and POPCNT.
+                        builds.push((
+                            "avx512",
+                            run(
+                                &|g| unsafe { exp_sum_gather_avx2::avx512(&row, max, 0.5, thr, g) },
+                                &|g| unsafe { gather_ge_into_avx2::avx512(&row, 0.5, thr, g) },
+                                &|g| unsafe { gather_ge_avx2::avx512(&row, 0.5, thr, g) },
+                            ),
+                        ));
+                    }
+                }
+                for (name, (sum, fused, into, aos)) in &builds {
+                    let what = format!("{name}: len {len} thr {thr}");
+                    assert_eq!(
+                        (&fused.ids, &fused.logits),
+                        (&ids, &logits),
+                        "exp_sum_gather {what}"
+                    );
+                    assert_eq!(
+                        (&into.ids, &into.logits),
+                        (&ids, &logits),
+                        "gather_ge_into {what}"
+                    );
+                    let aos_ids: Vec<u32> = aos.iter().map(|c| c.id).collect();
+                    let aos_logits: Vec<f32> = aos.iter().map(|c| c.logit).collect();
+                    assert_eq!((&aos_ids, &aos_logits), (&ids, &logits), "gather_ge {what}");
+                    assert!(((sum - want_sum) / want_sum).abs() < 1e-6, "sum {what}");
+                }
+            }
         }
     }
 

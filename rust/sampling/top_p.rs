@@ -24,15 +24,18 @@ fn prefix_len(cands: &[Cand], max: f32, target: f64, min_keep: usize, fast_exp: 
 /// Number of logit bins of [`bucket_boundary`] (a bin index fits a `u8`).
 const BINS: usize = 256;
 
-/// The nucleus of `cands` (any order, `weights[i]` the mass of `cands[i]`,
-/// every logit in `[bottom, top]`) as `(tau, ties)`: keep every logit above
-/// `tau` and the `ties` lowest ids at `tau`; `None` keeps everything.
+/// The nucleus of the candidates `(ids[i], logits[i])` (any order;
+/// `weights[i]` the mass of entry `i`; every logit in `[bottom, top]`) as `(tau, ties)`:
+/// keep every logit above `tau` and the `ties` lowest ids at `tau`; `None`
+/// keeps everything.
 ///
 /// One pass bins the candidates by logit (bins never split equal logits and
 /// follow rank order), a walk over the bins' masses finds the bin where the
 /// cumulative mass reaches `target`, and only that bin is sorted and walked.
+#[allow(clippy::too_many_arguments)]
 pub fn bucket_boundary(
-    cands: &[Cand],
+    ids: &[u32],
+    logits: &[f32],
     weights: &[f32],
     top: f32,
     bottom: f32,
@@ -40,48 +43,70 @@ pub fn bucket_boundary(
     min_keep: usize,
     tmp: &mut Vec<Cand>,
 ) -> Option<(f32, usize)> {
+    let n = ids.len();
+    let cand = |i: u32| Cand {
+        id: ids[i as usize],
+        logit: logits[i as usize],
+    };
     let span = top - bottom;
     let inv = if span.is_finite() && span > 0.0 {
         (BINS as f32 / span).min(f32::MAX)
     } else {
         0.0
     };
-    let bin = |l: f32| (((top - l) * inv) as usize).min(BINS - 1);
+    // Bin ids first, in a loop of its own so that it vectorises.
+    let mut bins = vec![0u8; n];
+    for (b, &l) in bins.iter_mut().zip(logits) {
+        let x = (top - l) * inv;
+        *b = if x < (BINS - 1) as f32 {
+            x as u8
+        } else {
+            (BINS - 1) as u8
+        };
+    }
     // Four interleaved histograms, so that runs of candidates in one bin do
-    // not chain their additions.
+    // not chain their additions through memory.
     let mut mass = [[0.0f64; BINS]; 4];
-    let mut count = [0u32; BINS];
-    let mut bins: Vec<u8> = Vec::with_capacity(cands.len());
-    for (i, (c, &w)) in cands.iter().zip(weights).enumerate() {
-        let b = bin(c.logit);
-        bins.push(b as u8);
-        mass[i & 3][b] += w as f64;
-        count[b] += 1;
+    let mut count = [[0u32; BINS]; 4];
+    let quads = n / 4;
+    for q in 0..quads {
+        for k in 0..4 {
+            let i = 4 * q + k;
+            let b = bins[i] as usize;
+            mass[k][b] += weights[i] as f64;
+            count[k][b] += 1;
+        }
+    }
+    for i in 4 * quads..n {
+        let b = bins[i] as usize;
+        mass[0][b] += weights[i] as f64;
+        count[0][b] += 1;
     }
     let (mut acc, mut kept) = (0.0f64, 0usize);
     let mut idx: Vec<u32> = Vec::new();
     for b in 0..BINS {
-        let n = count[b] as usize;
-        if n == 0 {
+        let c = (count[0][b] + count[1][b] + count[2][b] + count[3][b]) as usize;
+        if c == 0 {
             continue;
         }
         let m = (mass[0][b] + mass[1][b]) + (mass[2][b] + mass[3][b]);
-        if acc + m < target || kept + n < min_keep {
+        if acc + m < target || kept + c < min_keep {
             acc += m;
-            kept += n;
+            kept += c;
             continue;
         }
         // The crossing is in this bin: sort it alone and walk it.
         idx.clear();
         tmp.clear();
-        for (i, &bi) in bins.iter().enumerate() {
-            if bi as usize == b {
-                idx.push(i as u32);
-            }
-        }
-        idx.sort_unstable_by(|&x, &y| by_rank(&cands[x as usize], &cands[y as usize]));
+        idx.extend(
+            bins.iter()
+                .enumerate()
+                .filter(|&(_, &bi)| bi as usize == b)
+                .map(|(i, _)| i as u32),
+        );
+        idx.sort_unstable_by(|&x, &y| by_rank(&cand(x), &cand(y)));
         for (j, &i) in idx.iter().enumerate() {
-            let c = cands[i as usize];
+            let c = cand(i);
             acc += weights[i as usize] as f64;
             tmp.push(c);
             if acc >= target && kept + j + 1 >= min_keep {
@@ -90,7 +115,7 @@ pub fn bucket_boundary(
             }
         }
         // Rounding kept the bin's walk short of the target: go on.
-        kept += n;
+        kept += c;
     }
     None
 }
@@ -110,67 +135,70 @@ pub fn apply(work: &mut Work<'_>, p: f32, min_keep: usize, delta: &mut f32) {
         if !(delta.is_finite() && *delta > 0.0) {
             *delta = 6.0;
         }
-        // The normaliser and a first gather share one pass over the row.
-        work.cands.clear();
-        let total = dense::exp_sum_gather(row, d.max, d.scale, ms - *delta, &mut work.cands);
+        // The normaliser and a first gather share one pass over the row; the
+        // gather writes ids and logits side by side, so that the masses the
+        // boundary search needs vectorise.
+        let mut g = std::mem::take(&mut work.spare_gathered);
+        g.clear();
+        let total = dense::exp_sum_gather(row, d.max, d.scale, ms - *delta, &mut g);
         let target = p as f64 * total;
-        // The gathered logits side by side, so their exponentials vectorise.
-        let mut logits = std::mem::take(&mut work.spare_f32);
+        let mut weights = work.spare_row.take().unwrap_or_default();
+        let mut thr = ms - *delta;
         let mut first = true;
         loop {
-            let thr = ms - *delta;
             if !first {
-                work.cands.clear();
-                dense::gather_ge(row, d.scale, thr, &mut work.cands);
+                thr = ms - *delta;
+                g.clear();
+                dense::gather_ge_into(row, d.scale, thr, &mut g);
             }
             first = false;
-            logits.clear();
-            logits.extend(work.cands.iter().map(|c| c.logit));
-            let mass = dense::exp_sum(&logits, ms, 1.0);
-            if (mass >= target && work.cands.len() >= min_keep) || thr < f32::MIN {
+            let mass = dense::exp_store(&g.logits, ms, 1.0, &mut weights);
+            if (mass >= target && g.len() >= min_keep) || thr < f32::MIN {
                 break;
             }
             *delta *= 2.0;
         }
-        if work.cands.len() > 16_384 {
+        if g.len() > 16_384 {
             *delta *= 0.75;
         }
+        // Every gathered logit is at or above the threshold, unless the
+        // gather took every finite entry.
+        let bottom = if thr >= f32::MIN {
+            thr
+        } else {
+            g.logits.iter().fold(ms, |m, &l| m.min(l))
+        };
         // The nucleus boundary by binning the gathered logits, then one
         // order-preserving filter: no sort of the gathered set.
-        let bottom = logits.iter().fold(ms, |m, &l| m.min(l));
-        let mut weights = work.spare_row.take().unwrap_or_default();
-        dense::exp_store(&logits, ms, 1.0, &mut weights);
         let mut tmp = std::mem::take(&mut work.spare_cands);
         let found = bucket_boundary(
-            &work.cands,
-            &weights,
-            ms,
-            bottom,
-            target,
-            min_keep,
-            &mut tmp,
+            &g.ids, &g.logits, &weights, ms, bottom, target, min_keep, &mut tmp,
         );
         work.spare_row = Some(weights);
-        work.spare_f32 = logits;
-        if let Some((tau, ties)) = found {
+        work.spare_cands = tmp;
+        let (tau, mut ties) = found.unwrap_or((f32::MIN, usize::MAX));
+        if let Some((tau, _)) = found {
             // The next row likely needs about as wide a gather as this one.
-            let want = (ms - tau) + 1.0;
+            let want = (ms - tau) + 0.25;
             if want < *delta {
                 *delta = want.max(1.0);
             }
-            let mut left = ties;
-            work.cands.retain(|c| {
-                if c.logit > tau {
-                    true
-                } else if c.logit == tau && left > 0 {
-                    left -= 1;
-                    true
-                } else {
-                    false
-                }
-            });
         }
-        work.spare_cands = tmp;
+        work.cands.clear();
+        work.cands.extend(
+            g.ids
+                .iter()
+                .zip(&g.logits)
+                .filter(|&(_, &l)| {
+                    l > tau
+                        || (l == tau && ties > 0 && {
+                            ties -= 1;
+                            true
+                        })
+                })
+                .map(|(&id, &logit)| Cand { id, logit }),
+        );
+        work.spare_gathered = g;
         work.order = Order::Id;
         work.release_dense();
         return;
@@ -221,8 +249,10 @@ mod tests {
                 let weights: Vec<f32> = cands.iter().map(|c| dense::exp_neg(c.logit)).collect();
                 let bottom = cands.iter().fold(0.0f32, |m, c| m.min(c.logit));
                 let mut tmp = Vec::new();
+                let ids: Vec<u32> = cands.iter().map(|c| c.id).collect();
+                let logits: Vec<f32> = cands.iter().map(|c| c.logit).collect();
                 let got: Vec<u32> = match bucket_boundary(
-                    &cands, &weights, 0.0, bottom, target, min_keep, &mut tmp,
+                    &ids, &logits, &weights, 0.0, bottom, target, min_keep, &mut tmp,
                 ) {
                     None => cands.iter().map(|c| c.id).collect(),
                     Some((tau, ties)) => {

@@ -24,8 +24,9 @@ fn madd<const FMA: bool>(a: f32, b: f32, c: f32) -> f32 {
     }
 }
 
-/// `exp(z)` for `z <= 0` with about 2e-7 relative error; `z < -87` (and
-/// `-inf`) gives exactly 0. Branch-free so that loops over it vectorise.
+/// `exp(z)` for `z <= 0` with about 2e-7 relative error down to `-86.5`;
+/// `z < -87` (and `-inf`) gives exactly 0 (between the two, `exp(-86.5)`).
+/// Branch-free so that loops over it vectorise.
 #[inline(always)]
 pub fn exp_neg(z: f32) -> f32 {
     exp_neg_impl::<false>(z)
@@ -33,29 +34,38 @@ pub fn exp_neg(z: f32) -> f32 {
 
 #[inline(always)]
 fn exp_neg_impl<const FMA: bool>(z: f32) -> f32 {
-    let zc = if z < -87.0 { -87.0 } else { z };
-    let t = madd::<FMA>(zc, LOG2E, MAGIC);
-    let n = t - MAGIC;
-    let r = madd::<FMA>(-n, LN2_HI, zc);
-    let r = madd::<FMA>(-n, LN2_LO, r);
-    let mut p = 1.987_569_1e-4f32;
-    p = madd::<FMA>(p, r, 1.398_199_9e-3);
-    p = madd::<FMA>(p, r, 8.333_452e-3);
-    p = madd::<FMA>(p, r, 4.166_579_6e-2);
-    p = madd::<FMA>(p, r, 1.666_666_5e-1);
-    p = madd::<FMA>(p, r, 0.5);
-    let e = madd::<FMA>(p, r * r, r) + 1.0;
-    // 2^n from the rounded value's low mantissa bits.
-    let bits = t
-        .to_bits()
-        .wrapping_shl(23)
-        .wrapping_add(127u32.wrapping_sub(MAGIC.to_bits()).wrapping_shl(23));
-    let v = e * f32::from_bits(bits);
+    let v = exp_neg_term::<FMA>(z);
     if z < -87.0 {
         0.0
     } else {
         v
     }
+}
+
+/// `exp(max(z, -86.5))` for `z <= 0`: [`exp_neg`] without the final select,
+/// for sums, where a banned entry's `exp(-86.5) = 2.7e-38` is lost against
+/// the maximum's `1`.
+///
+/// `z = n ln 2 + r` with `|r| <= ln(2) / 2` (Cody-Waite, two FMAs), `exp(r)`
+/// by a degree-5 polynomial fitted for relative error (1.1e-7; Horner, five
+/// FMAs), and `2^n` added to the result's exponent bits. The clamp at -86.5
+/// keeps the result a normal float, so that the exponent add is exact.
+#[inline(always)]
+fn exp_neg_term<const FMA: bool>(z: f32) -> f32 {
+    let zc = if z < -86.5 { -86.5 } else { z };
+    let t = madd::<FMA>(zc, LOG2E, MAGIC);
+    let n = t - MAGIC;
+    let r = madd::<FMA>(-n, LN2_HI, zc);
+    let r = madd::<FMA>(-n, LN2_LO, r);
+    let mut p = 8.312_564e-3f32;
+    p = madd::<FMA>(p, r, 4.189_002_5e-2);
+    p = madd::<FMA>(p, r, 1.666_711_4e-1);
+    p = madd::<FMA>(p, r, 4.999_923_4e-1);
+    p = madd::<FMA>(p, r, 1.0);
+    let e = madd::<FMA>(p, r, 1.0);
+    // n sits in the low mantissa bits of `t` (two's complement, the bits of
+    // MAGIC above them shift out): add it to the exponent of `e`.
+    f32::from_bits(e.to_bits().wrapping_add(t.to_bits().wrapping_shl(23)))
 }
 
 /// Every kernel comes in three builds chosen at run time: AVX-512F (16 lanes
@@ -182,7 +192,7 @@ fn exp_sum_generic<const FMA: bool>(row: &[f32], max: f32, scale: f32) -> f64 {
         for c in chunks {
             let c: &[f32; LANES] = c.try_into().unwrap_or(&[0.0; LANES]);
             for i in 0..LANES {
-                acc[i] += exp_neg_impl::<FMA>(c[i] * scale - ms);
+                acc[i] += exp_neg_term::<FMA>(madd::<FMA>(c[i], scale, -ms));
             }
         }
         let mut s = 0.0f32;
@@ -190,7 +200,7 @@ fn exp_sum_generic<const FMA: bool>(row: &[f32], max: f32, scale: f32) -> f64 {
             s += a;
         }
         for &v in tail {
-            s += exp_neg_impl::<FMA>(v * scale - ms);
+            s += exp_neg_term::<FMA>(madd::<FMA>(v, scale, -ms));
         }
         total += s as f64;
     }
@@ -409,7 +419,7 @@ fn exp_sum_gather_generic<const FMA: bool, const WIDE: bool>(
             let c: &[f32; LANES] = c.try_into().unwrap_or(&[0.0; LANES]);
             let mut hit = false;
             for i in 0..LANES {
-                acc[i] += exp_neg_impl::<FMA>(c[i] * scale - ms);
+                acc[i] += exp_neg_term::<FMA>(madd::<FMA>(c[i], scale, -ms));
                 hit |= c[i] * scale >= thr;
             }
             hit_chunks |= (hit as u64) << ci;
@@ -422,7 +432,7 @@ fn exp_sum_gather_generic<const FMA: bool, const WIDE: bool>(
             s += a;
         }
         for (i, &v) in block[tail_start..].iter().enumerate() {
-            s += exp_neg_impl::<FMA>(v * scale - ms);
+            s += exp_neg_term::<FMA>(madd::<FMA>(v, scale, -ms));
             let l = v * scale;
             if l >= thr {
                 out.ids.push((bi * BLOCK + tail_start + i) as u32);
@@ -460,7 +470,7 @@ fn exp_store_generic<const FMA: bool>(
         for (c, o) in chunks.zip(&mut ochunks) {
             let c: &[f32; LANES] = c.try_into().unwrap_or(&[0.0; LANES]);
             for i in 0..LANES {
-                let e = exp_neg_impl::<FMA>(c[i] * scale - ms);
+                let e = exp_neg_impl::<FMA>(madd::<FMA>(c[i], scale, -ms));
                 o[i] = e;
                 acc[i] += e;
             }
@@ -470,7 +480,7 @@ fn exp_store_generic<const FMA: bool>(
             s += a;
         }
         for (&v, o) in tail.iter().zip(ochunks.into_remainder()) {
-            let e = exp_neg_impl::<FMA>(v * scale - ms);
+            let e = exp_neg_impl::<FMA>(madd::<FMA>(v, scale, -ms));
             *o = e;
             s += e;
         }
@@ -682,7 +692,7 @@ mod tests {
     #[test]
     fn exp_neg_is_accurate_and_zero_for_banned() {
         let mut z = 0.0f32;
-        while z > -87.0 {
+        while z > -86.5 {
             let want = (z as f64).exp();
             let got = exp_neg(z) as f64;
             let fused = exp_neg_impl::<true>(z) as f64;
@@ -699,6 +709,10 @@ mod tests {
         assert_eq!(exp_neg(f32::NEG_INFINITY), 0.0);
         assert_eq!(exp_neg(-100.0), 0.0);
         assert_eq!(exp_neg(0.0), 1.0);
+        // Between -87 and -86.5: the clamp's value, still a normal float.
+        let edge = exp_neg(-86.9);
+        assert!(edge.is_normal() && (edge as f64 - (-86.5f64).exp()).abs() < 1e-44);
+        assert_eq!(exp_neg_term::<true>(f32::NEG_INFINITY), exp_neg(-86.5));
     }
 
     #[test]

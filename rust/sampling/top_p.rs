@@ -176,7 +176,7 @@ pub fn apply(work: &mut Work<'_>, p: f32, min_keep: usize, delta: &mut f32) {
         );
         work.spare_row = Some(weights);
         work.spare_cands = tmp;
-        let (tau, mut ties) = found.unwrap_or((f32::MIN, usize::MAX));
+        let (tau, mut ties) = found.unwrap_or((f32::NEG_INFINITY, usize::MAX));
         if let Some((tau, _)) = found {
             // The next row likely needs about as wide a gather as this one.
             let want = (ms - tau) + 0.25;
@@ -184,20 +184,27 @@ pub fn apply(work: &mut Work<'_>, p: f32, min_keep: usize, delta: &mut f32) {
                 *delta = want.max(1.0);
             }
         }
+        // Keep every logit >= tau without a branch (every entry is written,
+        // the end moves past the kept ones only), then drop the ties at tau
+        // beyond the first `ties` in the rare case there are more.
         work.cands.clear();
-        work.cands.extend(
-            g.ids
-                .iter()
-                .zip(&g.logits)
-                .filter(|&(_, &l)| {
-                    l > tau
-                        || (l == tau && ties > 0 && {
-                            ties -= 1;
-                            true
-                        })
-                })
-                .map(|(&id, &logit)| Cand { id, logit }),
-        );
+        work.cands.resize(g.len(), Cand { id: 0, logit: 0.0 });
+        let (mut len, mut at_tau) = (0, 0);
+        for (&id, &logit) in g.ids.iter().zip(&g.logits) {
+            work.cands[len] = Cand { id, logit };
+            len += (logit >= tau) as usize;
+            at_tau += (logit == tau) as usize;
+        }
+        work.cands.truncate(len);
+        if at_tau > ties {
+            work.cands.retain(|c| {
+                c.logit > tau
+                    || (ties > 0 && {
+                        ties -= 1;
+                        true
+                    })
+            });
+        }
         work.spare_gathered = g;
         work.order = Order::Id;
         work.release_dense();

@@ -60,6 +60,8 @@ pub struct Scratch {
     probs: Vec<f64>,
     window_counts: WindowCounts,
     gathered: Gathered,
+    /// Masses of the candidates, when the last stage left them for the draw.
+    masses: Vec<f32>,
     delta_top_k: f32,
     delta_top_p: f32,
 }
@@ -423,7 +425,9 @@ impl SamplerChain {
             }
             stages = &self.stages[plan.resume..];
         }
-        for &stage in stages {
+        let mut masses_ready = false;
+        for (si, &stage) in stages.iter().enumerate() {
+            masses_ready = false;
             if !matches!(stage, Stage::LogitBias | Stage::Penalties | Stage::Dry) {
                 work.refresh()?;
             }
@@ -456,7 +460,17 @@ impl SamplerChain {
                     self.flavor.typical_inclusive,
                     &mut scratch.probs,
                 ),
-                Stage::TopP => top_p::apply(work, k.top_p, k.min_keep, &mut scratch.delta_top_p),
+                Stage::TopP => {
+                    // As the last stage, top-p hands its masses to the draw.
+                    let last = si + 1 == stages.len() && self.selector == Selector::Dist;
+                    masses_ready = top_p::apply(
+                        work,
+                        k.top_p,
+                        k.min_keep,
+                        &mut scratch.delta_top_p,
+                        last.then_some(&mut scratch.masses),
+                    );
+                }
                 Stage::MinP => min_p::apply(work, k.min_p, k.min_keep, &mut scratch.delta_top_k),
                 Stage::TopNSigma => top_n_sigma::apply(work, k.top_n_sigma),
                 Stage::Xtc => {
@@ -476,7 +490,11 @@ impl SamplerChain {
         let u = uniform.unwrap_or_else(|| dist::uniform(k.seed, sequence, step, Stream::Draw));
         let (chosen, surprises) = match self.selector {
             Selector::Argmax | Selector::Dist => {
-                let (c, _, _) = dist::draw(work, u, &mut scratch.exps);
+                let c = if masses_ready && work.dense.is_none() {
+                    dist::draw_with_masses(&work.cands, &scratch.masses, u)
+                } else {
+                    dist::draw(work, u, &mut scratch.exps).0
+                };
                 (c, None)
             }
             Selector::MirostatV1 => {

@@ -489,6 +489,32 @@ fn exp_store_generic<const FMA: bool>(
     total
 }
 
+/// The sum of `weights` exactly as [`exp_store`] sums the values it stores
+/// (16 lanes per 1024-entry block, blocks added in f64), so that masses kept
+/// from an earlier [`exp_store`] give the same total bit for bit.
+pub fn sum_like_exp_store(weights: &[f32]) -> f64 {
+    let mut total = 0.0f64;
+    for block in weights.chunks(BLOCK) {
+        let mut acc = [0.0f32; LANES];
+        let chunks = block.chunks_exact(LANES);
+        let tail = chunks.remainder();
+        for c in chunks {
+            for i in 0..LANES {
+                acc[i] += c[i];
+            }
+        }
+        let mut s = 0.0f32;
+        for a in acc {
+            s += a;
+        }
+        for &e in tail {
+            s += e;
+        }
+        total += s as f64;
+    }
+    total
+}
+
 dispatch! {
     /// `(sum e, sum e*z)` with `z = (x - max) * scale`, `e = exp(z)`: what the
     /// entropy of the row's softmax needs (`H = ln S - sum(e*z)/S`).
@@ -713,6 +739,16 @@ mod tests {
         let edge = exp_neg(-86.9);
         assert!(edge.is_normal() && (edge as f64 - (-86.5f64).exp()).abs() < 1e-44);
         assert_eq!(exp_neg_term::<true>(f32::NEG_INFINITY), exp_neg(-86.5));
+    }
+
+    #[test]
+    fn sum_like_exp_store_reproduces_its_total() {
+        for n in [1usize, 15, 16, 1023, 1024, 1025, 5000] {
+            let row: Vec<f32> = (0..n).map(|i| ((i * 7919) % 1000) as f32 / -37.0).collect();
+            let mut out = Vec::new();
+            let total = exp_store(&row, 0.0, 1.0, &mut out);
+            assert_eq!(sum_like_exp_store(&out).to_bits(), total.to_bits(), "n {n}");
+        }
     }
 
     #[test]

@@ -113,6 +113,19 @@ pub fn draw(work: &mut Work<'_>, u: f64, exps: &mut Vec<f32>) -> (Cand, f64, f64
     (work.cands[i], total.ln(), max as f64)
 }
 
+/// [`draw`] for candidates (id order) whose masses relative to their maximum
+/// are already known (`masses[i]` for `cands[i]`, as [`dense::exp_store`]
+/// computes them): the same token [`draw`] would return, without
+/// recomputing the exponentials.
+pub fn draw_with_masses(cands: &[Cand], masses: &[f32], u: f64) -> Cand {
+    debug_assert_eq!(cands.len(), masses.len());
+    if cands.len() == 1 {
+        return cands[0];
+    }
+    let total = dense::sum_like_exp_store(masses);
+    cands[walk_dense(masses, total, u)]
+}
+
 /// Sum of a block with 16 independent lanes (vectorises).
 fn block_sum(block: &[f32]) -> f64 {
     let mut acc = [0.0f32; 16];

@@ -125,9 +125,19 @@ pub fn bucket_boundary(
 /// On a whole row: one pass for the normaliser, then a gather of the entries
 /// within `delta` of the max, widened until they hold the nucleus, and a sort
 /// of those only.
-pub fn apply(work: &mut Work<'_>, p: f32, min_keep: usize, delta: &mut f32) {
+///
+/// With `masses`, a whole-row top-p also leaves there the mass of each kept
+/// candidate relative to the maximum (what the draw would compute), and
+/// returns true; otherwise it returns false.
+pub fn apply(
+    work: &mut Work<'_>,
+    p: f32,
+    min_keep: usize,
+    delta: &mut f32,
+    mut masses: Option<&mut Vec<f32>>,
+) -> bool {
     if p >= 1.0 {
-        return;
+        return false;
     }
     if let Some(d) = &work.dense {
         let row = d.row.as_slice();
@@ -174,7 +184,6 @@ pub fn apply(work: &mut Work<'_>, p: f32, min_keep: usize, delta: &mut f32) {
         let found = bucket_boundary(
             &g.ids, &g.logits, &weights, ms, bottom, target, min_keep, &mut tmp,
         );
-        work.spare_row = Some(weights);
         work.spare_cands = tmp;
         let (tau, mut ties) = found.unwrap_or((f32::NEG_INFINITY, usize::MAX));
         if let Some((tau, _)) = found {
@@ -190,25 +199,51 @@ pub fn apply(work: &mut Work<'_>, p: f32, min_keep: usize, delta: &mut f32) {
         work.cands.clear();
         work.cands.resize(g.len(), Cand { id: 0, logit: 0.0 });
         let (mut len, mut at_tau) = (0, 0);
-        for (&id, &logit) in g.ids.iter().zip(&g.logits) {
-            work.cands[len] = Cand { id, logit };
-            len += (logit >= tau) as usize;
-            at_tau += (logit == tau) as usize;
+        if let Some(m) = masses.as_deref_mut() {
+            m.clear();
+            m.resize(g.len(), 0.0);
+            for ((&id, &logit), &w) in g.ids.iter().zip(&g.logits).zip(weights.iter()) {
+                work.cands[len] = Cand { id, logit };
+                m[len] = w;
+                len += (logit >= tau) as usize;
+                at_tau += (logit == tau) as usize;
+            }
+            m.truncate(len);
+        } else {
+            for (&id, &logit) in g.ids.iter().zip(&g.logits) {
+                work.cands[len] = Cand { id, logit };
+                len += (logit >= tau) as usize;
+                at_tau += (logit == tau) as usize;
+            }
         }
         work.cands.truncate(len);
         if at_tau > ties {
-            work.cands.retain(|c| {
-                c.logit > tau
-                    || (ties > 0 && {
-                        ties -= 1;
-                        true
-                    })
-            });
+            // Surplus ties at the boundary: keep the first `ties` of them,
+            // and the masses in step.
+            let mut kept = 0;
+            for i in 0..work.cands.len() {
+                let c = work.cands[i];
+                let keep = c.logit > tau || ties > 0;
+                ties -= (c.logit == tau && keep) as usize;
+                if keep {
+                    work.cands[kept] = c;
+                    if let Some(m) = masses.as_deref_mut() {
+                        m[kept] = m[i];
+                    }
+                    kept += 1;
+                }
+            }
+            work.cands.truncate(kept);
+            if let Some(m) = masses.as_deref_mut() {
+                m.truncate(kept);
+            }
         }
+        let have_masses = masses.is_some();
+        work.spare_row = Some(weights);
         work.spare_gathered = g;
         work.order = Order::Id;
         work.release_dense();
-        return;
+        return have_masses;
     }
     work.sort_desc();
     let max = work.cands[0].logit;
@@ -219,6 +254,7 @@ pub fn apply(work: &mut Work<'_>, p: f32, min_keep: usize, delta: &mut f32) {
         .sum();
     let n = prefix_len(&work.cands, max, p as f64 * total, min_keep, false);
     work.cands.truncate(n);
+    false
 }
 
 #[cfg(test)]
@@ -233,6 +269,40 @@ mod tests {
         let mut ids: Vec<u32> = s[..n].iter().map(|c| c.id).collect();
         ids.sort_unstable();
         ids
+    }
+
+    #[test]
+    fn the_masses_top_p_leaves_give_the_draws_tokens() {
+        use crate::sampling::candidates::RowRef;
+        use crate::sampling::dist;
+        let mut state = 3u64;
+        for case in 0..40 {
+            let n = 50 + case * 997;
+            let row: Vec<f32> = (0..n)
+                .map(|_| {
+                    state = state
+                        .wrapping_mul(6_364_136_223_846_793_005)
+                        .wrapping_add(1);
+                    ((state >> 40) % 4096) as f32 / 512.0
+                })
+                .collect();
+            let (am, mx, _) = dense::argmax_nan(&row);
+            let mut w = Work::from_row(RowRef::Borrowed(&row), am, mx, Vec::new());
+            let (mut masses, mut delta) = (Vec::new(), 0.0);
+            let p = [0.3, 0.9, 0.99][case % 3];
+            assert!(apply(&mut w, p, 1, &mut delta, Some(&mut masses)));
+            assert_eq!(masses.len(), w.cands.len());
+            let mut exps = Vec::new();
+            for k in 0..200 {
+                let u = (k as f64 + 0.5) / 200.0;
+                let want = dist::draw(&mut w, u, &mut exps).0;
+                assert_eq!(
+                    dist::draw_with_masses(&w.cands, &masses, u),
+                    want,
+                    "case {case} u {u}"
+                );
+            }
+        }
     }
 
     #[test]

@@ -57,30 +57,30 @@ pub fn bucket_boundary(
     // Bin ids first, in a loop of its own so that it vectorises.
     let mut bins = vec![0u8; n];
     for (b, &l) in bins.iter_mut().zip(logits) {
-        let x = (top - l) * inv;
-        *b = if x < (BINS - 1) as f32 {
-            x as u8
-        } else {
-            (BINS - 1) as u8
-        };
+        // `min` and `max` return the other operand for a NaN, so `x` is a
+        // number in [0, 255].
+        let x = ((top - l) * inv).min((BINS - 1) as f32).max(0.0);
+        // SAFETY: `x` is finite and in [0, 255], so truncating it fits a u32
+        // (the checked `as` conversion costs a clamp per lane here).
+        *b = unsafe { x.to_int_unchecked::<u32>() } as u8;
     }
     // Four interleaved histograms, so that runs of candidates in one bin do
     // not chain their additions through memory.
     let mut mass = [[0.0f64; BINS]; 4];
     let mut count = [[0u32; BINS]; 4];
-    let quads = n / 4;
-    for q in 0..quads {
+    let bq = bins.chunks_exact(4);
+    let wq = weights[..n].chunks_exact(4);
+    let (bt, wt) = (bq.remainder(), wq.remainder());
+    for (b4, w4) in bq.zip(wq) {
         for k in 0..4 {
-            let i = 4 * q + k;
-            let b = bins[i] as usize;
-            mass[k][b] += weights[i] as f64;
+            let b = b4[k] as usize;
+            mass[k][b] += w4[k] as f64;
             count[k][b] += 1;
         }
     }
-    for i in 4 * quads..n {
-        let b = bins[i] as usize;
-        mass[0][b] += weights[i] as f64;
-        count[0][b] += 1;
+    for (&b, &w) in bt.iter().zip(wt) {
+        mass[0][b as usize] += w as f64;
+        count[0][b as usize] += 1;
     }
     let (mut acc, mut kept) = (0.0f64, 0usize);
     let mut idx: Vec<u32> = Vec::new();
@@ -96,14 +96,28 @@ pub fn bucket_boundary(
             continue;
         }
         // The crossing is in this bin: sort it alone and walk it.
-        idx.clear();
+        // Its members: a 16-entry mask of matching bin ids at a time (one
+        // vector compare), then one step per member.
         tmp.clear();
-        idx.extend(
-            bins.iter()
-                .enumerate()
-                .filter(|&(_, &bi)| bi as usize == b)
-                .map(|(i, _)| i as u32),
-        );
+        idx.clear();
+        let chunks = bins.chunks_exact(16);
+        let tail = chunks.remainder();
+        for (ci, chunk) in chunks.enumerate() {
+            let mut hits = 0u32;
+            for (k, &bi) in chunk.iter().enumerate() {
+                hits |= ((bi as usize == b) as u32) << k;
+            }
+            while hits != 0 {
+                idx.push((ci * 16 + hits.trailing_zeros() as usize) as u32);
+                hits &= hits - 1;
+            }
+        }
+        let tail_start = bins.len() - tail.len();
+        for (k, &bi) in tail.iter().enumerate() {
+            if bi as usize == b {
+                idx.push((tail_start + k) as u32);
+            }
+        }
         idx.sort_unstable_by(|&x, &y| by_rank(&cand(x), &cand(y)));
         for (j, &i) in idx.iter().enumerate() {
             let c = cand(i);

@@ -8,6 +8,11 @@ Rows are LM-shaped: token ranks in random order, logit = 12 - s*ln(1+rank) plus
 Gumbel noise (scale 0.5). s = 2.2 is a peaked row (top-p 0.95 keeps a handful of
 tokens); s = 1.1 is a flat one (top-p 0.95 keeps thousands).
 
+Top-p is also timed on a cycle of eight rows of different shapes (from peaked to
+very flat, as consecutive steps of a real decode loop are), against np.argmax over
+the same cycle: the gather width adapts from one row to the next, so a repeated
+row alone would flatter it.
+
 The penalties+DRY chain is timed with three histories: the same 4096 tokens on
 every call ("same"), a 4096-token window that slides by one token per call as in
 a decode loop ("decode"), and two unrelated histories in turn, so that nothing
@@ -89,6 +94,15 @@ def chain_for(name: str) -> SamplerChain:
 
 
 HISTORY_MODES = ("same", "decode", "fresh")
+MIXED_SHAPES = (1.1, 2.2, 1.5, 0.9, 2.0, 1.2, 1.8, 1.0)
+
+
+def mixed_calls(vocab: int) -> tuple[Callable[[], object], Callable[[], object]]:
+    """Top-p over a cycle of differently shaped rows, and np.argmax over the same cycle."""
+    rows = [lm_row(vocab, shape, seed) for seed, shape in enumerate(MIXED_SHAPES)]
+    chain = chain_for("top_p")
+    chain_rows, base_rows = itertools.cycle(rows), itertools.cycle(rows)
+    return (lambda: chain.sample(next(chain_rows))), (lambda: np.argmax(next(base_rows)))
 
 
 def call_for(
@@ -148,6 +162,21 @@ def test_penalties_history_modes(benchmark: Any, mode: str, vocab: int) -> None:
     assert 0 <= int(benchmark(fn)) < vocab  # type: ignore[call-overload]
 
 
+@pytest.mark.parametrize("vocab", VOCABS)
+def test_top_p_mixed_rows(benchmark: Any, vocab: int) -> None:
+    fn, _ = mixed_calls(vocab)
+    benchmark.group = f"sampler top_p (mixed rows) V={vocab}"
+    assert 0 <= int(benchmark(fn)) < vocab  # type: ignore[call-overload]
+
+
+@pytest.mark.parametrize("vocab", VOCABS)
+def test_np_argmax_mixed_rows_baseline(benchmark: Any, vocab: int) -> None:
+    _, base = mixed_calls(vocab)
+    benchmark.group = f"sampler top_p (mixed rows) V={vocab}"
+    benchmark.extra_info["baseline"] = True
+    benchmark(base)
+
+
 def test_call_overhead_small_vocab(benchmark: Any) -> None:
     row = lm_row(16)
     chain = chain_for("classic")
@@ -197,6 +226,11 @@ def main() -> int:
                     label = f"{name} ({mode})"
                 us = f"{b * 1e6:>14.1f}{s * 1e6:>10.1f}"
                 print(f"{label:<22}{vocab:>8}{us}{r:>8.2f}{TARGETS[name]:>8}")
+    for vocab in VOCABS:
+        fn, base = mixed_calls(vocab)
+        s, b, r = ratio(fn, base)
+        us = f"{b * 1e6:>14.1f}{s * 1e6:>10.1f}"
+        print(f"{'top_p (mixed rows)':<22}{vocab:>8}{us}{r:>8.2f}{'-':>8}")
     row16 = lm_row(16)
     chain = chain_for("classic")
     s16 = min(best_of(lambda: chain.sample(row16, None), 20000) for _ in range(7))

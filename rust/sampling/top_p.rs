@@ -43,6 +43,39 @@ pub fn bucket_boundary(
     min_keep: usize,
     tmp: &mut Vec<Cand>,
 ) -> Option<(f32, usize)> {
+    let mut walk = Walk { acc: 0.0, kept: 0 };
+    boundary_in(
+        ids, logits, weights, top, bottom, target, min_keep, tmp, &mut walk, 0,
+    )
+}
+
+/// A crossing bin with more members than this is binned again, not sorted.
+const SPLIT: usize = 512;
+/// How many times a crowded bin is binned again before sorting it anyway.
+const MAX_DEPTH: u32 = 3;
+
+/// The mass and the number of candidates walked so far, from the top.
+struct Walk {
+    acc: f64,
+    kept: usize,
+}
+
+/// [`bucket_boundary`] continuing a walk: `walk` holds what the higher
+/// logits (outside this set) already contribute, and on `None` it also
+/// holds this whole set.
+#[allow(clippy::too_many_arguments)]
+fn boundary_in(
+    ids: &[u32],
+    logits: &[f32],
+    weights: &[f32],
+    top: f32,
+    bottom: f32,
+    target: f64,
+    min_keep: usize,
+    tmp: &mut Vec<Cand>,
+    walk: &mut Walk,
+    depth: u32,
+) -> Option<(f32, usize)> {
     let n = ids.len();
     let cand = |i: u32| Cand {
         id: ids[i as usize],
@@ -82,7 +115,7 @@ pub fn bucket_boundary(
         mass[0][b as usize] += w as f64;
         count[0][b as usize] += 1;
     }
-    let (mut acc, mut kept) = (0.0f64, 0usize);
+    let (mut acc, mut kept) = (walk.acc, walk.kept);
     let mut idx: Vec<u32> = Vec::new();
     for b in 0..BINS {
         let c = (count[0][b] + count[1][b] + count[2][b] + count[3][b]) as usize;
@@ -95,10 +128,9 @@ pub fn bucket_boundary(
             kept += c;
             continue;
         }
-        // The crossing is in this bin: sort it alone and walk it.
-        // Its members: a 16-entry mask of matching bin ids at a time (one
-        // vector compare), then one step per member.
-        tmp.clear();
+        // The crossing is in this bin. Its members: a 16-entry mask of
+        // matching bin ids at a time (one vector compare), then one step per
+        // member.
         idx.clear();
         let chunks = bins.chunks_exact(16);
         let tail = chunks.remainder();
@@ -118,6 +150,39 @@ pub fn bucket_boundary(
                 idx.push((tail_start + k) as u32);
             }
         }
+        let (lo, hi) = idx
+            .iter()
+            .fold((f32::INFINITY, f32::NEG_INFINITY), |(lo, hi), &i| {
+                let l = logits[i as usize];
+                (lo.min(l), hi.max(l))
+            });
+        if idx.len() > SPLIT && lo < hi && depth < MAX_DEPTH {
+            // A crowded bin (a very flat row): bin its members again rather
+            // than sort them all.
+            let sub_ids: Vec<u32> = idx.iter().map(|&i| ids[i as usize]).collect();
+            let sub_logits: Vec<f32> = idx.iter().map(|&i| logits[i as usize]).collect();
+            let sub_weights: Vec<f32> = idx.iter().map(|&i| weights[i as usize]).collect();
+            let mut inner = Walk { acc, kept };
+            let found = boundary_in(
+                &sub_ids,
+                &sub_logits,
+                &sub_weights,
+                hi,
+                lo,
+                target,
+                min_keep,
+                tmp,
+                &mut inner,
+                depth + 1,
+            );
+            if found.is_some() {
+                return found;
+            }
+            (acc, kept) = (inner.acc, inner.kept);
+            continue;
+        }
+        // Sort the bin alone and walk it.
+        tmp.clear();
         idx.sort_unstable_by(|&x, &y| by_rank(&cand(x), &cand(y)));
         for (j, &i) in idx.iter().enumerate() {
             let c = cand(i);
@@ -131,7 +196,32 @@ pub fn bucket_boundary(
         // Rounding kept the bin's walk short of the target: go on.
         kept += c;
     }
+    walk.acc = acc;
+    walk.kept = kept;
     None
+}
+
+/// The narrowest gather width kept between calls: a peaked row has only a
+/// few entries within this of its maximum, so a wider gather costs it little
+/// and spares a second pass when a flatter row follows.
+const MIN_DELTA: f32 = 4.0;
+
+/// How much wider a gather at `thr` must go to find the `missing` mass: the
+/// mass per nat of the gathered band just above `thr`, assumed to continue
+/// below it (it usually thins out, so this seldom overshoots; a shortfall
+/// takes another step). At least a quarter nat, at most the current width.
+fn widening(logits: &[f32], weights: &[f32], thr: f32, missing: f64, delta: f32) -> f32 {
+    let band: f64 = logits
+        .iter()
+        .zip(weights)
+        .map(|(&l, &w)| if l < thr + 1.0 { w as f64 } else { 0.0 })
+        .sum();
+    let step = if band > 0.0 {
+        (missing / band) as f32 + 0.25
+    } else {
+        delta
+    };
+    step.clamp(0.25, delta.max(1.0))
 }
 
 /// Apply top-p with mass `p` (`p >= 1` keeps everything).
@@ -157,7 +247,7 @@ pub fn apply(
         let row = d.row.as_slice();
         let ms = d.max * d.scale;
         if !(delta.is_finite() && *delta > 0.0) {
-            *delta = 6.0;
+            *delta = 8.0;
         }
         // The normaliser and a first gather share one pass over the row; the
         // gather writes ids and logits side by side, so that the masses the
@@ -169,6 +259,7 @@ pub fn apply(
         let mut weights = work.spare_row.take().unwrap_or_default();
         let mut thr = ms - *delta;
         let mut first = true;
+        let mut misses = 0;
         loop {
             if !first {
                 thr = ms - *delta;
@@ -180,10 +271,14 @@ pub fn apply(
             if (mass >= target && g.len() >= min_keep) || thr < f32::MIN {
                 break;
             }
-            *delta *= 2.0;
-        }
-        if g.len() > 16_384 {
-            *delta *= 0.75;
+            misses += 1;
+            *delta += if misses <= 4 {
+                // Each shortfall makes the next estimate bolder.
+                widening(&g.logits, &weights, thr, target - mass, *delta) * 1.5f32.powi(misses - 1)
+            } else {
+                // Estimates that keep falling short (a gap in the row): double.
+                *delta
+            };
         }
         // Every gathered logit is at or above the threshold, unless the
         // gather took every finite entry.
@@ -202,9 +297,11 @@ pub fn apply(
         let (tau, mut ties) = found.unwrap_or((f32::NEG_INFINITY, usize::MAX));
         if let Some((tau, _)) = found {
             // The next row likely needs about as wide a gather as this one.
+            // Halfway down to this row's need at a time, so that a flatter
+            // row among peaked ones seldom needs a second pass.
             let want = (ms - tau) + 0.25;
             if want < *delta {
-                *delta = want.max(1.0);
+                *delta = (0.5 * (*delta + want)).max(MIN_DELTA);
             }
         }
         // Keep every logit >= tau without a branch (every entry is written,
@@ -315,6 +412,56 @@ mod tests {
                     want,
                     "case {case} u {u}"
                 );
+            }
+        }
+    }
+
+    #[test]
+    fn crowded_bins_are_binned_again_and_agree_with_sorting() {
+        let mut state = 0x2545_f491_4f6c_dd1du64;
+        for case in 0..12 {
+            // Most logits packed into a sliver at the bottom of the range, so
+            // that the crossing bin holds thousands (and, for some cases, a
+            // sliver of equal values that cannot be split).
+            let n = 3000 + case * 1500;
+            let cands: Vec<Cand> = (0..n as u32)
+                .map(|id| {
+                    state = state
+                        .wrapping_mul(6_364_136_223_846_793_005)
+                        .wrapping_add(1);
+                    let r = (state >> 40) as f32 / (1u64 << 24) as f32;
+                    let logit = if id % 97 == 0 {
+                        -r * 8.0
+                    } else if case % 3 == 0 {
+                        -8.0 + ((r * 4.0) as u32) as f32 * 1e-3
+                    } else {
+                        -8.0 + r * 1e-2
+                    };
+                    Cand { id, logit }
+                })
+                .collect();
+            let weights: Vec<f32> = cands.iter().map(|c| dense::exp_neg(c.logit)).collect();
+            let total: f64 = weights.iter().map(|&w| w as f64).sum();
+            let ids: Vec<u32> = cands.iter().map(|c| c.id).collect();
+            let logits: Vec<f32> = cands.iter().map(|c| c.logit).collect();
+            for p in [0.3, 0.6, 0.95] {
+                let mut tmp = Vec::new();
+                let (tau, ties) =
+                    bucket_boundary(&ids, &logits, &weights, 0.0, -8.0, p * total, 1, &mut tmp)
+                        .expect("a boundary");
+                let mut left = ties;
+                let got: Vec<u32> = cands
+                    .iter()
+                    .filter(|c| {
+                        c.logit > tau
+                            || (c.logit == tau && left > 0 && {
+                                left -= 1;
+                                true
+                            })
+                    })
+                    .map(|c| c.id)
+                    .collect();
+                assert_eq!(got, by_sorting(&cands, p * total, 1), "case {case} p {p}");
             }
         }
     }

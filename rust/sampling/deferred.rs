@@ -110,8 +110,9 @@ impl Edits<'_> {
 }
 
 /// The `k` best-ranked entries of the edited `row` (raw maximum `max`), in
-/// rank order, into `out`. `delta` is the adaptive gather width the dense
-/// top-k also keeps. Errors when the edits ban every token.
+/// rank order, into `out`: [`dense::gather_top`] with the edits applied to
+/// each batch it gathers. `delta` is the starting width the dense top-k also
+/// keeps. Errors when the edits ban every token.
 pub fn top_k(
     row: &[f32],
     max: f32,
@@ -125,41 +126,36 @@ pub fn top_k(
     if !(delta.is_finite() && *delta > 0.0) {
         *delta = 8.0;
     }
-    let mut thr = if k.saturating_mul(4) >= row.len() {
+    let edit = |batch: &mut [Cand]| {
+        for c in batch {
+            c.logit = edits.apply(c.id, c.logit);
+        }
+    };
+    let cap = (4 * k).max(256);
+    let start = if k.saturating_mul(4) >= row.len() {
         f32::MIN
     } else {
         max - *delta
     };
-    let mut widened = false;
-    loop {
+    out.clear();
+    let thr = dense::gather_top(row, start, k, cap, &edit, out);
+    // Without a cut, the start must have let k edited entries through.
+    let above = out.iter().filter(|c| c.logit >= thr).count();
+    if above < k && thr > f32::MIN {
+        // Too narrow (the edits pushed top tokens below it): from the bottom.
         out.clear();
-        dense::gather_ge(row, 1.0, thr, out);
-        let mut above = 0usize;
-        for c in out.iter_mut() {
-            c.logit = edits.apply(c.id, c.logit);
-            above += (c.logit >= thr) as usize;
-        }
-        if above >= k || thr <= f32::MIN {
-            break;
-        }
-        // Too narrow (the edits pushed top tokens below the threshold):
-        // widen once a lot, then take every entry.
-        if widened {
-            thr = f32::MIN;
-        } else {
-            widened = true;
-            *delta *= 16.0;
-            thr = (max - *delta).max(f32::MIN);
-        }
-    }
-    if out.len() > 64 * k + 4096 {
-        *delta *= 0.5;
+        dense::gather_top(row, f32::MIN, k, cap, &edit, out);
     }
     out.retain(|c| c.logit > f32::NEG_INFINITY);
     if out.is_empty() {
         return Err(CoreError::AllBanned);
     }
     top_k_sparse(out, k, keep_ties);
+    // Next time start a little below this row's k-th.
+    if let Some(kth) = out.get(k - 1).or(out.last()) {
+        let want = (max - kth.logit) + 2.0;
+        *delta = if want.is_finite() { want.max(1.0) } else { 8.0 };
+    }
     Ok(())
 }
 

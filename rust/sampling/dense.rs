@@ -628,6 +628,60 @@ fn gather_ge_generic<const FMA: bool, const WIDE: bool>(
 }
 
 dispatch! { wide
+    /// The entries of `row` at or above a running threshold that starts at
+    /// `thr`, for a top-`k`: `edit` rewrites each batch of new entries'
+    /// logits (it may only lower them), and whenever more than `cap` are
+    /// gathered they are cut to the `k` best (and any tied with the k-th) and
+    /// the threshold rises to the k-th. Every entry left out is below the
+    /// final threshold; returns that threshold.
+    pub fn gather_top / gather_top_avx2 / gather_top_generic(row: &[f32], thr: f32, k: usize, cap: usize, edit: &dyn Fn(&mut [Cand]), out: &mut Vec<Cand>) -> f32
+}
+
+#[inline(always)]
+fn gather_top_generic<const FMA: bool, const WIDE: bool>(
+    row: &[f32],
+    thr: f32,
+    k: usize,
+    cap: usize,
+    edit: &dyn Fn(&mut [Cand]),
+    out: &mut Vec<Cand>,
+) -> f32 {
+    const SEGMENT: usize = 1024;
+    let mut thr = if thr >= f32::MIN { thr } else { f32::MIN };
+    for (si, seg) in row.chunks(SEGMENT).enumerate() {
+        let base = si * SEGMENT;
+        let start = out.len();
+        let chunks = seg.chunks_exact(LANES);
+        let tail_start = seg.len() - chunks.remainder().len();
+        for (ci, c) in chunks.enumerate() {
+            let mut hit = 0u32;
+            for &v in c {
+                hit |= (v >= thr) as u32;
+            }
+            if hit != 0 {
+                push_hits::<WIDE>(c, base + ci * LANES, 1.0, thr, out);
+            }
+        }
+        for (i, &v) in seg[tail_start..].iter().enumerate() {
+            if v >= thr {
+                out.push(Cand {
+                    id: (base + tail_start + i) as u32,
+                    logit: v,
+                });
+            }
+        }
+        edit(&mut out[start..]);
+        if out.len() > cap.max(k) {
+            out.select_nth_unstable_by(k - 1, by_rank);
+            // Edits only lower logits: nothing left out can pass the k-th.
+            thr = thr.max(out[k - 1].logit);
+            out.retain(|c| c.logit >= thr);
+        }
+    }
+    thr
+}
+
+dispatch! { wide
     /// [`gather_ge`] into two parallel arrays.
     pub fn gather_ge_into / gather_ge_into_avx2 / gather_ge_into_generic(row: &[f32], scale: f32, thr: f32, out: &mut Gathered) -> ()
 }
@@ -664,13 +718,15 @@ fn gather_ge_into_generic<const FMA: bool, const WIDE: bool>(
     }
 }
 
-/// The `k` best-ranked entries of a row (plus ties with the k-th when
+/// The `k` best-ranked entries of the row (or more, tied with the k-th, with
 /// `keep_ties`), sorted by rank, with logits scaled.
 ///
-/// Gathers the entries within `delta` of the maximum in one pass, widening
-/// `delta` until at least `k` are in hand, then selects among those. `delta`
-/// persists between calls so the next row usually needs one pass; it only
-/// affects speed, never the result.
+/// One pass, block by block: entries at or above a running threshold are
+/// gathered, and whenever the gathered set grows past a few times `k` it is
+/// cut to its k best and the threshold rises to the k-th. The threshold starts
+/// `delta` below the maximum; `delta` persists between calls as a hint (the
+/// last row's width, with room to spare) and only affects speed, never the
+/// result: a threshold too low costs a few cuts, one too high a second pass.
 pub fn top_k(
     row: &[f32],
     scale: f32,
@@ -688,21 +744,21 @@ pub fn top_k(
         // Most of the row survives anyway: take every finite entry.
         gather_ge(row, 1.0, f32::MIN, out);
     } else {
-        gather_ge(row, 1.0, max - *delta, out);
+        let cap = (4 * k).max(256);
+        gather_top(row, max - *delta, k, cap, &|_| {}, out);
         if out.len() < k {
-            // Too narrow: widen once a lot, then give up and take everything.
-            *delta *= 16.0;
+            // The threshold started too high: again from the bottom.
             out.clear();
-            gather_ge(row, 1.0, max - *delta, out);
-            if out.len() < k {
-                out.clear();
-                gather_ge(row, 1.0, f32::MIN, out);
-            }
-        } else if out.len() > 64 * k + 4096 {
-            *delta *= 0.5;
+            gather_top(row, f32::MIN, k, cap, &|_| {}, out);
         }
     }
     top_k_sparse(out, k, keep_ties);
+    // Next time start a little below this row's k-th (room for the next
+    // row to be flatter; a lower start costs only cuts).
+    if let Some(kth) = out.get(k - 1).or(out.last()) {
+        let want = (max - kth.logit) + 2.0;
+        *delta = if want.is_finite() { want.max(1.0) } else { 8.0 };
+    }
     if scale != 1.0 {
         for c in out.iter_mut() {
             c.logit *= scale;
@@ -907,6 +963,53 @@ mod tests {
                     let aos_logits: Vec<f32> = aos.iter().map(|c| c.logit).collect();
                     assert_eq!((&aos_ids, &aos_logits), (&ids, &logits), "gather_ge {what}");
                     assert!(((sum - want_sum) / want_sum).abs() < 1e-6, "sum {what}");
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn top_k_matches_a_sort_whatever_the_starting_width() {
+        let mut state = 17u64;
+        for case in 0..60 {
+            let n = 200 + case * 613;
+            let row: Vec<f32> = (0..n)
+                .map(|_| {
+                    state = state
+                        .wrapping_mul(6_364_136_223_846_793_005)
+                        .wrapping_add(1);
+                    match (state >> 33) % 50 {
+                        0 => f32::NEG_INFINITY,
+                        r => ((state >> 40) % 2048) as f32 / (8.0 + r as f32),
+                    }
+                })
+                .collect();
+            let (_, max, _) = argmax_nan(&row);
+            for k in [1usize, 7, 40, 333] {
+                for keep_ties in [false, true] {
+                    let mut sorted: Vec<Cand> = row
+                        .iter()
+                        .enumerate()
+                        .filter(|(_, v)| v.is_finite())
+                        .map(|(i, &v)| Cand {
+                            id: i as u32,
+                            logit: v,
+                        })
+                        .collect();
+                    sorted.sort_unstable_by(by_rank);
+                    let mut want: Vec<Cand> = sorted.iter().take(k).copied().collect();
+                    if keep_ties && sorted.len() > k {
+                        let kth = sorted[k - 1].logit;
+                        want.extend(sorted[k..].iter().take_while(|c| c.logit == kth));
+                    }
+                    for start in [0.01f32, 1.0, 8.0, 1e9] {
+                        let (mut delta, mut out) = (start, Vec::new());
+                        top_k(&row, 1.0, max, k, keep_ties, &mut delta, &mut out);
+                        assert_eq!(
+                            out, want,
+                            "case {case} k {k} ties {keep_ties} start {start}"
+                        );
+                    }
                 }
             }
         }

@@ -8,10 +8,10 @@ Rows are LM-shaped: token ranks in random order, logit = 12 - s*ln(1+rank) plus
 Gumbel noise (scale 0.5). s = 2.2 is a peaked row (top-p 0.95 keeps a handful of
 tokens); s = 1.1 is a flat one (top-p 0.95 keeps thousands).
 
-Top-p is also timed on a cycle of eight rows of different shapes (from peaked to
-very flat, as consecutive steps of a real decode loop are), against np.argmax over
-the same cycle: the gather width adapts from one row to the next, so a repeated
-row alone would flatter it.
+The classic, top-p and penalties+DRY chains are also timed on a cycle of eight
+rows of different shapes (from peaked to very flat, as consecutive steps of a real
+decode loop are), against np.argmax over the same cycle ("mixed"): gather widths
+adapt from one row to the next, so a repeated row alone would flatter them.
 
 The penalties+DRY chain is timed with three histories: the same 4096 tokens on
 every call ("same"), a 4096-token window that slides by one token per call as in
@@ -97,12 +97,15 @@ HISTORY_MODES = ("same", "decode", "fresh")
 MIXED_SHAPES = (1.1, 2.2, 1.5, 0.9, 2.0, 1.2, 1.8, 1.0)
 
 
-def mixed_calls(vocab: int) -> tuple[Callable[[], object], Callable[[], object]]:
-    """Top-p over a cycle of differently shaped rows, and np.argmax over the same cycle."""
+def mixed_calls(
+    vocab: int, name: str = "top_p"
+) -> tuple[Callable[[], object], Callable[[], object]]:
+    """A chain over a cycle of differently shaped rows, and np.argmax over the same cycle."""
     rows = [lm_row(vocab, shape, seed) for seed, shape in enumerate(MIXED_SHAPES)]
-    chain = chain_for("top_p")
+    chain = chain_for(name)
+    hist = history(vocab) if name == "penalties+dry" else None
     chain_rows, base_rows = itertools.cycle(rows), itertools.cycle(rows)
-    return (lambda: chain.sample(next(chain_rows))), (lambda: np.argmax(next(base_rows)))
+    return (lambda: chain.sample(next(chain_rows), hist)), (lambda: np.argmax(next(base_rows)))
 
 
 def call_for(
@@ -162,17 +165,22 @@ def test_penalties_history_modes(benchmark: Any, mode: str, vocab: int) -> None:
     assert 0 <= int(benchmark(fn)) < vocab  # type: ignore[call-overload]
 
 
+MIXED = ("classic", "top_p", "penalties+dry")
+
+
 @pytest.mark.parametrize("vocab", VOCABS)
-def test_top_p_mixed_rows(benchmark: Any, vocab: int) -> None:
-    fn, _ = mixed_calls(vocab)
-    benchmark.group = f"sampler top_p (mixed rows) V={vocab}"
+@pytest.mark.parametrize("name", MIXED)
+def test_chain_mixed_rows(benchmark: Any, name: str, vocab: int) -> None:
+    fn, _ = mixed_calls(vocab, name)
+    benchmark.group = f"sampler {name} (mixed rows) V={vocab}"
     assert 0 <= int(benchmark(fn)) < vocab  # type: ignore[call-overload]
 
 
 @pytest.mark.parametrize("vocab", VOCABS)
-def test_np_argmax_mixed_rows_baseline(benchmark: Any, vocab: int) -> None:
-    _, base = mixed_calls(vocab)
-    benchmark.group = f"sampler top_p (mixed rows) V={vocab}"
+@pytest.mark.parametrize("name", MIXED)
+def test_np_argmax_mixed_rows_baseline(benchmark: Any, name: str, vocab: int) -> None:
+    _, base = mixed_calls(vocab, name)
+    benchmark.group = f"sampler {name} (mixed rows) V={vocab}"
     benchmark.extra_info["baseline"] = True
     benchmark(base)
 
@@ -226,11 +234,12 @@ def main() -> int:
                     label = f"{name} ({mode})"
                 us = f"{b * 1e6:>14.1f}{s * 1e6:>10.1f}"
                 print(f"{label:<22}{vocab:>8}{us}{r:>8.2f}{TARGETS[name]:>8}")
-    for vocab in VOCABS:
-        fn, base = mixed_calls(vocab)
-        s, b, r = ratio(fn, base)
-        us = f"{b * 1e6:>14.1f}{s * 1e6:>10.1f}"
-        print(f"{'top_p (mixed rows)':<22}{vocab:>8}{us}{r:>8.2f}{'-':>8}")
+    for name in ("classic", "top_p", "penalties+dry"):
+        for vocab in VOCABS:
+            fn, base = mixed_calls(vocab, name)
+            s, b, r = ratio(fn, base)
+            us = f"{b * 1e6:>14.1f}{s * 1e6:>10.1f}"
+            print(f"{name + ' (mixed)':<22}{vocab:>8}{us}{r:>8.2f}{'-':>8}")
     row16 = lm_row(16)
     chain = chain_for("classic")
     s16 = min(best_of(lambda: chain.sample(row16, None), 20000) for _ in range(7))

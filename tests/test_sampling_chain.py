@@ -200,13 +200,19 @@ def test_clone_continues_the_same_stream_independently() -> None:
     assert copy.deepcopy(chain).step == chain.step
 
 
-def test_reproducible_alone_or_in_a_batch() -> None:
+@pytest.mark.parametrize(
+    "shape",
+    [(6, 5000), (8, 140_000)],
+    ids=["one thread", "pool"],  # over a million logits a batch runs on rayon's pool
+)
+def test_reproducible_alone_or_in_a_batch(shape: tuple[int, int]) -> None:
     rng = np.random.default_rng(3)
-    logits = rng.standard_normal((6, 5000)).astype(np.float32) * 2
+    rows, vocab = shape
+    logits = rng.standard_normal(shape).astype(np.float32) * 2
     opts = SampleOpts(temperature=0.9, top_k=50, top_p=0.9, seed=77)
     batch_chain = opts.into_chain()
-    singles = [opts.into_chain(sequence_id=r) for r in range(6)]
-    histories = [list(rng.integers(0, 5000, 10)) for _ in range(6)]
+    singles = [opts.into_chain(sequence_id=r) for r in range(rows)]
+    histories = [list(rng.integers(0, vocab, 10)) for _ in range(rows)]
     for _ in range(5):
         got = batch_chain.sample_batch(logits, histories)
         want = [c.sample(logits[r], histories[r]) for r, c in enumerate(singles)]
@@ -227,7 +233,7 @@ def test_batch_with_explicit_sequence_ids_and_uniforms() -> None:
 
 
 def test_batch_runs_off_the_gil_in_parallel_threads() -> None:
-    logits = np.random.default_rng(0).standard_normal((32, 20000)).astype(np.float32)
+    logits = np.random.default_rng(0).standard_normal((32, 40000)).astype(np.float32)
     chain = SampleOpts(temperature=1.0, top_p=0.9, seed=2).into_chain()
     want = chain.sample_batch(logits)
     results: list[list[int]] = []

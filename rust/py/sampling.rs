@@ -6,6 +6,7 @@ use numpy::{
 };
 use pyo3::prelude::*;
 use pyo3::types::{PyDict, PyList};
+use rayon::prelude::*;
 
 use super::arrays::f32_row;
 use super::errors::{
@@ -445,11 +446,9 @@ impl PySamplerChain {
                 check_uniform(Some(x))?;
             }
         }
-        let threads = if rows >= 2 && rows * vocab >= 1 << 16 {
-            std::thread::available_parallelism()
-                .map_or(1, |n| n.get())
-                .min(rows)
-                .min(16)
+        // Below about a million logits the pool's wake-up costs more than it saves.
+        let threads = if rows >= 2 && rows * vocab >= 1 << 20 {
+            rayon::current_num_threads().min(rows).min(16)
         } else {
             1
         };
@@ -477,27 +476,14 @@ impl PySamplerChain {
                 run(0, &mut out, &mut scratches[0])?;
                 return Ok(out);
             }
-            // The calling thread takes the first share; one thread is spawned
-            // per other share.
-            let results: Vec<Result<(), CoreError>> = std::thread::scope(|s| {
-                let mut shares = out.chunks_mut(per).zip(scratches.iter_mut());
-                let first = shares.next();
-                let handles: Vec<_> = shares
-                    .enumerate()
-                    .map(|(i, (chunk, scratch))| {
-                        s.spawn(move || run((i + 1) * per, chunk, scratch))
-                    })
-                    .collect();
-                let mut results = Vec::with_capacity(handles.len() + 1);
-                if let Some((chunk, scratch)) = first {
-                    results.push(run(0, chunk, scratch));
-                }
-                results.extend(handles.into_iter().map(|h| {
-                    h.join()
-                        .unwrap_or(Err(CoreError::Shape("a sampling thread panicked".into())))
-                }));
-                results
-            });
+            // One share per thread of rayon's pool (kept alive between calls,
+            // so a call pays no thread start-up).
+            let results: Vec<Result<(), CoreError>> = out
+                .par_chunks_mut(per)
+                .zip(scratches.par_iter_mut())
+                .enumerate()
+                .map(|(i, (chunk, scratch))| run(i * per, chunk, scratch))
+                .collect();
             for r in results {
                 r?;
             }

@@ -7,6 +7,7 @@
 pub mod argmax;
 pub mod error;
 pub mod kv;
+pub mod quant;
 pub mod sampling;
 
 #[cfg(feature = "python")]

@@ -14,6 +14,18 @@ build_profile: Final[str]
 def argmax(logits: npt.NDArray[np.float32], /) -> int:
     """Index of the largest logit in a float32 row (lowest index on ties)."""
 
+# --- GGUF block-quantised weights (rust/py/quant.rs) ------------------------
+
+def quant_matmul(
+    raw: npt.NDArray[np.uint8], qtype: int, cols: int, x: npt.NDArray[np.float32]
+) -> npt.NDArray[np.float32]:
+    """``x @ W.T`` for ``W`` stored as GGUF blocks (``raw`` is ``[rows, row_bytes]``)."""
+
+def quant_rows(
+    raw: npt.NDArray[np.uint8], qtype: int, cols: int, ids: npt.NDArray[np.int64]
+) -> npt.NDArray[np.float32]:
+    """The dequantised rows ``ids`` of a GGUF block-quantised ``W``."""
+
 # --- sampler chain (rust/py/sampling.rs) ------------------------------------
 
 _History = Sequence[int] | npt.NDArray[np.integer[Any]] | None

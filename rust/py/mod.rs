@@ -5,6 +5,7 @@ mod argmax;
 mod arrays;
 mod errors;
 mod kv;
+mod quant;
 mod sampling;
 
 use pyo3::prelude::*;
@@ -18,6 +19,8 @@ mod _core {
     use super::argmax::argmax;
     #[pymodule_export]
     use super::kv::{_kv_snapshot_from_state, PyKvCache, PyKvSnapshot};
+    #[pymodule_export]
+    use super::quant::{quant_matmul, quant_rows};
     #[pymodule_export]
     use super::sampling::{PySamplerChain, SampleResult};
 

@@ -1,4 +1,4 @@
-"""Weight matrices of linear layers: dense float32, or GGUF blocks dequantised per use."""
+"""Weight matrices of linear layers: dense float32, or GGUF blocks used in place."""
 
 from __future__ import annotations
 
@@ -55,11 +55,16 @@ class DenseMatrix:
         return int(self.w.nbytes)
 
 
-class PackedMatrix:
-    """A GGUF-quantised matrix kept as its raw blocks and dequantised in row slabs on each use.
+#: ggml type ids the Rust kernels multiply in place (Q4_0, Q8_0, Q4_K, Q6_K).
+NATIVE_QUANTS = frozenset({2, 8, 12, 14})
 
-    Resident memory is the quantised size; each ``apply`` dequantises ``slab_rows`` rows at a
-    time, so the float32 scratch never exceeds ``slab_rows x in`` values.
+
+class PackedMatrix:
+    """A GGUF-quantised matrix kept as its raw blocks; resident memory is the quantised size.
+
+    Q4_0, Q8_0, Q4_K and Q6_K multiply in Rust, a row dequantised at a time into a small
+    buffer and the GIL released; other formats are dequantised with ``gguf`` in slabs of
+    ``slab_rows`` rows per use.
     """
 
     def __init__(
@@ -75,27 +80,41 @@ class PackedMatrix:
         self._dequantize = dequantize
         if raw.ndim != 2 or raw.shape[0] != shape[0]:
             raise ValueError(f"packed data of shape {raw.shape} does not hold {shape[0]} rows")
-        self.raw = raw
+        self.raw = np.ascontiguousarray(raw)
         self.qtype = qtype
         self.shape = shape
         self.slab_rows = max(1, slab_rows)
+        self.native = int(qtype) in NATIVE_QUANTS
 
     def _slab(self, lo: int, hi: int) -> F32:
         out = self._dequantize(np.asarray(self.raw[lo:hi]), self.qtype)
         return np.asarray(out, dtype=np.float32).reshape(hi - lo, self.shape[1])
 
     def apply(self, x: F32) -> F32:
-        """Return ``x @ W.T``, dequantising one slab of rows at a time."""
-        out = np.empty((x.shape[0], self.shape[0]), dtype=np.float32)
+        """Return ``x @ W.T``."""
+        if self.native:
+            from rlx_lm._core import quant_matmul
+
+            xs = np.ascontiguousarray(x, dtype=np.float32).reshape(-1, self.shape[1])
+            out: F32 = quant_matmul(self.raw, int(self.qtype), self.shape[1], xs)
+            return out.reshape(*x.shape[:-1], self.shape[0])
+        res = np.empty((x.shape[0], self.shape[0]), dtype=np.float32)
         for lo in range(0, self.shape[0], self.slab_rows):
             hi = min(lo + self.slab_rows, self.shape[0])
-            np.matmul(x, self._slab(lo, hi).T, out=out[:, lo:hi])
-        return out
+            np.matmul(x, self._slab(lo, hi).T, out=res[:, lo:hi])
+        return res
 
     def rows(self, ids: npt.NDArray[np.intp]) -> F32:
         """Return ``W[ids]``, dequantising only those rows."""
-        picked = np.asarray(self.raw[np.asarray(ids, dtype=np.intp)])
-        out = self._dequantize(picked, self.qtype)
+        if self.native:
+            from rlx_lm._core import quant_rows
+
+            picked: F32 = quant_rows(
+                self.raw, int(self.qtype), self.shape[1], np.asarray(ids, dtype=np.int64).ravel()
+            )
+            return picked
+        raw = np.asarray(self.raw[np.asarray(ids, dtype=np.intp)])
+        out = self._dequantize(raw, self.qtype)
         return np.asarray(out, dtype=np.float32).reshape(len(ids), self.shape[1])
 
     @property

@@ -7,6 +7,15 @@ use pyo3::prelude::*;
 use super::errors::{IntoPyResult, ShapeError};
 use crate::quant::{self, QuantType};
 
+/// The checked weight arguments: format, row count and the raw bytes.
+fn weight<'a>(
+    raw: &'a PyReadonlyArray2<'_, u8>,
+    qtype: u32,
+) -> PyResult<(QuantType, usize, &'a [u8])> {
+    let qtype = QuantType::from_ggml(qtype).py()?;
+    Ok((qtype, raw.shape()[0], contiguous(raw, "raw")?))
+}
+
 fn contiguous<'a, T: numpy::Element>(
     a: &'a PyReadonlyArray2<'_, T>,
     what: &str,
@@ -28,15 +37,13 @@ pub fn quant_matmul<'py>(
     cols: usize,
     x: PyReadonlyArray2<'py, f32>,
 ) -> PyResult<Bound<'py, PyArray2<f32>>> {
-    let qtype = QuantType::from_ggml(qtype).py()?;
-    let rows = raw.shape()[0];
+    let (qtype, rows, raw_s) = weight(&raw, qtype)?;
     let (n, xc) = (x.shape()[0], x.shape()[1]);
     if xc != cols {
         return Err(ShapeError::new_err(format!(
             "activations have {xc} columns, the weight has {cols}"
         )));
     }
-    let raw_s = contiguous(&raw, "raw")?;
     let x_s = contiguous(&x, "x")?;
     let out = py
         .detach(|| {
@@ -56,9 +63,7 @@ pub fn quant_rows<'py>(
     cols: usize,
     ids: PyReadonlyArray1<'py, i64>,
 ) -> PyResult<Bound<'py, PyArray2<f32>>> {
-    let qtype = QuantType::from_ggml(qtype).py()?;
-    let rows = raw.shape()[0];
-    let raw_s = contiguous(&raw, "raw")?;
+    let (qtype, rows, raw_s) = weight(&raw, qtype)?;
     let ids = ids
         .as_slice()
         .map_err(|_| ShapeError::new_err("ids must be contiguous"))?;

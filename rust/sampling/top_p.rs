@@ -372,6 +372,23 @@ pub fn apply(
 mod tests {
     use super::*;
 
+    /// The ids `bucket_boundary`'s answer keeps: every logit above `tau` and
+    /// the first `ties` at it (everything for `None`).
+    fn kept_ids(cands: &[Cand], found: Option<(f32, usize)>) -> Vec<u32> {
+        let (tau, mut left) = found.unwrap_or((f32::NEG_INFINITY, usize::MAX));
+        cands
+            .iter()
+            .filter(|c| {
+                c.logit > tau
+                    || (c.logit == tau && left > 0 && {
+                        left -= 1;
+                        true
+                    })
+            })
+            .map(|c| c.id)
+            .collect()
+    }
+
     /// The nucleus by a full sort and a walk: what `bucket_boundary` must reproduce.
     fn by_sorting(cands: &[Cand], target: f64, min_keep: usize) -> Vec<u32> {
         let mut s = cands.to_vec();
@@ -446,21 +463,10 @@ mod tests {
             let logits: Vec<f32> = cands.iter().map(|c| c.logit).collect();
             for p in [0.3, 0.6, 0.95] {
                 let mut tmp = Vec::new();
-                let (tau, ties) =
-                    bucket_boundary(&ids, &logits, &weights, 0.0, -8.0, p * total, 1, &mut tmp)
-                        .expect("a boundary");
-                let mut left = ties;
-                let got: Vec<u32> = cands
-                    .iter()
-                    .filter(|c| {
-                        c.logit > tau
-                            || (c.logit == tau && left > 0 && {
-                                left -= 1;
-                                true
-                            })
-                    })
-                    .map(|c| c.id)
-                    .collect();
+                let found =
+                    bucket_boundary(&ids, &logits, &weights, 0.0, -8.0, p * total, 1, &mut tmp);
+                assert!(found.is_some(), "a boundary");
+                let got = kept_ids(&cands, found);
                 assert_eq!(got, by_sorting(&cands, p * total, 1), "case {case} p {p}");
             }
         }
@@ -489,25 +495,10 @@ mod tests {
                 let mut tmp = Vec::new();
                 let ids: Vec<u32> = cands.iter().map(|c| c.id).collect();
                 let logits: Vec<f32> = cands.iter().map(|c| c.logit).collect();
-                let got: Vec<u32> = match bucket_boundary(
+                let found = bucket_boundary(
                     &ids, &logits, &weights, 0.0, bottom, target, min_keep, &mut tmp,
-                ) {
-                    None => cands.iter().map(|c| c.id).collect(),
-                    Some((tau, ties)) => {
-                        let mut left = ties;
-                        cands
-                            .iter()
-                            .filter(|c| {
-                                c.logit > tau
-                                    || (c.logit == tau && left > 0 && {
-                                        left -= 1;
-                                        true
-                                    })
-                            })
-                            .map(|c| c.id)
-                            .collect()
-                    }
-                };
+                );
+                let got = kept_ids(&cands, found);
                 assert_eq!(
                     got,
                     by_sorting(&cands, target, min_keep),

@@ -73,6 +73,7 @@ def test_defaults_match_the_seed() -> None:
     assert b.format() is None
     assert b.packed_weights() is None
     assert b.prefer_gguf() is None
+    assert b.kv_dtype() == "float32"
 
 
 def test_sampling_defaults_to_greedy_and_takes_sample_opts() -> None:
@@ -98,6 +99,7 @@ def test_setters_return_a_changed_copy_and_getters_read(tmp_path: Path) -> None:
         .format("gguf")
         .packed_weights(True)
         .prefer_gguf("Q8_0")
+        .kv_dtype("float16")
     )
     assert b.weights() == tmp_path / "m.gguf"
     assert b.config() == ConfigSource.JsonFile(tmp_path / "config.json")
@@ -108,6 +110,7 @@ def test_setters_return_a_changed_copy_and_getters_read(tmp_path: Path) -> None:
     assert b.format() is WeightFormat.GGUF
     assert b.packed_weights() is True
     assert b.prefer_gguf() == "Q8_0"
+    assert b.kv_dtype() == "float16"
     assert base == LmRunnerBuilder(), "the original builder is untouched"
     assert b != base
     assert "max_seq=512" in repr(b)
@@ -132,6 +135,7 @@ def test_setters_return_a_changed_copy_and_getters_read(tmp_path: Path) -> None:
         ("prefer_gguf", "  ", "prefer_gguf"),
         ("format", "onnx", "format: expected"),
         ("device", "gpu", "device: expected"),
+        ("kv_dtype", "bfloat16", "kv_dtype must be"),
     ],
 )
 def test_bad_settings_are_refused(setter: str, value: object, pattern: str) -> None:

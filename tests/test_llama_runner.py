@@ -234,6 +234,11 @@ def test_the_builder_picks_this_runner_for_every_layout(tmp_path: Path) -> None:
         assert isinstance(runner, LlamaRunner), path
         assert runner.max_seq == 32
         np.testing.assert_allclose(runner.predict_logits(PROMPT), want, rtol=0, atol=1e-4)
+    half = LmRunnerBuilder().weights(g).max_seq(32).kv_dtype("float16").build()
+    assert isinstance(half, LlamaRunner)
+    assert half.kv_dtype == "float16"
+    np.testing.assert_allclose(half.prefill_logits(PROMPT), want, rtol=0, atol=2e-2)
+    assert half.export_session().kv.dtype == "float16"
     cfg_file = tmp_path / "elsewhere.json"
     cfg_file.write_text(json.dumps(m.config))
     (d / "config.json").write_text(json.dumps(m.config | {"rope_theta": 1.0}))

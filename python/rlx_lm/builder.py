@@ -16,7 +16,7 @@ import math
 import os
 from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
-from typing import Any, Final, overload
+from typing import Any, Final, Literal, get_args, overload
 
 from rlx_lm.config import ConfigSource, Device, Embedded, Explicit
 from rlx_lm.errors import InvalidOptionError, UnsupportedError
@@ -24,7 +24,10 @@ from rlx_lm.runner import LmCore
 from rlx_lm.sample_opts import SampleOpts
 from rlx_lm.weights import WeightFormat, pick_gguf
 
-__all__ = ["PACKED_GGUF_AUTO_THRESHOLD_BYTES", "LmRunnerBuilder"]
+__all__ = ["PACKED_GGUF_AUTO_THRESHOLD_BYTES", "KvDtype", "LmRunnerBuilder"]
+
+KvDtype = Literal["float32", "float16"]
+"""How a runner stores its KV cache: float16 halves its memory."""
 
 PACKED_GGUF_AUTO_THRESHOLD_BYTES: Final = 256 * 1024 * 1024
 """GGUF files at least this large load packed (quantised in memory) unless told otherwise."""
@@ -49,6 +52,7 @@ class _Fields:
     format: WeightFormat | None = None
     packed_weights: bool | None = None
     prefer_gguf: str | None = None
+    kv_dtype: KvDtype = "float32"
 
 
 class LmRunnerBuilder:
@@ -56,8 +60,8 @@ class LmRunnerBuilder:
 
     Defaults: no weights, embedded config, CPU, ``max_seq`` 128, no memory cap,
     streaming on, greedy sampling, format detected from the weights, packed
-    loading automatic (GGUF of 256 MiB or more), and ``Q4_K_M`` preferred when
-    a directory holds several GGUF files.
+    loading automatic (GGUF of 256 MiB or more), ``Q4_K_M`` preferred when
+    a directory holds several GGUF files, and a float32 KV cache.
     """
 
     __slots__ = ("_f",)
@@ -217,6 +221,18 @@ class LmRunnerBuilder:
         if substring is not None and (not isinstance(substring, str) or not substring.strip()):
             raise InvalidOptionError(f"prefer_gguf must be a non-empty string, got {substring!r}")
         return self._with(prefer_gguf=substring)
+
+    @overload
+    def kv_dtype(self, /) -> KvDtype: ...
+    @overload
+    def kv_dtype(self, dtype: KvDtype, /) -> LmRunnerBuilder: ...
+    def kv_dtype(self, dtype: KvDtype | _Unset = _UNSET, /) -> KvDtype | LmRunnerBuilder:
+        """How the runner stores its KV cache: ``"float32"`` (default) or ``"float16"``."""
+        if dtype is _UNSET:
+            return self._f.kv_dtype
+        if dtype not in get_args(KvDtype):
+            raise InvalidOptionError(f'kv_dtype must be "float32" or "float16", got {dtype!r}')
+        return self._with(kv_dtype=dtype)
 
     # -- resolution and build ----------------------------------------------------------
 

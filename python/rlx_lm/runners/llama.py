@@ -14,12 +14,13 @@ from contextlib import contextmanager
 from contextvars import ContextVar
 from os import PathLike
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import numpy.typing as npt
 
 from rlx_lm._core import KvCache, argmax
+from rlx_lm.builder import KvDtype
 from rlx_lm.errors import (
     CapacityError,
     InvalidOptionError,
@@ -49,7 +50,6 @@ ProgressCallback = Callable[[int, int], None]
 """Called with ``(tokens_done, tokens_total)`` after each prefill chunk."""
 
 
-KvDtype = Literal["float32", "float16"]
 """Storage type of the session KV cache (float16 halves its memory)."""
 
 
@@ -395,7 +395,7 @@ def _config_beside(cfg_path: Path | None, weights: Path) -> LlamaConfig:
     matches=match_architectures(*LLAMA_ARCHITECTURES),
 )
 def load_from_builder(builder: LmRunnerBuilder) -> LlamaRunner:
-    """Build a `LlamaRunner` from a resolved builder (weights, format, config source, max_seq)."""
+    """Build a `LlamaRunner` from a resolved builder (weights, format, config, sizes, kv dtype)."""
     from rlx_lm.config import ConfigSource
 
     source = builder.config()
@@ -418,6 +418,7 @@ def load_from_builder(builder: LmRunnerBuilder) -> LlamaRunner:
         config=config,
         packed=builder.resolved_packed(builder.format()),
         max_seq=builder.max_seq(),
+        kv_dtype=builder.kv_dtype(),
     )
 
 

@@ -142,6 +142,31 @@ def test_packed_and_unpacked_generate_the_same_text(
     assert outs[0] == outs[1]
 
 
+def test_cache_type_flags_set_the_kv_dtype(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from rlx_lm import LmRunnerBuilder
+
+    m = make_tiny("llama", seed=8, vocab=len(TOKENS))
+    path = write_gguf(m, tmp_path / "q8.gguf", qtype="Q8_0", tokenizer=spm_gguf_fields())
+    built: list[str] = []
+    real_build = LmRunnerBuilder.build
+
+    def build(self: LmRunnerBuilder) -> object:
+        built.append(self.kv_dtype())
+        return real_build(self)
+
+    monkeypatch.setattr(LmRunnerBuilder, "build", build)
+    args = ["generate", str(path), "-p", "the cat", "-n", "4"]
+    assert main([*args, "-ctk", "f16", "-ctv", "f16"]) == 0
+    assert main([*args, "--cache-type-k", "f32"]) == 0
+    assert main(args) == 0
+    assert built == ["float16", "float32", "float32"]
+    capsys.readouterr()
+    assert main([*args, "-ctk", "f16", "-ctv", "f32"]) == 2
+    assert "-ctk and -ctv must match" in capsys.readouterr().err
+
+
 def test_a_directory_of_ggufs_uses_the_picked_file_and_its_tokenizer(
     model: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

@@ -91,9 +91,18 @@ def _parser() -> argparse.ArgumentParser:
         "--packed",
         action=argparse.BooleanOptionalAction,
         default=None,
-        help="keep quantised GGUF weights packed, dequantised per use (less memory, much "
-        "slower); default: packed only when float32 weights would not fit in half the free memory",
+        help="keep quantised GGUF weights packed (memory of the file size; Q4_0/Q8_0/Q4_K/Q6_K "
+        "multiply in Rust at 1.6-4.6x float32's time); default: packed only when float32 weights "
+        "would not fit in half the free memory",
     )
+    for flag, short in (("--cache-type-k", "-ctk"), ("--cache-type-v", "-ctv")):
+        g.add_argument(
+            short,
+            flag,
+            choices=("f32", "f16"),
+            default=None,
+            help="KV cache storage (keys and values must match; f16 halves the cache)",
+        )
     for flag, (field, typ) in _SAMPLER_FLAGS.items():
         g.add_argument(flag, dest=field, type=typ, default=None, help=f"SampleOpts.{field}")
 
@@ -132,8 +141,9 @@ def _available_memory() -> int | None:
 def _packed_by_memory(builder: Any) -> bool | None:
     """For GGUF: dequantise up front when float32 weights fit in half the free memory.
 
-    Dense decoding runs at BLAS speed; packed weights are dequantised on every use,
-    which in numpy costs seconds per token for a 1B model. None leaves the builder's rule.
+    Dense decoding runs at BLAS speed; packed weights multiply in Rust at 1.6-4.6x
+    float32's time (other formats dequantise with numpy on every use, far slower).
+    None leaves the builder's rule.
     """
     from rlx_lm.runners.gguf_loader import open_gguf
     from rlx_lm.weights import WeightFormat
@@ -170,6 +180,11 @@ def _generate(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
     packed = args.packed if args.packed is not None else _packed_by_memory(builder)
     if packed is not None:
         builder = builder.packed_weights(packed)
+    kv = {args.cache_type_k, args.cache_type_v} - {None}
+    if len(kv) > 1:
+        raise _usage("-ctk and -ctv must match: the KV cache stores keys and values alike")
+    if kv:
+        builder = builder.kv_dtype("float16" if kv == {"f16"} else "float32")
     with load_progress(lambda done, total: progress.update("loading", done, total)):
         runner = builder.build()
     progress.clear()

@@ -628,6 +628,120 @@ fn gather_ge_generic<const FMA: bool, const WIDE: bool>(
 }
 
 dispatch! { wide
+    /// Append the candidates `(ids[i], logits[i])` with `logits[i] >= tau` to
+    /// `out` in order, and their `weights[i]` to `masses` when it is given;
+    /// returns how many logits equal `tau`.
+    pub fn keep_ge / keep_ge_avx2 / keep_ge_generic(ids: &[u32], logits: &[f32], weights: &[f32], tau: f32, out: &mut Vec<Cand>, masses: Option<&mut Vec<f32>>) -> usize
+}
+
+#[inline(always)]
+fn keep_ge_generic<const FMA: bool, const WIDE: bool>(
+    ids: &[u32],
+    logits: &[f32],
+    weights: &[f32],
+    tau: f32,
+    out: &mut Vec<Cand>,
+    mut masses: Option<&mut Vec<f32>>,
+) -> usize {
+    let n = ids.len().min(logits.len()).min(weights.len());
+    let at_tau = logits[..n].iter().filter(|&&l| l == tau).count();
+    let mut start = 0;
+    #[cfg(target_arch = "x86_64")]
+    if WIDE {
+        // SAFETY: `WIDE` is set only in the AVX-512F build of a kernel,
+        // which runs only on a CPU that has AVX-512F and POPCNT.
+        start = unsafe {
+            keep_ge_avx512(
+                &ids[..n],
+                &logits[..n],
+                &weights[..n],
+                tau,
+                out,
+                masses.as_deref_mut(),
+            )
+        };
+    }
+    for i in start..n {
+        if logits[i] >= tau {
+            out.push(Cand {
+                id: ids[i],
+                logit: logits[i],
+            });
+            if let Some(m) = masses.as_deref_mut() {
+                m.push(weights[i]);
+            }
+        }
+    }
+    at_tau
+}
+
+/// [`keep_ge`] over whole 16-entry chunks with AVX-512F: a compare, the
+/// compress of ids, logits (interleaved into `Cand` pairs) and weights, and
+/// stores past the ends (capacity is reserved). Returns how many entries it
+/// covered (the tail is left to the caller).
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f,popcnt")]
+fn keep_ge_avx512(
+    ids: &[u32],
+    logits: &[f32],
+    weights: &[f32],
+    tau: f32,
+    out: &mut Vec<Cand>,
+    mut masses: Option<&mut Vec<f32>>,
+) -> usize {
+    use std::arch::x86_64::*;
+    let full = ids.len() / LANES * LANES;
+    out.reserve(full + LANES);
+    if let Some(m) = masses.as_deref_mut() {
+        m.reserve(full + LANES);
+    }
+    let vt = _mm512_set1_ps(tau);
+    let pairs_lo = _mm512_setr_epi32(0, 16, 1, 17, 2, 18, 3, 19, 4, 20, 5, 21, 6, 22, 7, 23);
+    let pairs_hi = _mm512_setr_epi32(8, 24, 9, 25, 10, 26, 11, 27, 12, 28, 13, 29, 14, 30, 15, 31);
+    let mut len = out.len();
+    let mut mlen = masses.as_deref().map_or(0, |m| m.len());
+    for c in (0..full).step_by(LANES) {
+        // SAFETY: `c + 16 <= full <= len` of each slice: the loads stay inside.
+        let (l, id) = unsafe {
+            (
+                _mm512_loadu_ps(logits.as_ptr().add(c)),
+                _mm512_loadu_si512(ids.as_ptr().add(c).cast::<__m512i>()),
+            )
+        };
+        let m = _mm512_cmp_ps_mask::<_CMP_GE_OQ>(l, vt);
+        let ids_c = _mm512_maskz_compress_epi32(m, id);
+        let logits_c = _mm512_castps_si512(_mm512_maskz_compress_ps(m, l));
+        let first = _mm512_permutex2var_epi32(ids_c, pairs_lo, logits_c);
+        let second = _mm512_permutex2var_epi32(ids_c, pairs_hi, logits_c);
+        // SAFETY: `Cand` is `repr(C)` (u32, f32); capacity holds `full + 16`
+        // entries and at most `c` were kept before this chunk.
+        unsafe {
+            let dst = out.as_mut_ptr().add(len).cast::<__m512i>();
+            _mm512_storeu_si512(dst, first);
+            _mm512_storeu_si512(dst.add(1), second);
+        }
+        if let Some(ms) = masses.as_deref_mut() {
+            // SAFETY: as above, for the masses' buffer.
+            unsafe {
+                let w = _mm512_loadu_ps(weights.as_ptr().add(c));
+                _mm512_storeu_ps(ms.as_mut_ptr().add(mlen), _mm512_maskz_compress_ps(m, w));
+            }
+            mlen += m.count_ones() as usize;
+        }
+        len += m.count_ones() as usize;
+    }
+    // SAFETY: the first `len` (`mlen`) entries are initialised: the old ones
+    // and the kept ones written above, contiguously.
+    unsafe {
+        out.set_len(len);
+        if let Some(ms) = masses {
+            ms.set_len(mlen);
+        }
+    }
+    full
+}
+
+dispatch! { wide
     /// The entries of `row` at or above a running threshold that starts at
     /// `thr`, for a top-`k`: `edit` rewrites each batch of new entries'
     /// logits (it may only lower them), and whenever more than `cap` are
@@ -868,6 +982,53 @@ mod tests {
             .filter(|&(_, &v)| v * scale >= thr)
             .map(|(i, &v)| (i as u32, v * scale))
             .unzip()
+    }
+
+    #[test]
+    fn every_build_of_keep_ge_matches_a_plain_filter() {
+        for n in [0usize, 5, 16, 17, 100, 1000] {
+            let ids: Vec<u32> = (0..n as u32).map(|i| i * 3 + 1).collect();
+            let logits: Vec<f32> = (0..n).map(|i| ((i * 7919) % 13) as f32 - 6.0).collect();
+            let weights: Vec<f32> = (0..n).map(|i| i as f32 / 7.0).collect();
+            for tau in [-100.0f32, -2.0, 0.0, 6.0, 100.0] {
+                let keep: Vec<usize> = (0..n).filter(|&i| logits[i] >= tau).collect();
+                let want: Vec<Cand> = keep
+                    .iter()
+                    .map(|&i| Cand {
+                        id: ids[i],
+                        logit: logits[i],
+                    })
+                    .collect();
+                let want_m: Vec<f32> = keep.iter().map(|&i| weights[i]).collect();
+                let want_tau = logits.iter().filter(|&&l| l == tau).count();
+                type Keep =
+                    fn(&[u32], &[f32], &[f32], f32, &mut Vec<Cand>, Option<&mut Vec<f32>>) -> usize;
+                let mut builds: Vec<(&str, Keep)> =
+                    vec![("portable", keep_ge_generic::<false, false>)];
+                #[cfg(target_arch = "x86_64")]
+                if std::arch::is_x86_feature_detected!("avx512f")
+                    && std::arch::is_x86_feature_detected!("popcnt")
+                    && std::arch::is_x86_feature_detected!("avx2")
+                    && std::arch::is_x86_feature_detected!("fma")
+                {
+                    // SAFETY: the CPU has every feature the build enables, checked above.
+                    builds.push(("avx512", |a, b, c, d, e, f| unsafe {
+                        keep_ge_avx2::avx512(a, b, c, d, e, f)
+                    }));
+                }
+                for (name, keep_fn) in builds {
+                    // Entries already in the buffers stay in front.
+                    let (mut out, mut m) = (vec![Cand { id: 99, logit: 9.0 }], vec![9.0f32]);
+                    let at = keep_fn(&ids, &logits, &weights, tau, &mut out, Some(&mut m));
+                    assert_eq!(at, want_tau, "{name} n {n} tau {tau}");
+                    assert_eq!(&out[1..], &want[..], "{name} n {n} tau {tau}");
+                    assert_eq!(&m[1..], &want_m[..], "{name} n {n} tau {tau}");
+                    let mut plain = Vec::new();
+                    keep_fn(&ids, &logits, &weights, tau, &mut plain, None);
+                    assert_eq!(plain, want, "{name} without masses");
+                }
+            }
+        }
     }
 
     #[test]

@@ -304,30 +304,21 @@ pub fn apply(
                 *delta = (0.5 * (*delta + want)).max(MIN_DELTA);
             }
         }
-        // Keep every logit >= tau without a branch (every entry is written,
-        // the end moves past the kept ones only), then drop the ties at tau
-        // beyond the first `ties` in the rare case there are more.
+        // Keep every logit >= tau (one compare and compress per 16 on
+        // AVX-512), then drop the ties at tau beyond the first `ties` in the
+        // rare case there are more.
         work.cands.clear();
-        work.cands.resize(g.len(), Cand { id: 0, logit: 0.0 });
-        let (mut len, mut at_tau) = (0, 0);
         if let Some(m) = masses.as_deref_mut() {
             m.clear();
-            m.resize(g.len(), 0.0);
-            for ((&id, &logit), &w) in g.ids.iter().zip(&g.logits).zip(weights.iter()) {
-                work.cands[len] = Cand { id, logit };
-                m[len] = w;
-                len += (logit >= tau) as usize;
-                at_tau += (logit == tau) as usize;
-            }
-            m.truncate(len);
-        } else {
-            for (&id, &logit) in g.ids.iter().zip(&g.logits) {
-                work.cands[len] = Cand { id, logit };
-                len += (logit >= tau) as usize;
-                at_tau += (logit == tau) as usize;
-            }
         }
-        work.cands.truncate(len);
+        let at_tau = dense::keep_ge(
+            &g.ids,
+            &g.logits,
+            &weights,
+            tau,
+            &mut work.cands,
+            masses.as_deref_mut(),
+        );
         if at_tau > ties {
             // Surplus ties at the boundary: keep the first `ties` of them,
             // and the masses in step.

@@ -767,14 +767,24 @@ fn gather_top_generic<const FMA: bool, const WIDE: bool>(
         let start = out.len();
         let chunks = seg.chunks_exact(LANES);
         let tail_start = seg.len() - chunks.remainder().len();
-        for (ci, c) in chunks.enumerate() {
+        // Two chunks per test: one branch per 32 entries.
+        let pairs = seg[..tail_start].chunks_exact(2 * LANES);
+        let odd = pairs.remainder().len();
+        for (pi, pair) in pairs.enumerate() {
+            let pair: &[f32; 2 * LANES] = pair.try_into().unwrap_or(&[0.0; 2 * LANES]);
             let mut hit = 0u32;
-            for &v in c {
+            for &v in pair {
                 hit |= (v >= thr) as u32;
             }
             if hit != 0 {
-                push_hits::<WIDE>(c, base + ci * LANES, 1.0, thr, out);
+                let at = pi * 2 * LANES;
+                push_hits::<WIDE>(&pair[..LANES], base + at, 1.0, thr, out);
+                push_hits::<WIDE>(&pair[LANES..], base + at + LANES, 1.0, thr, out);
             }
+        }
+        if odd > 0 {
+            let at = tail_start - odd;
+            push_hits::<WIDE>(&seg[at..tail_start], base + at, 1.0, thr, out);
         }
         for (i, &v) in seg[tail_start..].iter().enumerate() {
             if v >= thr {

@@ -24,7 +24,7 @@ fmt:
 lint:
 	$(VENV)/bin/ruff check $(PYPATHS)
 	$(VENV)/bin/ruff format --check $(PYPATHS)
-	$(PY) -m mypy --strict python/rlx_lm tests/typing/third_party_runner.py
+	$(PY) -m mypy --strict python/rlx_lm tests/typing/third_party_runner.py benches
 	cargo fmt --check
 	cargo clippy --all-targets -- -D warnings
 	cargo clippy --all-targets --features python -- -D warnings

@@ -42,8 +42,8 @@ def setup(request: pytest.FixtureRequest) -> Setup:
     cache = KvCache(
         n_layers=n_layers, n_kv_heads=N_KV_HEADS, head_dim=HEAD_DIM, max_seq=tokens + 64
     )
-    rows = np.random.default_rng(0).standard_normal((N_KV_HEADS, tokens, HEAD_DIM))
-    rows = rows.astype(np.float32)
+    rng = np.random.default_rng(0)
+    rows = rng.standard_normal((N_KV_HEADS, tokens, HEAD_DIM), dtype=np.float32)
     for layer in range(n_layers):
         cache.append(layer, rows, rows)
     fp = ModelFingerprint("bench", (n_layers, N_KV_HEADS, HEAD_DIM))

@@ -59,7 +59,8 @@ def write_model(
     w.add_eos_token_id(2)
 
     def mat(o: int, i: int) -> np.ndarray:
-        return rng.standard_normal((o, i), dtype=np.float32) / np.float32(np.sqrt(i))
+        w: np.ndarray = rng.standard_normal((o, i), dtype=np.float32) / np.float32(np.sqrt(i))
+        return w
 
     ones = np.ones(hidden, dtype=np.float32)
     w.add_tensor("token_embd.weight", mat(vocab, hidden))

@@ -158,7 +158,9 @@ class LlamaChain:
         np.copyto(self.buf, self.template)
         np.copyto(self.logits, row)
         cur = self.cur
-        cur.data = self.ptr  # samplers may have pointed it at their own buffer
+        # Samplers may have pointed it at their own buffer (setattr: llama_cpp's
+        # stubs type `data` as an array, the pointer is what it holds).
+        setattr(cur, "data", self.ptr)  # noqa: B010
         cur.size = self.n_vocab
         cur.selected = -1
         cur.sorted = False

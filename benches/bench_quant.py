@@ -11,6 +11,7 @@ the Rust kernels: dequantise with gguf.quants on every use.
 
 from __future__ import annotations
 
+import functools
 import sys
 import time
 from collections.abc import Callable
@@ -86,12 +87,16 @@ def main() -> int:
         w = dequantize(raw, qtype).reshape(ROWS, COLS)
         for n in (1, 32):
             x = np.random.default_rng(1).standard_normal((n, COLS)).astype(np.float32)
-            base = best(lambda x=x, w=w: x @ w.T)
-            ours = best(lambda x=x, raw=raw, q=qtype: quant_matmul(raw, int(q), COLS, x))
-            old = best(lambda x=x, raw=raw, q=qtype: x @ dequantize(raw, q).T, 1, 1)
+            base = best(functools.partial(np.matmul, x, w.T))
+            ours = best(functools.partial(quant_matmul, raw, int(qtype), COLS, x))
+
+            def old(x: np.ndarray = x, raw: np.ndarray = raw, q: T = qtype) -> object:
+                return x @ dequantize(raw, q).T
+
+            old_s = best(old, 1, 1)
             print(
                 f"{qtype.name:<8}{n:>4}{base * 1e3:>11.2f}{ours * 1e3:>9.2f}"
-                f"{ours / base:>8.2f}{old * 1e3:>10.1f}"
+                f"{ours / base:>8.2f}{old_s * 1e3:>10.1f}"
             )
     return 0
 

@@ -98,7 +98,7 @@ class _NumpyWithTimedMatmul:
 
     def matmul(self, a: np.ndarray, b: np.ndarray) -> np.ndarray:
         t = time.perf_counter()
-        out = np.matmul(a, b)
+        out: np.ndarray = np.matmul(a, b)
         self._clock.attention_seconds += time.perf_counter() - t
         return out
 
@@ -125,14 +125,14 @@ class _MatmulClock:
                 self.seconds += time.perf_counter() - t
                 return out
 
-            cls.apply = timed  # type: ignore[method-assign]
-        llama_forward.np = _NumpyWithTimedMatmul(self)  # type: ignore[assignment]
+            setattr(cls, "apply", timed)  # noqa: B010 - patching a method for timing
+        setattr(llama_forward, "np", _NumpyWithTimedMatmul(self))  # noqa: B010
         return self
 
     def __exit__(self, *exc: object) -> None:
         for cls, orig in self._orig.items():
-            cls.apply = orig  # type: ignore[method-assign]
-        llama_forward.np = np
+            setattr(cls, "apply", orig)  # noqa: B010
+        setattr(llama_forward, "np", np)  # noqa: B010
 
 
 def decode_steps(runner: LlamaRunner, ctx: int, steps: int) -> tuple[float, float, float]:

@@ -43,11 +43,13 @@ def one_stage(stage: str, first: bool = True, order: str | None = None, **kw: An
     return opts.into_chain(order=names)
 
 
-def assert_distribution(got: dict[int, float], want: dict[int, float]) -> None:
+def assert_distribution(
+    got: dict[int, float], want: dict[int, float], abs_tol: float = 2e-5
+) -> None:
     assert set(got) == set(want)
     lp = ref.log_probs(want)
     for t, v in got.items():
-        assert v == pytest.approx(lp[t], abs=2e-5, rel=1e-4), t
+        assert v == pytest.approx(lp[t], abs=abs_tol, rel=1e-4), t
 
 
 # --- top-k -----------------------------------------------------------------
@@ -214,9 +216,14 @@ def test_dynamic_temperature_matches_the_reference(
     row: np.ndarray, lo: float, span: float, exponent: float
 ) -> None:
     opts = SampleOpts(dynamic_temp=(lo, lo + span), dynamic_temp_exponent=exponent, seed=2)
-    want, t = ref.dynamic_temperature(ref.from_row(row), lo, lo + span, exponent)
+    finite = ref.from_row(row)
+    want, t = ref.dynamic_temperature(finite, lo, lo + span, exponent)
     assume(math.isnan(t) or t > 0.01)
-    assert_distribution(survivors(opts.into_chain(), row), want)
+    # The temperature comes from a float32 entropy (relative error ~1e-7), and a small
+    # temperature multiplies that error by the logits' spread over t in every log-prob.
+    spread = max(finite.values()) - min(finite.values()) if finite else 0.0
+    amplification = 1.0 if math.isnan(t) else max(1.0, spread / t)
+    assert_distribution(survivors(opts.into_chain(), row), want, 2e-5 * amplification)
 
 
 # --- penalties ---------------------------------------------------------------

@@ -8,6 +8,7 @@ rlx_lm. The contract is split so that a third party writes only what it has:
     SupportsHostDriven     prefill_logits, decode_logits
     SupportsPromptCache    prefill_logits_reusing, export_session, restore_session
     SupportsKvStats        kv_store_stats
+    SupportsBatchedDecode  decode_batch                            (one step for B sequences)
     SupportsMultimodal     set_multimodal_phase_callback, supports_multimodal,
                            generate_multimodal
     FullLmRunner           all of the above
@@ -50,12 +51,14 @@ __all__ = [
     "Logits",
     "PhaseCallback",
     "RunnerAdapter",
+    "SupportsBatchedDecode",
     "SupportsHostDriven",
     "SupportsKvStats",
     "SupportsMultimodal",
     "SupportsPromptCache",
     "as_logits",
     "greedy_generate",
+    "supports_batched_decode",
     "supports_generate",
     "supports_host_driven",
     "supports_kv_stats",
@@ -165,6 +168,29 @@ class SupportsMultimodal(Protocol):
         ...
 
 
+class SupportsBatchedDecode(Protocol):
+    """Protocol: one decode step for B independent sequences in one call.
+
+    A sequence is a `SessionSnapshot` (its KV state and tokens). ``decode_batch``
+    appends ``tokens[i]`` to ``sessions[i]`` for every i and returns the logits of
+    the new positions as a float32 array of shape ``(B, vocab_size)`` together
+    with the advanced sessions, in order. The given sessions are values: they
+    are not changed and stay usable (a snapshot is immutable). What the runner's
+    own current session is afterwards is unspecified; restore one to continue
+    with ``decode_logits``. Row i must equal what ``restore_session(sessions[i])``
+    then ``decode_logits(tokens[i])`` gives, up to the engine's tolerance.
+
+    A runner that has it runs the batch in one pass over the weights; for any
+    other runner `RunnerAdapter.decode_batch` loops one sequence at a time.
+    """
+
+    def decode_batch(
+        self, sessions: Sequence[SessionSnapshot], tokens: Sequence[int], /
+    ) -> tuple[npt.NDArray[np.float32], list[SessionSnapshot]]:
+        """Decode ``tokens[i]`` after ``sessions[i]``: logits ``(B, V)`` and the new sessions."""
+        ...
+
+
 class FullLmRunner(
     LmRunner,
     SupportsHostDriven,
@@ -193,6 +219,11 @@ def supports_host_driven(runner: object) -> TypeIs[SupportsHostDriven]:
 def supports_prompt_cache(runner: object) -> TypeIs[SupportsPromptCache]:
     """Whether ``runner`` has prefill_logits_reusing, export_session and restore_session."""
     return _has_methods(runner, "prefill_logits_reusing", "export_session", "restore_session")
+
+
+def supports_batched_decode(runner: object) -> TypeIs[SupportsBatchedDecode]:
+    """Whether ``runner`` has its own ``decode_batch``."""
+    return _has_methods(runner, "decode_batch")
 
 
 def supports_kv_stats(runner: object) -> TypeIs[SupportsKvStats]:
@@ -381,6 +412,55 @@ class RunnerAdapter(Generic[_R]):
         if not callable(restore):
             return False
         return bool(restore(snapshot))
+
+    def decode_batch(
+        self, sessions: Sequence[SessionSnapshot], tokens: Sequence[int], /
+    ) -> tuple[npt.NDArray[np.float32], list[SessionSnapshot]]:
+        """The inner runner's batched decode, else one sequence at a time.
+
+        The loop restores each session, decodes its token and exports the result
+        (runners with sessions), or re-prefills ``session.tokens + [token]`` and
+        returns a token-only `SessionSnapshot` (``kv=None``) for runners without.
+        """
+        if len(sessions) != len(tokens):
+            raise ShapeError(
+                f"decode_batch needs one token per session, got {len(sessions)} sessions "
+                f"and {len(tokens)} tokens"
+            )
+        vocab = self.vocab_size
+        inner: object = self._inner
+        if supports_batched_decode(inner):
+            logits, advanced = inner.decode_batch(sessions, tokens)
+            rows = np.asarray(logits)
+            if rows.shape != (len(tokens), vocab):
+                raise ShapeError(
+                    f"{self.family}: decode_batch returned logits of shape {rows.shape}, "
+                    f"expected {(len(tokens), vocab)}"
+                )
+            advanced = list(advanced)
+            if len(advanced) != len(tokens):
+                raise ShapeError(
+                    f"{self.family}: decode_batch returned {len(advanced)} sessions for "
+                    f"{len(tokens)} tokens"
+                )
+            return np.ascontiguousarray(rows, dtype=np.float32), advanced
+        out = np.empty((len(tokens), vocab), dtype=np.float32)
+        new_sessions: list[SessionSnapshot] = []
+        cached = supports_prompt_cache(inner) and supports_host_driven(inner)
+        for i, (session, token) in enumerate(zip(sessions, tokens, strict=True)):
+            if cached and session.kv is not None and self.restore_session(session):
+                out[i] = self.decode_logits(int(token))
+                snap = self.export_session()
+                if snap is None:
+                    raise UnsupportedError(
+                        f"{self.family}: export_session returned None after a restore"
+                    )
+                new_sessions.append(snap)
+            else:
+                context = [*session.tokens, int(token)]
+                out[i] = self.predict_logits(context)
+                new_sessions.append(SessionSnapshot(None, context, session.fingerprint))
+        return out, new_sessions
 
     def kv_store_stats(self) -> tuple[int, int, int] | None:
         """The inner runner's KV-store occupancy, or None without a store."""

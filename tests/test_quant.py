@@ -6,10 +6,10 @@ import gguf
 import numpy as np
 import pytest
 from gguf.quants import dequantize, quantize
+from numpy_llama.linear import PackedMatrix
 
 from rlx_lm._core import quant_matmul, quant_rows
 from rlx_lm.errors import InvalidOptionError, ShapeError, TokenOutOfRangeError
-from rlx_lm.runners.linear import PackedMatrix
 
 T = gguf.GGMLQuantizationType
 QTYPES = [T.Q4_0, T.Q8_0, T.Q4_K, T.Q6_K]

@@ -24,7 +24,7 @@ from rlx_lm.runner import LmCore
 from rlx_lm.sample_opts import SampleOpts
 from rlx_lm.weights import WeightFormat, pick_gguf
 
-__all__ = ["PACKED_GGUF_AUTO_THRESHOLD_BYTES", "KvDtype", "LmRunnerBuilder"]
+__all__ = ["PACKED_GGUF_AUTO_THRESHOLD_BYTES", "KvDtype", "LmRunnerBuilder", "available_cores"]
 
 KvDtype = Literal["float32", "float16"]
 """How a runner stores its KV cache: float16 halves its memory."""
@@ -53,6 +53,15 @@ class _Fields:
     packed_weights: bool | None = None
     prefer_gguf: str | None = None
     kv_dtype: KvDtype = "float32"
+    threads: int | None = None
+
+
+def available_cores() -> int:
+    """The cores this process may run on (``os.sched_getaffinity``), else ``os.cpu_count()``."""
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except (AttributeError, OSError):  # pragma: no cover - platforms without affinity
+        return max(1, os.cpu_count() or 1)
 
 
 class LmRunnerBuilder:
@@ -61,7 +70,8 @@ class LmRunnerBuilder:
     Defaults: no weights, embedded config, CPU, ``max_seq`` 128, no memory cap,
     streaming on, greedy sampling, format detected from the weights, packed
     loading automatic (GGUF of 256 MiB or more), ``Q4_K_M`` preferred when
-    a directory holds several GGUF files, and a float32 KV cache.
+    a directory holds several GGUF files, a float32 KV cache, and as many
+    compute threads as the process may use cores.
     """
 
     __slots__ = ("_f",)
@@ -233,6 +243,18 @@ class LmRunnerBuilder:
         if dtype not in get_args(KvDtype):
             raise InvalidOptionError(f'kv_dtype must be "float32" or "float16", got {dtype!r}')
         return self._with(kv_dtype=dtype)
+
+    @overload
+    def threads(self, /) -> int: ...
+    @overload
+    def threads(self, n: int | None, /) -> LmRunnerBuilder: ...
+    def threads(self, n: int | _Unset | None = _UNSET, /) -> int | LmRunnerBuilder:
+        """Compute threads of the runner's own pool (default, or None: the usable cores)."""
+        if n is _UNSET:
+            return self._f.threads if self._f.threads is not None else available_cores()
+        if n is not None and (isinstance(n, bool) or not isinstance(n, int) or n < 1):
+            raise InvalidOptionError(f"threads must be a positive integer, got {n!r}")
+        return self._with(threads=n)
 
     # -- resolution and build ----------------------------------------------------------
 

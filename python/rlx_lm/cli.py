@@ -9,7 +9,6 @@ exit status 2.
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any, TextIO
@@ -84,16 +83,27 @@ def _parser() -> argparse.ArgumentParser:
     )
     g.add_argument("-p", "--prompt", required=True, help="prompt text")
     g.add_argument("-n", "--n-predict", type=int, default=128, help="tokens to generate")
-    g.add_argument("-c", "--ctx-size", type=int, default=0, help="KV capacity (0: prompt + n)")
+    g.add_argument(
+        "-c",
+        "--ctx-size",
+        type=int,
+        default=0,
+        help="context in tokens (0: the model's trained context, capped by a memory budget)",
+    )
+    g.add_argument(
+        "-t",
+        "--threads",
+        type=int,
+        default=None,
+        help="compute threads (default: the cores this process may use)",
+    )
     g.add_argument("--seed", type=int, default=None, help="sampling seed")
     g.add_argument("--stop", action="append", default=[], help="stop string (repeatable)")
     g.add_argument(
         "--packed",
         action=argparse.BooleanOptionalAction,
         default=None,
-        help="keep quantised GGUF weights packed (memory of the file size; Q4_0/Q8_0/Q4_K/Q6_K "
-        "multiply in Rust at 1.6-4.6x float32's time); default: packed only when float32 weights "
-        "would not fit in half the free memory",
+        help="accepted for compatibility: weights are always memory-mapped and used as stored",
     )
     for flag, short in (("--cache-type-k", "-ctk"), ("--cache-type-v", "-ctv")):
         g.add_argument(
@@ -131,34 +141,6 @@ def _sample_opts(args: argparse.Namespace) -> SampleOpts:
     return SampleOpts(**kw)
 
 
-def _available_memory() -> int | None:
-    try:
-        return int(os.sysconf("SC_AVPHYS_PAGES")) * int(os.sysconf("SC_PAGE_SIZE"))
-    except (AttributeError, ValueError, OSError):
-        return None
-
-
-def _packed_by_memory(builder: Any) -> bool | None:
-    """For GGUF: dequantise up front when float32 weights fit in half the free memory.
-
-    Dense decoding runs at BLAS speed; packed weights multiply in Rust at 1.6-4.6x
-    float32's time (other formats dequantise with numpy on every use, far slower).
-    None leaves the builder's rule.
-    """
-    from rlx_lm.runners.gguf_loader import open_gguf
-    from rlx_lm.weights import WeightFormat
-
-    if builder.resolved_format() is not WeightFormat.GGUF:
-        return None
-    free = _available_memory()
-    if free is None:
-        return None
-    elements = sum(
-        int(t.n_elements) for t in open_gguf(builder.resolved_weights()).tensors.values()
-    )
-    return elements * 4 > free // 2
-
-
 def _generate(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
     from rlx_lm.builder import LmRunnerBuilder
     from rlx_lm.default_model import default_model_path
@@ -175,16 +157,26 @@ def _generate(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
     # the concrete file (a directory of GGUFs resolves to the one it picks)
     tokenizer = Tokenizer.load(builder.resolved_weights())
     ids = tokenizer.encode(args.prompt)
-    ctx = args.ctx_size or len(ids) + max(args.n_predict, 1)
-    builder = builder.max_seq(ctx)
-    packed = args.packed if args.packed is not None else _packed_by_memory(builder)
-    if packed is not None:
-        builder = builder.packed_weights(packed)
+    if args.packed is not None:
+        builder = builder.packed_weights(args.packed)
+    if args.threads is not None:
+        if args.threads < 1:
+            raise _usage(f"-t must be >= 1, got {args.threads}")
+        builder = builder.threads(args.threads)
     kv = {args.cache_type_k, args.cache_type_v} - {None}
     if len(kv) > 1:
         raise _usage("-ctk and -ctv must match: the KV cache stores keys and values alike")
     if kv:
         builder = builder.kv_dtype("float16" if kv == {"f16"} else "float32")
+    if args.ctx_size < 0:
+        raise _usage(f"-c must be >= 0, got {args.ctx_size}")
+    if args.ctx_size:
+        builder = builder.max_seq(args.ctx_size)
+    else:
+        from rlx_lm.context import default_context
+
+        path = builder.resolved_weights()
+        builder = builder.max_seq(default_context(path, kv_dtype=builder.kv_dtype()))
     with load_progress(lambda done, total: progress.update("loading", done, total)):
         runner = builder.build()
     progress.clear()

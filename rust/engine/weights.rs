@@ -165,7 +165,7 @@ impl Store {
             tensors.insert(
                 name,
                 Tensor {
-                    kind: Kind::f32(),
+                    kind: Kind::F32,
                     rows,
                     cols,
                     source: Source::Owned(bytes),

@@ -73,9 +73,7 @@ fn config(cfg: &Bound<'_, PyDict>) -> PyResult<Config> {
     })
 }
 
-fn borrow_all<'py>(
-    caches: &[Bound<'py, PyKvCache>],
-) -> PyResult<Vec<PyRefMut<'py, PyKvCache>>> {
+fn borrow_all<'py>(caches: &[Bound<'py, PyKvCache>]) -> PyResult<Vec<PyRefMut<'py, PyKvCache>>> {
     caches
         .iter()
         .enumerate()

@@ -151,7 +151,7 @@ def _serve_parser(sub: Any) -> None:
         "--packed",
         action=argparse.BooleanOptionalAction,
         default=None,
-        help="keep quantised GGUF weights packed (default: by free memory, as generate)",
+        help="accepted for compatibility: weights are always memory-mapped and used as stored",
     )
 
 
@@ -176,9 +176,8 @@ def _serve(args: argparse.Namespace) -> int:
     builder = LmRunnerBuilder().weights(model)
     tokenizer = Tokenizer.load(builder.resolved_weights())
     builder = builder.max_seq(args.ctx_size)
-    packed = args.packed if args.packed is not None else _packed_by_memory(builder)
-    if packed is not None:
-        builder = builder.packed_weights(packed)
+    if args.packed is not None:
+        builder = builder.packed_weights(args.packed)
     runner = builder.build()
     name = args.model_name or Path(builder.resolved_weights()).stem
     config = ServerConfig(

@@ -14,7 +14,7 @@ import mmap
 import struct
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any, BinaryIO
 
@@ -73,6 +73,17 @@ SAFETENSORS_DTYPE_BITS: dict[str, int] = {
 def fail(path: Path, reason: str) -> WeightFormatError:
     """The format error for ``path``: it always names the file and the reason."""
     return WeightFormatError(f"{path}: {reason}")
+
+
+def load_json(raw: bytes | str, path: Path, what: str) -> Any:
+    """Parse JSON from a file, every failure (nesting too deep included) a WeightFormatError."""
+    try:
+        text = raw.decode("utf-8") if isinstance(raw, bytes) else raw
+        return json.loads(text)
+    except (UnicodeDecodeError, ValueError) as exc:
+        raise fail(path, f"{what} is not valid JSON: {exc}") from None
+    except RecursionError:
+        raise fail(path, f"{what} nests JSON too deeply to be read") from None
 
 
 @contextmanager
@@ -329,6 +340,13 @@ class SafetensorsHeader:
     metadata: dict[str, str]
     header_len: int
     file_size: int
+    offsets: dict[str, tuple[int, int]] = field(default_factory=dict)
+    """Each tensor's ``data_offsets`` (begin, end), relative to the data section."""
+
+    @property
+    def data_offset(self) -> int:
+        """Where the data section starts in the file."""
+        return 8 + self.header_len
 
 
 def read_safetensors_header(path: Path) -> SafetensorsHeader:
@@ -366,10 +384,7 @@ def parse_safetensors_header(f: IO[bytes], size: int, path: Path) -> Safetensors
     raw = f.read(n)
     if len(raw) != n:
         raise fail(path, f"truncated safetensors header: read {len(raw)} of {n} bytes")
-    try:
-        header = json.loads(raw.decode("utf-8"))
-    except (UnicodeDecodeError, ValueError) as exc:
-        raise fail(path, f"safetensors header is not valid JSON: {exc}") from None
+    header = load_json(raw, path, "safetensors header")
     if not isinstance(header, dict):
         raise fail(path, "safetensors header must be a JSON object")
     data_size = size - 8 - n
@@ -377,13 +392,19 @@ def parse_safetensors_header(f: IO[bytes], size: int, path: Path) -> Safetensors
     if not isinstance(meta, dict):
         raise fail(path, "safetensors __metadata__ must be an object of strings")
     tensors: dict[str, tuple[str, tuple[int, ...]]] = {}
+    offsets: dict[str, tuple[int, int]] = {}
     for name, entry in header.items():
         tensors[name] = _safetensors_entry(path, name, entry, data_size)
+        begin, end = entry["data_offsets"]
+        offsets[name] = (begin, end)
+    if not all(isinstance(v, str) for v in meta.values()):
+        raise fail(path, "safetensors __metadata__ must be an object of strings")
     return SafetensorsHeader(
         tensors=tensors,
-        metadata={str(k): str(v) for k, v in meta.items()},
+        metadata=dict(meta),
         header_len=n,
         file_size=size,
+        offsets=offsets,
     )
 
 

@@ -89,7 +89,9 @@ class LlamaRunner:
         self._progress: ProgressCallback | None = None
         self._phase_callback: Callable[[str], None] | None = None
         self._stats_source: Any = None
-        self.fingerprint = ModelFingerprint(FAMILY, cfg.geometry, _model_id(cfg, weights))
+        self.fingerprint = ModelFingerprint(
+            FAMILY, cfg.geometry, _model_id(cfg, weights), kv_dtype=kv_dtype
+        )
 
     def __repr__(self) -> str:
         c = self.cfg

@@ -12,7 +12,7 @@ import json
 import math
 import mmap
 import struct
-from collections.abc import Iterator
+from collections.abc import Container, Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -23,8 +23,13 @@ from rlx_lm.errors import WeightFormatError
 GGUF_MAGIC = b"GGUF"
 GGUF_VERSIONS = (2, 3)
 GGML_MAX_DIMS = 4
-MAX_METADATA_ARRAY = 1 << 24
-"""Longest metadata array accepted (a 256k-token vocabulary is far below it)."""
+MAX_METADATA_ARRAY = 1 << 21
+"""Longest ``tokenizer.*`` metadata array accepted (2M items: a 262k-token vocabulary and
+its merges are far below it)."""
+MAX_OTHER_METADATA_ARRAY = 1 << 16
+"""Longest metadata array outside ``tokenizer.*`` (per-layer settings, tags, languages):
+a long array there is no model's, and readers such as ``gguf.GGUFReader`` spend about a
+kilobyte of memory per item they decode."""
 MAX_NESTING = 4
 SAFETENSORS_MAX_HEADER = 100_000_000
 """The safetensors format's own cap on its JSON header, in bytes."""
@@ -133,6 +138,11 @@ class GgufHeader:
     tensors: tuple[GgufTensorInfo, ...]
     data_offset: int
     file_size: int
+    arrays: dict[str, Any] = field(default_factory=dict)
+    """Values of the arrays asked for (`read_gguf_header`'s ``arrays``): a numpy array
+    for numbers and booleans, a list of str for strings, nested lists for arrays."""
+    array_types: dict[str, int] = field(default_factory=dict)
+    """The GGUF item type of every array (4 uint32, 6 float32, 8 string, ...)."""
 
 
 class _Cursor:
@@ -181,13 +191,32 @@ class _Cursor:
         return self.size - self.pos
 
 
-def read_gguf_header(path: Path) -> GgufHeader:
-    """Walk a GGUF header, checking every count and length against the file size."""
+def read_gguf_header(path: Path, *, arrays: Iterable[str] | bool = ()) -> GgufHeader:
+    """Walk a GGUF header, checking every count and length against the file size.
+
+    ``arrays`` names the metadata arrays whose values to decode as well (True:
+    all of them); the rest are skipped and kept as lengths only.
+    """
     with mapped(path) as buf:
-        return _walk_gguf(buf, path)
+        return walk_gguf(buf, path, arrays=arrays)
 
 
-def _walk_gguf(buf: memoryview, path: Path) -> GgufHeader:
+def walk_gguf(
+    buf: memoryview | bytes, path: Path, *, arrays: Iterable[str] | bool = ()
+) -> GgufHeader:
+    """`read_gguf_header` over bytes already in memory (``path`` names them in errors)."""
+    if isinstance(buf, bytes):
+        buf = memoryview(buf)
+    wanted: Container[str] = _All() if arrays is True else frozenset(arrays or ())
+    return _walk_gguf(buf, path, wanted)
+
+
+class _All:
+    def __contains__(self, key: object) -> bool:
+        return True
+
+
+def _walk_gguf(buf: memoryview, path: Path, wanted: Container[str]) -> GgufHeader:
     if len(buf) < 4 or bytes(buf[:4]) != GGUF_MAGIC:
         raise fail(path, f"not a GGUF file (first bytes {bytes(buf[:4])!r}, expected b'GGUF')")
     if len(buf) < 24:
@@ -219,15 +248,25 @@ def _walk_gguf(buf: memoryview, path: Path) -> GgufHeader:
         )
     metadata: dict[str, Any] = {}
     arrays: dict[str, int] = {}
+    values: dict[str, Any] = {}
+    types: dict[str, int] = {}
     for i in range(n_kv):
         key = cur.string(f"metadata key #{i}")
         if key in metadata or key in arrays:
             raise fail(path, f"duplicate metadata key {key!r}")
         vtype = cur.u32(f"type of {key!r}")
         if vtype == _GGUF_ARRAY:
+            start = cur.pos
+            types[key] = cur.u32(f"item type of {key!r}")
+            cur.pos = start
             arrays[key] = _skip_array(cur, key, 0)
+            if key in wanted:
+                end, cur.pos = cur.pos, start
+                values[key] = _read_array(cur, key)
+                cur.pos = end
         else:
             metadata[key] = _value(cur, vtype, key)
+    _check_tokenizer_arrays(path, arrays, types)
     alignment = metadata.get("general.alignment", 32)
     if not isinstance(alignment, int) or alignment <= 0 or alignment & (alignment - 1):
         raise fail(path, f"general.alignment must be a power of two, got {alignment!r}")
@@ -255,7 +294,34 @@ def _walk_gguf(buf: memoryview, path: Path) -> GgufHeader:
         tensors=tuple(infos),
         data_offset=data_offset,
         file_size=cur.size,
+        arrays=values,
+        array_types=types,
     )
+
+
+_TOKENIZER_ARRAY_TYPES = {
+    "tokenizer.ggml.tokens": (_GGUF_STRING, "strings"),
+    "tokenizer.ggml.merges": (_GGUF_STRING, "strings"),
+    "tokenizer.ggml.scores": (6, "float32"),
+    "tokenizer.ggml.token_type": (5, "int32"),
+}
+
+
+def _check_tokenizer_arrays(path: Path, lengths: dict[str, int], types: dict[str, int]) -> None:
+    """The vocabulary arrays have llama.cpp's item types, and one item per token."""
+    for key, (want, name) in _TOKENIZER_ARRAY_TYPES.items():
+        if key in types and types[key] != want:
+            raise fail(
+                path, f"metadata {key!r} must be an array of {name}, not of type {types[key]}"
+            )
+    n_tokens = lengths.get("tokenizer.ggml.tokens")
+    for key in ("tokenizer.ggml.scores", "tokenizer.ggml.token_type"):
+        if key in lengths and lengths[key] != n_tokens:
+            raise fail(
+                path,
+                f"metadata {key!r} has {lengths[key]} items for "
+                f"{n_tokens if n_tokens is not None else 'no'} tokens",
+            )
 
 
 def _value(cur: _Cursor, vtype: int, key: str) -> Any:
@@ -272,10 +338,9 @@ def _skip_array(cur: _Cursor, key: str, depth: int) -> int:
         raise fail(cur.path, f"metadata {key!r} nests arrays deeper than {MAX_NESTING}")
     itype = cur.u32(f"item type of {key!r}")
     count = cur.u64(f"length of {key!r}")
-    if count > MAX_METADATA_ARRAY:
-        raise fail(
-            cur.path, f"metadata array {key!r} claims {count} items (limit {MAX_METADATA_ARRAY})"
-        )
+    limit = MAX_METADATA_ARRAY if key.startswith("tokenizer.") else MAX_OTHER_METADATA_ARRAY
+    if count > limit:
+        raise fail(cur.path, f"metadata array {key!r} claims {count} items (limit {limit})")
     if itype in _GGUF_SCALARS:
         width = _GGUF_SCALARS[itype][1]
         cur.need(count * width, f"{count} items of {key!r}")
@@ -297,6 +362,38 @@ def _skip_array(cur: _Cursor, key: str, depth: int) -> int:
     else:
         raise fail(cur.path, f"metadata array {key!r} has unknown item type {itype}")
     return count
+
+
+_NUMPY_CODES = {
+    "B": "u1",
+    "b": "i1",
+    "H": "u2",
+    "h": "i2",
+    "I": "u4",
+    "i": "i4",
+    "f": "f4",
+    "?": "?",
+    "Q": "u8",
+    "q": "i8",
+    "d": "f8",
+}
+
+
+def _read_array(cur: _Cursor, key: str) -> Any:
+    """Decode an array `_skip_array` has already checked (so every count fits the file)."""
+    import numpy as np
+
+    itype = cur.u32(f"item type of {key!r}")
+    count = cur.u64(f"length of {key!r}")
+    if itype in _GGUF_SCALARS:
+        code, width = _GGUF_SCALARS[itype]
+        dtype = np.dtype(cur.order + _NUMPY_CODES[code])
+        out = np.frombuffer(cur.buf, dtype=dtype, count=count, offset=cur.pos).copy()
+        cur.pos += count * width
+        return out.astype(out.dtype.newbyteorder("="))
+    if itype == _GGUF_STRING:
+        return [cur.string(f"item {i} of {key!r}") for i in range(count)]
+    return [_read_array(cur, key) for _ in range(count)]
 
 
 def _tensor_info(cur: _Cursor, index: int) -> GgufTensorInfo:
@@ -444,3 +541,42 @@ def _safetensors_entry(
                 f"data_offsets span {end - begin}",
             )
     return dtype, tuple(shape)
+
+
+SAFETENSORS_INDEX = "model.safetensors.index.json"
+MAX_INDEX_BYTES = 64_000_000
+"""Largest shard index read (real ones are a few hundred KB)."""
+
+
+def read_safetensors_index(directory: Path) -> tuple[Path, ...] | None:
+    """The shard files a directory's ``model.safetensors.index.json`` names, or None.
+
+    Every name must be a plain file name in ``directory``: an index naming
+    ``../x``, an absolute path or a subdirectory is refused, so loading never
+    follows it out of the model directory.
+    """
+    index = directory / SAFETENSORS_INDEX
+    if not index.is_file():
+        return None
+    with open(index, "rb") as f:
+        raw = f.read(MAX_INDEX_BYTES + 1)
+    if len(raw) > MAX_INDEX_BYTES:
+        raise fail(index, f"safetensors index is larger than {MAX_INDEX_BYTES} bytes")
+    doc = load_json(raw, index, "safetensors index")
+    weight_map = doc.get("weight_map") if isinstance(doc, dict) else None
+    if not isinstance(weight_map, dict) or not all(isinstance(v, str) for v in weight_map.values()):
+        raise fail(index, "safetensors index has no weight_map of file names")
+    names = sorted(set(weight_map.values()))
+    for name in names:
+        if (
+            not name
+            or Path(name).name != name
+            or name in (".", "..")
+            or "/" in name
+            or "\\" in name
+            or "\0" in name
+        ):
+            raise fail(
+                index, f"safetensors index names {name!r}, a file outside the model directory"
+            )
+    return tuple(directory / n for n in names)

@@ -411,7 +411,7 @@ def load_model(
     ``builder`` names `LmRunnerBuilder` setters and their values (``max_seq=512``, ...).
     """
     from rlx_lm.builder import LmRunnerBuilder
-    from rlx_lm.runners.llama import load_progress
+    from rlx_lm.progress import load_progress
 
     _emit(on_event, "load", 0, 1, str(path))
     b = LmRunnerBuilder().weights(path)

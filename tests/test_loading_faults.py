@@ -244,15 +244,20 @@ def _import_graph() -> dict[str, set[str]]:
                         visit(other)
                     continue
                 if isinstance(child, ast.ImportFrom) and (child.module or "").startswith("rlx_lm"):
-                    found.add(child.module or "")
+                    base = child.module or ""
+                    # `from package import submodule` depends on the submodule
+                    found.update(f"{base}.{a.name}" for a in child.names)
+                    found.add(base)
                 elif isinstance(child, ast.Import):
                     found.update(a.name for a in child.names if a.name.startswith("rlx_lm"))
                 visit(child)
 
         visit(ast.parse(path.read_text()))
         graph[mod] = found
+    # A package's own submodules importing it (or its names) is how packages work.
     return {
-        m: {d for d in deps if d in graph and d not in (m, "rlx_lm")} for m, deps in graph.items()
+        m: {d for d in deps if d in graph and d != m and not m.startswith(d + ".")}
+        for m, deps in graph.items()
     }
 
 
@@ -281,3 +286,12 @@ def test_importing_the_library_loads_no_family() -> None:
         "assert not bad, bad\n"
     )
     subprocess.run([sys.executable, "-c", code], check=True, timeout=120)
+
+
+def test_families_do_not_import_what_builds_them() -> None:
+    """The registry imports the built-in families by name (BUILTIN_RUNNERS); a family that
+    imported the builder back closed builder -> registry -> runners.llama -> builder."""
+    graph = _import_graph()
+    for mod, deps in graph.items():
+        if mod.startswith("rlx_lm.runners"):
+            assert not deps & {"rlx_lm.builder", "rlx_lm.generation", "rlx_lm.cli"}, mod

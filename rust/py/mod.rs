@@ -20,7 +20,7 @@ mod _core {
     #[pymodule_export]
     use super::kv::{_kv_snapshot_from_state, PyKvCache, PyKvSnapshot};
     #[pymodule_export]
-    use super::quant::{quant_matmul, quant_rows};
+    use super::quant::{quant_matmul, quant_rows, quant_simd};
     #[pymodule_export]
     use super::sampling::{PySamplerChain, SampleResult};
 

@@ -100,6 +100,7 @@ class SamplerChain:
         """An independent copy with the same knobs, seed and state."""
     def __copy__(self) -> Self: ...
     def __deepcopy__(self, memo: dict[int, Any], /) -> Self: ...
+    def __reduce__(self) -> tuple[Any, ...]: ...
     @property
     def step(self) -> int:
         """Tokens accepted since construction or the last reset."""
@@ -121,6 +122,8 @@ class SamplerChain:
     @property
     def is_greedy(self) -> bool:
         """Whether the chain is a plain argmax (no RNG)."""
+
+def _sampler_chain_from_state(state: bytes, /) -> SamplerChain: ...
 
 # --- KV cache (rust/py/kv.rs) -------------------------------------------------
 

@@ -22,7 +22,7 @@ mod _core {
     #[pymodule_export]
     use super::quant::{quant_matmul, quant_rows, quant_simd};
     #[pymodule_export]
-    use super::sampling::{PySamplerChain, SampleResult};
+    use super::sampling::{_sampler_chain_from_state, PySamplerChain, SampleResult};
 
     #[pymodule_init]
     fn init(m: &Bound<'_, PyModule>) -> PyResult<()> {

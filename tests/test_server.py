@@ -219,6 +219,29 @@ def test_chat_completion(client: openai.OpenAI) -> None:
     assert r.usage.completion_tokens == 10
 
 
+def test_eos_ends_a_chat_turn_with_stop(client: openai.OpenAI, reference: tuple[Any, Any]) -> None:
+    _, tok = reference
+    (eos,) = sorted(tok.eos_ids)[:1]
+    r = client.chat.completions.create(
+        model="austen",
+        messages=[{"role": "user", "content": "Hello"}],
+        max_tokens=10,
+        logit_bias={str(eos): 100},
+    )
+    assert r.choices[0].finish_reason == "stop"
+    assert r.choices[0].message.content == ""
+    assert r.usage is not None
+    assert r.usage.completion_tokens == 1
+    more = client.chat.completions.create(
+        model="austen",
+        messages=[{"role": "user", "content": "Hello"}],
+        max_tokens=3,
+        logit_bias={str(eos): 100},
+        extra_body={"ignore_eos": True},
+    )
+    assert more.choices[0].finish_reason == "length"
+
+
 def test_chat_streaming_chunks(client: openai.OpenAI) -> None:
     kw: dict[str, Any] = {
         "model": "austen",

@@ -12,11 +12,13 @@ import json
 import math
 import mmap
 import struct
-from collections.abc import Container, Iterable, Iterator
+from collections.abc import Collection, Container, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any, BinaryIO
+
+import numpy as np
 
 from rlx_lm.errors import WeightFormatError
 
@@ -139,8 +141,7 @@ class GgufHeader:
     data_offset: int
     file_size: int
     arrays: dict[str, Any] = field(default_factory=dict)
-    """Values of the arrays asked for (`read_gguf_header`'s ``arrays``): a numpy array
-    for numbers and booleans, a list of str for strings, nested lists for arrays."""
+    """Values of the arrays asked for by name: ``list[str]`` or a 1-D numpy array."""
     array_types: dict[str, int] = field(default_factory=dict)
     """The GGUF item type of every array (4 uint32, 6 float32, 8 string, ...)."""
 
@@ -191,24 +192,25 @@ class _Cursor:
         return self.size - self.pos
 
 
-def read_gguf_header(path: Path, *, arrays: Iterable[str] | bool = ()) -> GgufHeader:
+def read_gguf_header(path: Path, *, arrays: Collection[str] | bool = ()) -> GgufHeader:
     """Walk a GGUF header, checking every count and length against the file size.
 
-    ``arrays`` names the metadata arrays whose values to decode as well (True:
-    all of them); the rest are skipped and kept as lengths only.
+    ``arrays`` names metadata arrays whose values to keep (a tokenizer's tokens, scores,
+    merges): strings as ``list[str]``, numbers as a numpy array. Their counts are checked
+    against the file before anything is allocated; nested arrays keep only their length.
+    ``arrays=True`` keeps every flat array.
     """
     with mapped(path) as buf:
         return walk_gguf(buf, path, arrays=arrays)
 
 
 def walk_gguf(
-    buf: memoryview | bytes, path: Path, *, arrays: Iterable[str] | bool = ()
+    buf: memoryview | bytes, path: Path, *, arrays: Collection[str] | bool = ()
 ) -> GgufHeader:
     """`read_gguf_header` over bytes already in memory (``path`` names them in errors)."""
-    if isinstance(buf, bytes):
-        buf = memoryview(buf)
+    view = memoryview(buf) if isinstance(buf, bytes) else buf
     wanted: Container[str] = _All() if arrays is True else frozenset(arrays or ())
-    return _walk_gguf(buf, path, wanted)
+    return _walk_gguf(view, path, wanted)
 
 
 class _All:
@@ -216,7 +218,7 @@ class _All:
         return True
 
 
-def _walk_gguf(buf: memoryview, path: Path, wanted: Container[str]) -> GgufHeader:
+def _walk_gguf(buf: memoryview, path: Path, wanted: Container[str] = frozenset()) -> GgufHeader:
     if len(buf) < 4 or bytes(buf[:4]) != GGUF_MAGIC:
         raise fail(path, f"not a GGUF file (first bytes {bytes(buf[:4])!r}, expected b'GGUF')")
     if len(buf) < 24:
@@ -256,14 +258,14 @@ def _walk_gguf(buf: memoryview, path: Path, wanted: Container[str]) -> GgufHeade
             raise fail(path, f"duplicate metadata key {key!r}")
         vtype = cur.u32(f"type of {key!r}")
         if vtype == _GGUF_ARRAY:
-            start = cur.pos
             types[key] = cur.u32(f"item type of {key!r}")
-            cur.pos = start
+            cur.pos -= 4
+        if vtype == _GGUF_ARRAY and key in wanted:
+            arrays[key], value = _read_array(cur, key)
+            if value is not None:
+                values[key] = value
+        elif vtype == _GGUF_ARRAY:
             arrays[key] = _skip_array(cur, key, 0)
-            if key in wanted:
-                end, cur.pos = cur.pos, start
-                values[key] = _read_array(cur, key)
-                cur.pos = end
         else:
             metadata[key] = _value(cur, vtype, key)
     _check_tokenizer_arrays(path, arrays, types)
@@ -324,6 +326,12 @@ def _check_tokenizer_arrays(path: Path, lengths: dict[str, int], types: dict[str
             )
 
 
+def _check_array_length(cur: _Cursor, key: str, count: int) -> None:
+    limit = MAX_METADATA_ARRAY if key.startswith("tokenizer.") else MAX_OTHER_METADATA_ARRAY
+    if count > limit:
+        raise fail(cur.path, f"metadata array {key!r} claims {count} items (limit {limit})")
+
+
 def _value(cur: _Cursor, vtype: int, key: str) -> Any:
     if vtype == _GGUF_STRING:
         return cur.string(f"value of {key!r}")
@@ -338,22 +346,13 @@ def _skip_array(cur: _Cursor, key: str, depth: int) -> int:
         raise fail(cur.path, f"metadata {key!r} nests arrays deeper than {MAX_NESTING}")
     itype = cur.u32(f"item type of {key!r}")
     count = cur.u64(f"length of {key!r}")
-    limit = MAX_METADATA_ARRAY if key.startswith("tokenizer.") else MAX_OTHER_METADATA_ARRAY
-    if count > limit:
-        raise fail(cur.path, f"metadata array {key!r} claims {count} items (limit {limit})")
+    _check_array_length(cur, key, count)
     if itype in _GGUF_SCALARS:
         width = _GGUF_SCALARS[itype][1]
         cur.need(count * width, f"{count} items of {key!r}")
         cur.pos += count * width
     elif itype == _GGUF_STRING:
-        if count > cur.room() // 8:
-            raise fail(
-                cur.path,
-                f"metadata array {key!r} claims {count} strings, but the file has room for "
-                f"at most {cur.room() // 8}",
-            )
-        for i in range(count):
-            cur.skip_string(f"item {i} of {key!r}")
+        _read_strings(cur, key, count, keep=False)
     elif itype == _GGUF_ARRAY:
         if count > cur.room() // 12:
             raise fail(cur.path, f"metadata array {key!r} claims {count} nested arrays")
@@ -364,36 +363,94 @@ def _skip_array(cur: _Cursor, key: str, depth: int) -> int:
     return count
 
 
-_NUMPY_CODES = {
-    "B": "u1",
-    "b": "i1",
-    "H": "u2",
-    "h": "i2",
-    "I": "u4",
-    "i": "i4",
-    "f": "f4",
-    "?": "?",
-    "Q": "u8",
-    "q": "i8",
-    "d": "f8",
-}
+_NUMPY_TYPES = {0: "u1", 1: "i1", 2: "u2", 3: "i2", 4: "u4", 5: "i4", 6: "f4", 7: "?", 10: "u8"}
+_NUMPY_TYPES |= {11: "i8", 12: "f8"}
 
 
-def _read_array(cur: _Cursor, key: str) -> Any:
-    """Decode an array `_skip_array` has already checked (so every count fits the file)."""
-    import numpy as np
-
+def _read_array(cur: _Cursor, key: str) -> tuple[int, Any]:
+    """(length, values) of a flat array; nested arrays are skipped (values None)."""
+    start = cur.pos
     itype = cur.u32(f"item type of {key!r}")
     count = cur.u64(f"length of {key!r}")
-    if itype in _GGUF_SCALARS:
-        code, width = _GGUF_SCALARS[itype]
-        dtype = np.dtype(cur.order + _NUMPY_CODES[code])
+    _check_array_length(cur, key, count)
+    if itype in _NUMPY_TYPES:
+        width = _GGUF_SCALARS[itype][1]
+        cur.need(count * width, f"{count} items of {key!r}")
+        dtype = np.dtype(cur.order + _NUMPY_TYPES[itype])
         out = np.frombuffer(cur.buf, dtype=dtype, count=count, offset=cur.pos).copy()
         cur.pos += count * width
-        return out.astype(out.dtype.newbyteorder("="))
+        return count, out.astype(np.dtype(_NUMPY_TYPES[itype]), copy=False)
     if itype == _GGUF_STRING:
-        return [cur.string(f"item {i} of {key!r}") for i in range(count)]
-    return [_read_array(cur, key) for _ in range(count)]
+        return count, _read_strings(cur, key, count)
+    cur.pos = start
+    return _skip_array(cur, key, 0), None
+
+
+_CHUNK = 1 << 20
+
+
+def _read_strings(cur: _Cursor, key: str, count: int, *, keep: bool = True) -> list[str]:
+    """Walk ``count`` length-prefixed strings (decoded when ``keep``), every length checked.
+
+    The walk copies the mapped bytes a megabyte at a time: slicing ``bytes`` is several
+    times cheaper per item than slicing the memory map.
+    """
+    if count > cur.room() // 8:
+        raise fail(
+            cur.path,
+            f"metadata array {key!r} claims {count} strings, but the file has room for at most "
+            f"{cur.room() // 8}",
+        )
+    buf, size = cur.buf, cur.size
+    unpack = struct.Struct(cur.order + "Q").unpack_from
+    out: list[bytes] = []
+    keep_one = out.append
+    base = cur.pos
+    chunk = bytes(buf[base : base + _CHUNK])
+    at, lim = 0, len(chunk)
+    try:
+        for i in range(count):
+            if at + 8 > lim:
+                base += at
+                chunk, at = bytes(buf[base : base + _CHUNK]), 0
+                lim = len(chunk)
+                if lim < 8:
+                    cur.pos = base
+                    cur.need(8, f"length of item {i} of {key!r}")
+            (n,) = unpack(chunk, at)
+            end = at + 8 + n
+            if end > lim:
+                if n > size - (base + at + 8):
+                    cur.pos = base + at + 8
+                    cur.need(n, f"item {i} of {key!r}")
+                base += at
+                chunk, at = bytes(buf[base : base + max(_CHUNK, 8 + n)]), 0
+                lim, end = len(chunk), 8 + n
+            if keep:
+                keep_one(chunk[at + 8 : end])
+            at = end
+    finally:
+        cur.pos = base + at
+    if not keep:
+        return []
+    # One decode for all items; items holding NUL (none in real vocabularies) one by one.
+    joined = b"\0".join(out)
+    try:
+        texts = joined.decode("utf-8").split("\0")
+        if len(texts) == count:
+            return texts
+        return [b.decode("utf-8") for b in out]
+    except UnicodeDecodeError:
+        bad = next(i for i, b in enumerate(out) if not _is_utf8(b))
+        raise fail(cur.path, f"item {bad} of {key!r} is not valid UTF-8") from None
+
+
+def _is_utf8(raw: bytes) -> bool:
+    try:
+        raw.decode("utf-8")
+    except UnicodeDecodeError:
+        return False
+    return True
 
 
 def _tensor_info(cur: _Cursor, index: int) -> GgufTensorInfo:

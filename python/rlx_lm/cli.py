@@ -215,8 +215,9 @@ def _generate(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
     from rlx_lm.builder import LmRunnerBuilder
     from rlx_lm.default_model import default_model_path
     from rlx_lm.generation import GenerationEvent, stream
-    from rlx_lm.runners.llama import load_progress
+    from rlx_lm.progress import load_progress
     from rlx_lm.tokenizer import Tokenizer
+    from rlx_lm.weight_report import architecture_of
 
     if args.n_predict < 0:
         raise _usage(f"-n must be >= 0, got {args.n_predict}")
@@ -224,7 +225,9 @@ def _generate(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
     opts = _sample_opts(args)
     model = str(default_model_path()) if args.model is None else args.model
     builder = LmRunnerBuilder().weights(model)
-    # the concrete file (a directory of GGUFs resolves to the one it picks)
+    # the concrete file (a directory of GGUFs resolves to the one it picks), its header
+    # checked by the bounded walker before anything else reads it
+    architecture_of(builder.resolved_weights(), builder.resolved_format())
     tokenizer = Tokenizer.load(builder.resolved_weights())
     ids = tokenizer.encode(args.prompt)
     if args.packed is not None:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import re
 from collections.abc import Callable
 from pathlib import Path
@@ -13,6 +12,7 @@ import numpy.typing as npt
 
 from numpy_llama.linear import DenseMatrix, Matrix, PackedMatrix
 from numpy_llama.weights import LlamaWeights, unpermute_rope_rows
+from rlx_lm._headers import SAFETENSORS_INDEX, read_safetensors_header, read_safetensors_index
 from rlx_lm.errors import UnsupportedError, WeightFormatError
 from rlx_lm.runners.gguf_loader import GgufFile
 from rlx_lm.runners.llama_config import LlamaConfig
@@ -101,26 +101,13 @@ class _StFile:
 
     def __init__(self, path: Path) -> None:
         self.path = path
-        size = path.stat().st_size
-        with path.open("rb") as fh:
-            head = fh.read(8)
-            if len(head) < 8:
-                raise WeightFormatError(f"{path}: too short to be safetensors")
-            n = int.from_bytes(head, "little")
-            if n > min(size - 8, _MAX_HEADER):
-                raise WeightFormatError(
-                    f"{path}: safetensors header claims {n} bytes but the file has {size}"
-                )
-            try:
-                header = json.loads(fh.read(n))
-            except ValueError as exc:
-                raise WeightFormatError(f"{path}: corrupt safetensors header: {exc}") from None
-        if not isinstance(header, dict):
-            raise WeightFormatError(f"{path}: safetensors header is not a JSON object")
-        header.pop("__metadata__", None)
-        self.header: dict[str, Any] = header
-        self.base = 8 + n
-        self.size = size
+        parsed = read_safetensors_header(path)  # the one bounds-checked reader
+        self.header: dict[str, Any] = {
+            name: {"dtype": dtype, "shape": list(shape), "data_offsets": list(parsed.offsets[name])}
+            for name, (dtype, shape) in parsed.tensors.items()
+        }
+        self.base = parsed.data_offset
+        self.size = parsed.file_size
         self._map: np.memmap[Any, np.dtype[np.uint8]] | None = None
 
     def tensor(self, name: str) -> npt.NDArray[np.float32]:
@@ -165,14 +152,10 @@ class SafetensorsCheckpoint:
     def locate(cls, path: Path) -> tuple[SafetensorsCheckpoint, Path | None]:
         """The weight files of ``path`` (a file or a directory) and the config.json beside them."""
         if path.is_dir():
-            index = path / "model.safetensors.index.json"
-            if index.is_file():
-                try:
-                    wmap = json.loads(index.read_text(encoding="utf-8"))["weight_map"]
-                    names = sorted(set(wmap.values()))
-                except (OSError, ValueError, KeyError, TypeError) as exc:
-                    raise WeightFormatError(f"{index}: unreadable shard index: {exc}") from None
-                files = [path / n for n in names]
+            index = path / SAFETENSORS_INDEX
+            shards = read_safetensors_index(path)  # names confined to the directory
+            if shards is not None:
+                files = list(shards)
                 missing = [str(f) for f in files if not f.is_file()]
                 if missing:
                     raise WeightFormatError(f"{index}: shard files missing: {', '.join(missing)}")

@@ -11,9 +11,7 @@ safetensors files and HF/MLX directories, with the weights memory-mapped and use
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Callable, Iterator, Mapping, Sequence
-from contextlib import contextmanager
-from contextvars import ContextVar
+from collections.abc import Callable, Mapping, Sequence
 from os import PathLike
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -22,7 +20,7 @@ import numpy as np
 import numpy.typing as npt
 
 from rlx_lm._core import Engine, KvCache, argmax
-from rlx_lm.builder import KvDtype
+from rlx_lm.config import KvDtype
 from rlx_lm.errors import (
     CapacityError,
     InvalidOptionError,
@@ -33,6 +31,7 @@ from rlx_lm.errors import (
     UnsupportedError,
     WeightFormatError,
 )
+from rlx_lm.progress import current_load_progress, load_progress
 from rlx_lm.registry import match_architectures, register_model
 from rlx_lm.runners.llama_config import LLAMA_ARCHITECTURES, LlamaConfig
 from rlx_lm.runners.llama_engine import (
@@ -93,7 +92,9 @@ class LlamaRunner:
         self._progress: ProgressCallback | None = None
         self._phase_callback: Callable[[str], None] | None = None
         self._stats_source: Any = None
-        self.fingerprint = ModelFingerprint(FAMILY, self.cfg.geometry, _model_id(loaded))
+        self.fingerprint = ModelFingerprint(
+            FAMILY, self.cfg.geometry, _model_id(loaded), kv_dtype=kv_dtype
+        )
 
     def clone(self, *, max_seq: int | None = None) -> LlamaRunner:
         """A runner over the same loaded weights with a session of its own."""
@@ -395,25 +396,6 @@ def _model_id(loaded: EngineLoad) -> str:
     return h.hexdigest()[:16]
 
 
-_LOAD_PROGRESS: ContextVar[ProgressCallback | None] = ContextVar(
-    "rlx_lm_load_progress", default=None
-)
-
-
-@contextmanager
-def load_progress(callback: ProgressCallback | None) -> Iterator[None]:
-    """Within this block, Llama loads report ``(blocks_done, blocks_total)`` to ``callback``.
-
-    Lets a caller that builds through `LmRunnerBuilder` (which takes no callback) show
-    progress; the setting is per thread/task (a context variable).
-    """
-    token = _LOAD_PROGRESS.set(callback)
-    try:
-        yield
-    finally:
-        _LOAD_PROGRESS.reset(token)
-
-
 def load_llama(
     path: str | PathLike[str],
     *,
@@ -442,7 +424,7 @@ def load_llama(
         raise WeightFormatError(f"{p}: no such file or directory")
     if threads is not None and (isinstance(threads, bool) or threads < 1):
         raise InvalidOptionError(f"threads must be a positive integer, got {threads!r}")
-    progress = on_progress or _LOAD_PROGRESS.get()
+    progress = on_progress or current_load_progress()
     explicit = _explicit_config(config)
     if p.is_file() and _is_gguf(p):
         loaded = load_gguf_engine(p, config=explicit, threads=threads, on_progress=progress)

@@ -21,7 +21,7 @@ import numpy.typing as npt
 
 from rlx_lm._core import Engine, engine_kernel_types
 from rlx_lm._headers import GgufHeader, read_gguf_header, read_safetensors_header
-from rlx_lm.builder import available_cores
+from rlx_lm.config import available_cores
 from rlx_lm.errors import UnsupportedError, WeightFormatError
 from rlx_lm.runners.llama_config import LlamaConfig, RopeScaling
 
@@ -294,12 +294,11 @@ def load_safetensors_engine(
                 f"{f}: MLX-quantised weights (.scales/.biases) are not supported; "
                 "use an unquantized checkpoint or a GGUF file"
             )
-        offsets = _safetensors_offsets(f, header.header_len)
         for hf_name, (dtype, shape) in header.tensors.items():
             short = _short_name(hf_name)
             if short is None:
                 continue
-            begin = 8 + header.header_len + offsets[hf_name]
+            begin = header.data_offset + header.offsets[hf_name][0]
             dims = [int(d) for d in shape]
             if dtype in _ST_TYPES:
                 plan.append((short, fi, begin, _ST_TYPES[dtype], dims))
@@ -322,20 +321,6 @@ def load_safetensors_engine(
     if on_progress is not None:
         on_progress(len(files) + 1, len(files) + 1)
     return EngineLoad(cfg, engine, files, dequantised, sample)
-
-
-def _safetensors_offsets(path: Path, header_len: int) -> dict[str, int]:
-    """Data start of each tensor (the checked header keeps dtype and shape only)."""
-    import json
-
-    with open(path, "rb") as fh:
-        fh.seek(8)
-        doc = json.loads(fh.read(header_len))
-    return {
-        name: int(entry["data_offsets"][0])
-        for name, entry in doc.items()
-        if name != "__metadata__" and isinstance(entry, dict)
-    }
 
 
 def _build(

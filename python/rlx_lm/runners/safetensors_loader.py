@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any
 
+from rlx_lm._headers import SAFETENSORS_INDEX, load_json, read_safetensors_index
 from rlx_lm.errors import WeightFormatError
 
 __all__ = ["locate_safetensors", "read_config_json"]
@@ -14,12 +14,12 @@ __all__ = ["locate_safetensors", "read_config_json"]
 def read_config_json(path: Path) -> dict[str, Any]:
     """Parse a ``config.json``, raising WeightFormatError with the path on failure."""
     try:
-        data = json.loads(path.read_text(encoding="utf-8"))
+        data = load_json(path.read_bytes(), path, "config.json")
     except FileNotFoundError:
         raise WeightFormatError(
             f"{path}: no config.json (needed for safetensors weights)"
         ) from None
-    except (OSError, ValueError) as exc:
+    except OSError as exc:
         raise WeightFormatError(f"{path}: unreadable config.json: {exc}") from None
     if not isinstance(data, dict):
         raise WeightFormatError(f"{path}: config.json is not a JSON object")
@@ -29,14 +29,10 @@ def read_config_json(path: Path) -> dict[str, Any]:
 def locate_safetensors(path: Path) -> tuple[list[Path], Path | None]:
     """The weight files of ``path`` (a file or a directory) and the config.json beside them."""
     if path.is_dir():
-        index = path / "model.safetensors.index.json"
-        if index.is_file():
-            try:
-                wmap = json.loads(index.read_text(encoding="utf-8"))["weight_map"]
-                names = sorted(set(wmap.values()))
-            except (OSError, ValueError, KeyError, TypeError) as exc:
-                raise WeightFormatError(f"{index}: unreadable shard index: {exc}") from None
-            files = [path / n for n in names]
+        index = path / SAFETENSORS_INDEX
+        shards = read_safetensors_index(path)  # names confined to the directory
+        if shards is not None:
+            files = list(shards)
             missing = [str(f) for f in files if not f.is_file()]
             if missing:
                 raise WeightFormatError(f"{index}: shard files missing: {', '.join(missing)}")

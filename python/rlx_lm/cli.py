@@ -216,7 +216,9 @@ def _packed_by_memory(builder: Any) -> bool | None:
     float32's time (other formats dequantise with numpy on every use, far slower).
     None leaves the builder's rule.
     """
-    from rlx_lm.runners.gguf_loader import open_gguf
+    import math
+
+    from rlx_lm._headers import read_gguf_header
     from rlx_lm.weights import WeightFormat
 
     if builder.resolved_format() is not WeightFormat.GGUF:
@@ -224,9 +226,8 @@ def _packed_by_memory(builder: Any) -> bool | None:
     free = _available_memory()
     if free is None:
         return None
-    elements = sum(
-        int(t.n_elements) for t in open_gguf(builder.resolved_weights()).tensors.values()
-    )
+    header = read_gguf_header(builder.resolved_weights())
+    elements = sum(math.prod(t.shape) for t in header.tensors)
     return elements * 4 > free // 2
 
 
@@ -234,8 +235,9 @@ def _generate(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
     from rlx_lm.builder import LmRunnerBuilder
     from rlx_lm.default_model import default_model_path
     from rlx_lm.generation import GenerationEvent, stream
-    from rlx_lm.runners.llama import load_progress
+    from rlx_lm.progress import load_progress
     from rlx_lm.tokenizer import Tokenizer
+    from rlx_lm.weight_report import architecture_of
 
     if args.n_predict < 0:
         raise _usage(f"-n must be >= 0, got {args.n_predict}")
@@ -243,7 +245,9 @@ def _generate(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
     opts = _sample_opts(args)
     model = str(default_model_path()) if args.model is None else args.model
     builder = LmRunnerBuilder().weights(model)
-    # the concrete file (a directory of GGUFs resolves to the one it picks)
+    # the concrete file (a directory of GGUFs resolves to the one it picks), its header
+    # checked by the bounded walker before anything else reads it
+    architecture_of(builder.resolved_weights(), builder.resolved_format())
     tokenizer = Tokenizer.load(builder.resolved_weights())
     ids = tokenizer.encode(args.prompt)
     ctx = args.ctx_size or len(ids) + max(args.n_predict, 1)

@@ -150,8 +150,8 @@ def test_stop_strings_and_context_size_flags(
     assert 0 < len(out.rstrip("\n")) < len(full)
     # a prompt longer than the context cannot start
     assert main(["generate", str(model), "-p", "hello " * 8, "-n", "8", "-c", "4"]) == 2
-    assert "max_seq=4" in capsys.readouterr().err
-    assert main(["generate", str(model), "-p", "hello", "-n", "-1"]) == 2
+    assert "no room left in a context of 4" in capsys.readouterr().err
+    assert main(["generate", str(model), "-p", "hello", "-n", "-2"]) == 2
 
 
 def test_packed_and_unpacked_generate_the_same_text(

@@ -17,6 +17,7 @@ use crate::error::{CoreError, CoreResult};
 pub use super::knobs::{Knobs, Mirostat};
 pub use super::logprobs::{LogprobMode, Logprobs};
 pub use super::order::{Flavor, OrderSpec, Stage, PRESETS};
+pub use super::state::ChainState;
 
 /// The stage that picks the token at the end of the chain.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -75,6 +76,8 @@ pub struct SamplerChain {
     selector: Selector,
     flavor: Flavor,
     order_name: String,
+    /// The order as asked for (kept so a state can rebuild the chain).
+    order_spec: OrderSpec,
     penalties: Penalties,
     dry: Dry,
     bias: Vec<(u32, f32)>,
@@ -199,6 +202,7 @@ impl SamplerChain {
             selector,
             flavor,
             order_name,
+            order_spec: order.clone(),
             step: 0,
             sequence,
             pending: None,
@@ -251,6 +255,42 @@ impl SamplerChain {
         self.step = 0;
         self.mu = 2.0 * self.knobs.mirostat_tau;
         self.pending = None;
+    }
+
+    /// Everything needed to rebuild this chain where it is ([`Self::from_state`]).
+    pub fn state(&self, vocab: Option<u64>) -> ChainState {
+        ChainState {
+            knobs: self.knobs.clone(),
+            order: self.order_spec.clone(),
+            sequence: self.sequence,
+            step: self.step,
+            mu: self.mu,
+            pending: self.pending.clone(),
+            vocab,
+        }
+    }
+
+    /// Rebuild a chain from [`Self::state`], validating the knobs and order
+    /// as [`Self::new`] does; returns the chain and the state's `vocab`.
+    pub fn from_state(state: ChainState) -> CoreResult<(Self, Option<u64>)> {
+        let mut c = SamplerChain::new(state.knobs, &state.order, state.sequence)?;
+        if !state.mu.is_finite() {
+            return Err(CoreError::Format(format!(
+                "not a sampler chain state: mu is {}",
+                state.mu
+            )));
+        }
+        if let Some(p) = &state.pending {
+            if !p.windows(2).all(|w| w[0].0 < w[1].0) {
+                return Err(CoreError::Format(
+                    "not a sampler chain state: pending surprises are not sorted by token".into(),
+                ));
+            }
+        }
+        c.step = state.step;
+        c.mu = state.mu;
+        c.pending = state.pending;
+        Ok((c, state.vocab))
     }
 
     /// Keep what a `sample` call left for `accept`.

@@ -281,3 +281,16 @@ def test_a_damaged_gguf_is_reported_as_damaged(
         assert "tokenizer.json" not in err, (name, err)
         assert name in err, (name, err)
         assert err.count("\n") == 1, err
+
+
+def test_serve_takes_the_model_as_a_flag_too() -> None:
+    from rlx_lm.cli import _resolve_model
+
+    for argv in (
+        ["serve", "-m", "x.gguf"],
+        ["serve", "x.gguf"],
+        ["serve", "x.gguf", "-m", "x.gguf"],
+    ):
+        args = _parser().parse_args(argv)
+        _resolve_model(args)
+        assert args.model == "x.gguf", argv

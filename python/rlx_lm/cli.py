@@ -267,12 +267,11 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def _serve_parser(sub: Any) -> None:
-    s = sub.add_parser("serve", help="serve a model over an OpenAI-compatible HTTP API")
-    s.add_argument(
-        "model",
-        nargs="?",
-        default=None,
-        help="GGUF file, safetensors file, or model directory (default: the bundled model)",
+    s = sub.add_parser(
+        "serve", help="serve a model over an OpenAI-compatible HTTP API", formatter_class=_Formatter
+    )
+    _add_model_args(
+        s, what="GGUF file, safetensors file, or model directory (default: the bundled model)"
     )
     s.add_argument("--host", default="127.0.0.1", help="address to listen on")
     s.add_argument("--port", type=int, default=8080, help="port to listen on")

@@ -407,7 +407,9 @@ def _packed_by_memory(builder: Any) -> bool | None:
     float32's time (other formats dequantise with numpy on every use, far slower).
     None leaves the builder's rule.
     """
-    from rlx_lm.runners.gguf_loader import open_gguf
+    import math
+
+    from rlx_lm._headers import read_gguf_header
     from rlx_lm.weights import WeightFormat
 
     if builder.resolved_format() is not WeightFormat.GGUF:
@@ -415,9 +417,8 @@ def _packed_by_memory(builder: Any) -> bool | None:
     free = _available_memory()
     if free is None:
         return None
-    elements = sum(
-        int(t.n_elements) for t in open_gguf(builder.resolved_weights()).tensors.values()
-    )
+    header = read_gguf_header(builder.resolved_weights())
+    elements = sum(math.prod(t.shape) for t in header.tensors)
     return elements * 4 > free // 2
 
 
@@ -425,7 +426,7 @@ def _generate(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
     from rlx_lm.builder import LmRunnerBuilder
     from rlx_lm.default_model import default_model_path
     from rlx_lm.generation import GenerationEvent, stream
-    from rlx_lm.runners.llama import load_progress
+    from rlx_lm.progress import load_progress
     from rlx_lm.tokenizer import Tokenizer
     from rlx_lm.weight_report import architecture_of
 

@@ -40,9 +40,9 @@ aarch64)
     echo "emulated aarch64: $got" >&2
     [ "$got" = "${expected/x86_64/aarch64}" ] || { echo "aarch64 tokens differ from x86_64" >&2; exit 1; }
     # The Rust-backed core under emulation (about 10x slower than native: a fixed subset,
-    # hypothesis's "fast" profile). Run from outside the source tree, against the wheel.
+    # hypothesis's "ci-fast" profile). Run from outside the source tree, against the wheel.
     cd "$work"
-    HYPOTHESIS_PROFILE=fast PYTHONPATH=$site "${py[@]}" -m pytest -q -p no:cacheprovider \
+    HYPOTHESIS_PROFILE=ci-fast PYTHONPATH=$site "${py[@]}" -m pytest -q -p no:cacheprovider \
         "$here/../tests/test_argmax.py" "$here/../tests/test_sampling_chain.py" \
         "$here/../tests/test_kv_cache.py" "$here/../tests/test_quant.py"
     ;;

@@ -26,6 +26,7 @@ case "$mode" in
 aarch64)
     root=$work/root site=$work/site
     mkdir -p "$root" "$work/debs"
+    chmod 777 "$work/debs"  # apt-get download fetches as the _apt user
     pkgs=$(apt-cache depends --recurse --no-recommends --no-suggests --no-conflicts \
         --no-breaks --no-replaces --no-enhances --no-pre-depends \
         python3.11-minimal:arm64 libpython3.11-stdlib:arm64 libstdc++6:arm64 \

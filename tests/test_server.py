@@ -730,3 +730,19 @@ def test_rlx_lm_serve_command_starts_answers_and_stops_on_sigint() -> None:
         if proc.poll() is None:
             proc.kill()
             proc.wait()
+
+
+def test_a_non_streaming_client_that_goes_away_frees_its_slot(model: tuple[Any, Any]) -> None:
+    runner, tok = fresh(model)
+    app = create_app(runner, tok, config=ServerConfig(model_name="m", max_batch=1))
+    scheduler = app.state.scheduler
+    with live_server(app) as s:
+        body = {"prompt": PROMPT, "max_tokens": 300, "ignore_eos": True}
+        with pytest.raises(httpx.ReadTimeout):
+            httpx.post(f"{s.url}/v1/completions", json=body, timeout=httpx.Timeout(10, read=1.0))
+        deadline = time.monotonic() + 20
+        while scheduler.metrics.finished["cancelled"] == 0 and time.monotonic() < deadline:
+            time.sleep(0.02)
+        assert scheduler.metrics.finished["cancelled"] == 1
+        assert scheduler.running == 0
+        assert scheduler.metrics.generation_tokens < 300

@@ -202,9 +202,9 @@ def test_bad_input_raises_typed_errors() -> None:
         quant_matmul(raw, int(T.Q8_0), 64, np.zeros((1, 32), np.float32))
     with pytest.raises(ShapeError, match="do not hold"):
         quant_matmul(np.ascontiguousarray(raw[:, :34]), int(T.Q8_0), 64, x)
-    with pytest.raises(ShapeError, match="raw must be C-contiguous"):
+    with pytest.raises(DtypeError, match="raw must be C-contiguous"):
         quant_matmul(raw[:, :34], int(T.Q8_0), 32, x[:, :32].copy())
-    with pytest.raises(ShapeError, match="x must be C-contiguous"):
+    with pytest.raises(DtypeError, match="x must be C-contiguous"):
         quant_matmul(raw, int(T.Q8_0), 64, np.zeros((64, 2), np.float32).T[:1])
     with pytest.raises(ShapeError, match="2-D"):
         quant_matmul(raw, int(T.Q8_0), 64, np.zeros(64, np.float32))

@@ -13,6 +13,7 @@ __all__ = [
     "KV_MAX_KV_HEADS",
     "KV_MAX_LAYERS",
     "KV_MAX_SEQ",
+    "Engine",
     "KvCache",
     "KvSnapshot",
     "SampleResult",
@@ -22,6 +23,7 @@ __all__ = [
     "_sampler_chain_from_state",
     "argmax",
     "build_profile",
+    "engine_kernel_types",
     "quant_matmul",
     "quant_rows",
     "quant_simd",
@@ -264,18 +266,19 @@ def engine_kernel_types() -> list[int]:
     """ggml type ids the engine multiplies in place."""
     ...
 
+@final
 class Engine:
     """A model run in place on its stored weights, with a thread pool of its own."""
 
-    def __init__(
-        self,
+    def __new__(
+        cls,
         *,
         config: dict[str, Any],
         files: list[str],
         tensors: list[tuple[str, int, int, int, list[int]]],
         owned: list[tuple[str, list[int], npt.NDArray[np.float32]]],
         threads: int,
-    ) -> None: ...
+    ) -> Self: ...
     def forward(
         self, cache: KvCache, ids: npt.NDArray[np.int64], all_logits: bool = False
     ) -> npt.NDArray[np.float32]:

@@ -1,4 +1,10 @@
-"""GGUF block-quantised weights used in place: Rust kernels against gguf's own dequantiser."""
+"""GGUF weights used in place: the Rust kernels against gguf's own dequantiser.
+
+Every supported format is checked on random blocks (arbitrary bits, finite scales) and odd
+shapes: ``quant_rows`` must return gguf's float32 values bit for bit, and ``quant_matmul`` must
+equal a float64 product of those values within the float32 accumulation bound. One activation
+row's result must not depend on the batch it is in, its place there, or the thread count.
+"""
 
 from __future__ import annotations
 
@@ -6,70 +12,162 @@ import gguf
 import numpy as np
 import pytest
 from gguf.quants import dequantize, quantize
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
-from rlx_lm._core import quant_matmul, quant_rows
-from rlx_lm.errors import InvalidOptionError, ShapeError, TokenOutOfRangeError
+from rlx_lm._core import quant_matmul, quant_rows, quant_simd
+from rlx_lm.errors import (
+    DtypeError,
+    InvalidOptionError,
+    ShapeError,
+    TokenOutOfRangeError,
+)
 from rlx_lm.runners.linear import PackedMatrix
 
 T = gguf.GGMLQuantizationType
-QTYPES = [T.Q4_0, T.Q8_0, T.Q4_K, T.Q6_K]
+QTYPES = [
+    T.F32,
+    T.F16,
+    T.BF16,
+    T.Q4_0,
+    T.Q4_1,
+    T.Q5_0,
+    T.Q5_1,
+    T.Q8_0,
+    T.Q2_K,
+    T.Q3_K,
+    T.Q4_K,
+    T.Q5_K,
+    T.Q6_K,
+    T.IQ4_NL,
+    T.IQ4_XS,
+]
+
+#: Byte offsets of each block's float16 scales (d, dmin, m).
+HALVES = {
+    T.Q4_1: (0, 2),
+    T.Q5_1: (0, 2),
+    T.Q4_K: (0, 2),
+    T.Q5_K: (0, 2),
+    T.Q2_K: (80, 82),
+    T.Q3_K: (108,),
+    T.Q6_K: (208,),
+}
 
 
 def random_blocks(qtype: T, rows: int, cols: int, seed: int = 0) -> np.ndarray:
-    """Random block bytes with small, finite float16 scales (every other byte is arbitrary)."""
+    """Random bytes for ``rows`` x ``cols`` values: arbitrary codes, finite small scales."""
     rng = np.random.default_rng(seed)
     values, size = gguf.GGML_QUANT_SIZES[qtype]
+    if qtype in (T.F32, T.F16):
+        dtype = np.float32 if qtype == T.F32 else np.float16
+        w = rng.uniform(-1, 1, (rows, cols)).astype(dtype)
+        return w.view(np.uint8).reshape(rows, -1)
+    if qtype == T.BF16:
+        w = rng.uniform(-1, 1, (rows, cols)).astype(np.float32)
+        return (w.view(np.uint32) >> 16).astype(np.uint16).view(np.uint8).reshape(rows, -1)
     raw = rng.integers(0, 256, (rows, cols // values * size), dtype=np.uint8)
     blocks = raw.reshape(rows, -1, size)
-
-    def halves(lo: float, hi: float) -> np.ndarray:
-        h = rng.uniform(lo, hi, blocks.shape[:2]).astype(np.float16)
-        return h.view(np.uint8).reshape(*blocks.shape[:2], 2)
-
-    at = 208 if qtype == T.Q6_K else 0
-    blocks[:, :, at : at + 2] = halves(-0.02, 0.02)
-    if qtype == T.Q4_K:
-        blocks[:, :, 2:4] = halves(0.0, 0.02)  # dmin
+    for at in HALVES.get(qtype, (0,)):
+        h = rng.uniform(-0.02, 0.02, blocks.shape[:2]).astype(np.float16)
+        blocks[:, :, at : at + 2] = h.view(np.uint8).reshape(*blocks.shape[:2], 2)
     return raw
+
+
+def columns(qtype: T) -> list[int]:
+    """Odd and even column counts with whole blocks."""
+    values = gguf.GGML_QUANT_SIZES[qtype][0]
+    return {1: [1, 7, 77, 576], 32: [32, 96, 576], 256: [256, 768]}[values]
+
+
+def gguf_weight(raw: np.ndarray, qtype: T, rows: int, cols: int) -> np.ndarray:
+    return np.asarray(dequantize(raw, qtype), dtype=np.float32).reshape(rows, cols)
+
+
+def assert_within_f32_accumulation(got: np.ndarray, x: np.ndarray, w: np.ndarray) -> None:
+    """|got - x @ w.T| <= (k/8 + 4 + k%8) * 2^-24 * (|x| @ |w|.T): the float32 bound of the
+    kernels' accumulation (eight lanes, k/8 fused steps each, then the lanes and the tail)."""
+    x64, w64 = x.astype(np.float64), w.astype(np.float64)
+    want = x64 @ w64.T
+    k = w.shape[1]
+    tol = (k // 8 + 4 + k % 8) * 2.0**-24 * (np.abs(x64) @ np.abs(w64).T) + 1e-30
+    err = np.abs(got.astype(np.float64) - want)
+    assert (err <= tol).all(), f"worst error {err.max()} over bound {tol[err > tol].min()}"
 
 
 @pytest.mark.parametrize("qtype", QTYPES, ids=lambda t: t.name)
 def test_rows_are_gguf_dequantised_rows_exactly(qtype: T) -> None:
-    raw = random_blocks(qtype, 40, 512)
-    want = dequantize(raw, qtype).reshape(40, 512)
-    ids = np.array([3, 0, 39, 3], dtype=np.int64)
-    np.testing.assert_array_equal(quant_rows(raw, int(qtype), 512, ids), want[ids])
+    for cols in columns(qtype):
+        raw = random_blocks(qtype, 40, cols, seed=cols)
+        want = gguf_weight(raw, qtype, 40, cols)
+        ids = np.array([3, 0, 39, 3], dtype=np.int64)
+        got = quant_rows(raw, int(qtype), cols, ids)
+        np.testing.assert_array_equal(got.view(np.uint32), want[ids].view(np.uint32))
 
 
-@pytest.mark.parametrize("n", [1, 5])
 @pytest.mark.parametrize("qtype", QTYPES, ids=lambda t: t.name)
-def test_matmul_is_x_times_the_dequantised_weight(qtype: T, n: int) -> None:
-    # 700 rows x 1024 columns takes the threaded path as well (over 2^18 weights).
-    for rows, cols in [(24, 256), (700, 1024)]:
-        raw = random_blocks(qtype, rows, cols, seed=rows)
-        w = dequantize(raw, qtype).reshape(rows, cols).astype(np.float64)
-        x = np.random.default_rng(n).standard_normal((n, cols)).astype(np.float32)
-        got = quant_matmul(raw, int(qtype), cols, x)
-        want = x.astype(np.float64) @ w.T
-        assert got.shape == (n, rows)
-        np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4 * np.abs(want).max())
+def test_matmul_is_x_times_the_dequantised_weight(qtype: T) -> None:
+    # 700 rows x 1024 columns takes the threaded path as well.
+    shapes = [(rows, cols) for cols in columns(qtype) for rows in (1, 13)]
+    shapes.append((700, 1024))
+    for rows, cols in shapes:
+        raw = random_blocks(qtype, rows, cols, seed=rows + cols)
+        w = gguf_weight(raw, qtype, rows, cols)
+        for n in (1, 3, 8, 11):
+            x = np.random.default_rng(n).standard_normal((n, cols)).astype(np.float32)
+            got = quant_matmul(raw, int(qtype), cols, x)
+            assert got.shape == (n, rows)
+            assert_within_f32_accumulation(got, x, w)
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    qtype=st.sampled_from(QTYPES),
+    rows=st.integers(1, 90),
+    blocks=st.integers(1, 4),
+    n=st.integers(1, 20),
+    data=st.data(),
+)
+def test_one_row_is_bit_identical_whatever_the_batch_and_threads(
+    qtype: T, rows: int, blocks: int, n: int, data: st.DataObject
+) -> None:
+    values = gguf.GGML_QUANT_SIZES[qtype][0]
+    cols = blocks * (values if values > 1 else 37)
+    raw = random_blocks(qtype, rows, cols, seed=rows * 7 + blocks)
+    x = np.random.default_rng(n).standard_normal((n, cols)).astype(np.float32)
+    t = data.draw(st.integers(0, n - 1), label="row")
+    threads_a = data.draw(st.integers(1, 3), label="threads of the batch")
+    threads_b = data.draw(st.integers(1, 3), label="threads alone")
+    batch = quant_matmul(raw, int(qtype), cols, x, threads=threads_a)
+    alone = quant_matmul(raw, int(qtype), cols, x[t : t + 1].copy(), threads=threads_b)
+    np.testing.assert_array_equal(alone[0].view(np.uint32), batch[t].view(np.uint32))
+    # The same row elsewhere in another batch.
+    other = np.concatenate([x[::-1], x[t : t + 1]])
+    again = quant_matmul(raw, int(qtype), cols, other, threads=threads_a)
+    np.testing.assert_array_equal(again[-1].view(np.uint32), batch[t].view(np.uint32))
 
 
 def test_quantised_by_gguf_round_trips_through_the_kernels() -> None:
     w = np.random.default_rng(1).standard_normal((16, 256)).astype(np.float32)
-    for qtype in (T.Q4_0, T.Q8_0):
-        raw = quantize(w, qtype)
+    for qtype in (T.Q4_0, T.Q4_1, T.Q5_0, T.Q5_1, T.Q8_0, T.BF16, T.F16):
+        raw = np.ascontiguousarray(quantize(w, qtype)).view(np.uint8)
         got = quant_rows(raw, int(qtype), 256, np.arange(16, dtype=np.int64))
-        np.testing.assert_array_equal(got, dequantize(raw, qtype).reshape(16, 256))
+        np.testing.assert_array_equal(got, gguf_weight(raw, qtype, 16, 256))
+
+
+def test_the_kernels_use_simd_where_the_cpu_has_it() -> None:
+    assert quant_simd() in ("avx2", "neon", "portable")
 
 
 def test_bad_input_raises_typed_errors() -> None:
     raw = random_blocks(T.Q8_0, 4, 64)
     x = np.zeros((1, 64), np.float32)
-    with pytest.raises(InvalidOptionError, match="ggml type 3"):
-        quant_matmul(raw, 3, 64, x)
+    with pytest.raises(InvalidOptionError, match="ggml type 4"):
+        quant_matmul(raw, 4, 64, x)
     with pytest.raises(ShapeError, match="whole number"):
         quant_matmul(raw, int(T.Q8_0), 60, np.zeros((1, 60), np.float32))
+    with pytest.raises(ShapeError, match="whole number"):
+        quant_matmul(raw, int(T.Q8_0), 0, np.zeros((1, 0), np.float32))
     with pytest.raises(ShapeError, match="columns"):
         quant_matmul(raw, int(T.Q8_0), 64, np.zeros((1, 32), np.float32))
     with pytest.raises(ShapeError, match="do not hold"):
@@ -78,15 +176,48 @@ def test_bad_input_raises_typed_errors() -> None:
         quant_matmul(raw[:, :34], int(T.Q8_0), 32, x[:, :32].copy())
     with pytest.raises(ShapeError, match="x must be C-contiguous"):
         quant_matmul(raw, int(T.Q8_0), 64, np.zeros((64, 2), np.float32).T[:1])
+    with pytest.raises(ShapeError, match="2-D"):
+        quant_matmul(raw, int(T.Q8_0), 64, np.zeros(64, np.float32))
+    with pytest.raises(ShapeError, match="2-D"):
+        quant_matmul(raw.ravel(), int(T.Q8_0), 64, x)
+    with pytest.raises(DtypeError, match="float32"):
+        quant_matmul(raw, int(T.Q8_0), 64, x.astype(np.float64))
+    with pytest.raises(DtypeError, match="uint8"):
+        quant_matmul(raw.astype(np.int16), int(T.Q8_0), 64, x)
+    with pytest.raises(DtypeError, match="numpy"):
+        quant_matmul(raw, int(T.Q8_0), 64, [[0.0] * 64])
+    # Huge column counts are refused before anything is allocated (this aborted once).
+    with pytest.raises(ShapeError):
+        quant_rows(raw, int(T.Q8_0), 2**40, np.array([0], dtype=np.int64))
+    with pytest.raises(ShapeError):
+        quant_matmul(raw, int(T.Q8_0), 2**62, x)
     with pytest.raises(TokenOutOfRangeError):
         quant_rows(raw, int(T.Q8_0), 64, np.array([4], dtype=np.int64))
     with pytest.raises(TokenOutOfRangeError):
         quant_rows(raw, int(T.Q8_0), 64, np.array([-1], dtype=np.int64))
-    with pytest.raises(TypeError):
-        quant_matmul(raw, int(T.Q8_0), 64, x.astype(np.float64))  # type: ignore[arg-type]
+    with pytest.raises(DtypeError, match="int64"):
+        quant_rows(raw, int(T.Q8_0), 64, np.array([0], dtype=np.int32))
+    with pytest.raises(ShapeError, match="1-D"):
+        quant_rows(raw, int(T.Q8_0), 64, np.array([[0]], dtype=np.int64))
 
 
-@pytest.mark.parametrize("qtype", QTYPES, ids=lambda t: t.name)
+def test_inputs_are_released_after_the_call() -> None:
+    # While a call runs the inputs are pinned (numpy refuses to resize them); afterwards
+    # nothing holds them.
+    raw = random_blocks(T.Q8_0, 4, 64)
+    x = np.zeros((1, 64), np.float32)
+    quant_matmul(raw, int(T.Q8_0), 64, x)
+    x.resize((2, 64), refcheck=True)
+    raw.resize((2, 68), refcheck=True)
+
+
+def test_empty_batches_and_ids_give_empty_results() -> None:
+    raw = random_blocks(T.Q4_K, 3, 256)
+    assert quant_matmul(raw, int(T.Q4_K), 256, np.zeros((0, 256), np.float32)).shape == (0, 3)
+    assert quant_rows(raw, int(T.Q4_K), 256, np.zeros(0, np.int64)).shape == (0, 256)
+
+
+@pytest.mark.parametrize("qtype", [T.Q4_0, T.Q8_0, T.Q4_K, T.Q6_K], ids=lambda t: t.name)
 def test_packed_matrix_uses_the_kernels_and_agrees_with_its_gguf_fallback(qtype: T) -> None:
     raw = random_blocks(qtype, 32, 256, seed=5)
     native = PackedMatrix(raw, qtype, (32, 256))

@@ -17,14 +17,25 @@ def argmax(logits: npt.NDArray[np.float32], /) -> int:
 # --- GGUF block-quantised weights (rust/py/quant.rs) ------------------------
 
 def quant_matmul(
-    raw: npt.NDArray[np.uint8], qtype: int, cols: int, x: npt.NDArray[np.float32]
+    raw: npt.NDArray[np.uint8],
+    qtype: int,
+    cols: int,
+    x: npt.NDArray[np.float32],
+    *,
+    threads: int | None = None,
 ) -> npt.NDArray[np.float32]:
-    """``x @ W.T`` for ``W`` stored as GGUF blocks (``raw`` is ``[rows, row_bytes]``)."""
+    """``x @ W.T`` for ``W`` stored as GGUF blocks (``raw`` is ``[rows, row_bytes]``).
+
+    F32, F16, BF16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q2_K..Q6_K, IQ4_NL and IQ4_XS;
+    ``threads`` runs it on a pool of that many threads (default: the global pool)."""
 
 def quant_rows(
     raw: npt.NDArray[np.uint8], qtype: int, cols: int, ids: npt.NDArray[np.int64]
 ) -> npt.NDArray[np.float32]:
     """The dequantised rows ``ids`` of a GGUF block-quantised ``W``."""
+
+def quant_simd() -> str:
+    """The kernel build this CPU runs: ``"avx2"``, ``"neon"`` or ``"portable"``."""
 
 # --- sampler chain (rust/py/sampling.rs) ------------------------------------
 
@@ -89,6 +100,7 @@ class SamplerChain:
         """An independent copy with the same knobs, seed and state."""
     def __copy__(self) -> Self: ...
     def __deepcopy__(self, memo: dict[int, Any], /) -> Self: ...
+    def __reduce__(self) -> tuple[Any, ...]: ...
     @property
     def step(self) -> int:
         """Tokens accepted since construction or the last reset."""
@@ -110,6 +122,8 @@ class SamplerChain:
     @property
     def is_greedy(self) -> bool:
         """Whether the chain is a plain argmax (no RNG)."""
+
+def _sampler_chain_from_state(state: bytes, /) -> SamplerChain: ...
 
 # --- KV cache (rust/py/kv.rs) -------------------------------------------------
 

@@ -7,15 +7,14 @@ import math
 import secrets
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, fields
-from types import MappingProxyType
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NoReturn
 
 from rlx_lm.errors import InvalidOptionError
 
 if TYPE_CHECKING:
     from rlx_lm._core import SamplerChain
 
-__all__ = ["ORDER_PRESETS", "STAGE_NAMES", "MirostatMode", "SampleOpts"]
+__all__ = ["ORDER_PRESETS", "STAGE_NAMES", "LogitBias", "MirostatMode", "SampleOpts"]
 
 #: Names accepted by ``SampleOpts.into_chain(order=...)``.
 ORDER_PRESETS: tuple[str, ...] = ("default", "llama.cpp", "hf", "vllm")
@@ -43,6 +42,38 @@ class MirostatMode(enum.IntEnum):
     V2 = 2
 
 
+class LogitBias(dict[int, float]):
+    """The read-only token -> bias mapping of `SampleOpts.logit_bias`.
+
+    A ``dict`` that refuses every change, so that it pickles, deep-copies and goes through
+    `dataclasses.asdict` like a plain dict, and compares equal to one with the same items.
+    """
+
+    __slots__ = ()
+
+    def _refuse(self, *args: object, **kwargs: object) -> NoReturn:
+        raise TypeError("SampleOpts.logit_bias is read-only; build new options with replace()")
+
+    __setitem__ = __delitem__ = _refuse
+    clear = pop = popitem = setdefault = update = _refuse
+    __ior__ = _refuse
+
+    def __hash__(self) -> int:  # type: ignore[override]
+        return hash(tuple(sorted(self.items())))
+
+    def __reduce__(self) -> tuple[type[LogitBias], tuple[dict[int, float]]]:
+        return (LogitBias, (dict(self),))
+
+    def __copy__(self) -> LogitBias:
+        return self
+
+    def __deepcopy__(self, memo: dict[int, object]) -> LogitBias:
+        return self
+
+    def __repr__(self) -> str:
+        return f"LogitBias({dict.__repr__(self)})"
+
+
 def _fail(name: str, reason: str) -> InvalidOptionError:
     return InvalidOptionError(f"{name}: {reason}")
 
@@ -67,6 +98,20 @@ def _token(name: str, value: object) -> int:
     if not 0 <= t < 2**32:
         raise _fail(name, f"token ids must be in 0..2**32, got {t}")
     return t
+
+
+def _json_key(k: object) -> object:
+    """A token id key, also from JSON, where object keys are strings."""
+    if isinstance(k, str):
+        try:
+            return int(k)
+        except ValueError:
+            raise _fail("logit_bias", f"keys must be token ids, got {k!r}") from None
+    return k
+
+
+def _from_dict(data: dict[str, Any]) -> SampleOpts:
+    return SampleOpts.from_dict(data)
 
 
 def _in(name: str, v: float, ok: bool, expected: str) -> None:
@@ -103,7 +148,7 @@ class SampleOpts:
     repetition_window: int = 64
     min_keep: int = 1
     seed: int | None = None
-    logit_bias: Mapping[int, float] = field(default_factory=lambda: MappingProxyType({}))
+    logit_bias: Mapping[int, float] = field(default_factory=LogitBias)
 
     def __post_init__(self) -> None:
         for f in fields(self):
@@ -188,7 +233,7 @@ class SampleOpts:
                     "logit_bias", f"bias for token {t_id} must be finite or -inf (ban), got {b!r}"
                 )
             bias[t_id] = float(b)
-        set_(self, "logit_bias", MappingProxyType(bias))
+        set_(self, "logit_bias", LogitBias(bias))
 
     def __hash__(self) -> int:
         return hash(
@@ -197,6 +242,52 @@ class SampleOpts:
                 for v in (getattr(self, f.name) for f in fields(self))
             )
         )
+
+    def __reduce__(self) -> tuple[Any, tuple[dict[str, Any]]]:
+        # Through from_dict, so that an unpickled value is validated like a new one.
+        return (_from_dict, (self.to_dict(),))
+
+    def to_dict(self) -> dict[str, Any]:
+        """Every field as plain Python values (JSON-ready: lists, ints, floats, None).
+
+        ``mirostat`` becomes its int, tuples become lists and ``logit_bias`` a plain dict
+        with int keys (`json.dumps` turns those into strings; `from_dict` takes both).
+        """
+        out: dict[str, Any] = {}
+        for f in fields(self):
+            v = getattr(self, f.name)
+            if isinstance(v, Mapping):
+                v = dict(v)
+            elif isinstance(v, tuple):
+                v = list(v)
+            elif isinstance(v, enum.IntEnum):
+                v = int(v)
+            out[f.name] = v
+        return out
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> SampleOpts:
+        """Options from `to_dict`'s output (or its JSON round trip), validated as new.
+
+        Missing fields keep their defaults; an unknown field is refused.
+        """
+        if not isinstance(data, Mapping):
+            raise _fail(
+                "from_dict", f"expected a mapping of field names, got {type(data).__name__}"
+            )
+        names = {f.name for f in fields(cls)}
+        unknown = sorted(str(k) for k in data if k not in names)
+        if unknown:
+            raise _fail(
+                unknown[0], f"is not a SampleOpts field (fields: {', '.join(sorted(names))})"
+            )
+        kw: dict[str, Any] = dict(data)
+        if isinstance(kw.get("dynamic_temp"), list):
+            kw["dynamic_temp"] = tuple(kw["dynamic_temp"])
+        bias = kw.get("logit_bias")
+        if isinstance(bias, Mapping):
+            kw["logit_bias"] = {_json_key(k): v for k, v in bias.items()}
+        return cls(**kw)
 
     @classmethod
     def greedy(cls) -> SampleOpts:

@@ -20,9 +20,9 @@ mod _core {
     #[pymodule_export]
     use super::kv::{_kv_snapshot_from_state, PyKvCache, PyKvSnapshot};
     #[pymodule_export]
-    use super::quant::{quant_matmul, quant_rows};
+    use super::quant::{quant_matmul, quant_rows, quant_simd};
     #[pymodule_export]
-    use super::sampling::{PySamplerChain, SampleResult};
+    use super::sampling::{_sampler_chain_from_state, PySamplerChain, SampleResult};
 
     #[pymodule_init]
     fn init(m: &Bound<'_, PyModule>) -> PyResult<()> {

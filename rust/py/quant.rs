@@ -1,73 +1,181 @@
-//! `rlx_lm._core.quant_matmul` and `quant_rows`: GGUF block-quantised
-//! weights used in place (see `crate::quant`).
+//! `rlx_lm._core.quant_matmul` and `quant_rows`: GGUF weights used in place
+//! (see `crate::quant`).
+//!
+//! Inputs are borrowed, not copied: each array is checked (type, dtype,
+//! rank, layout) with a typed error naming the fix, borrowed read-only, and
+//! pinned with a weak reference while the GIL is released, so numpy refuses
+//! to resize (free) its buffer until the call returns.
 
-use numpy::{PyArray2, PyArrayMethods, PyReadonlyArray1, PyReadonlyArray2, PyUntypedArrayMethods};
+use std::sync::{Arc, Mutex, OnceLock};
+
+use numpy::ndarray::Dimension;
+use numpy::{
+    Element, PyArray, PyArray1, PyArray2, PyArrayMethods, PyReadonlyArray, PyUntypedArray,
+    PyUntypedArrayMethods,
+};
+use pyo3::exceptions::PyMemoryError;
 use pyo3::prelude::*;
+use pyo3::types::PyWeakrefReference;
 
-use super::errors::{IntoPyResult, ShapeError};
+use super::errors::{DtypeError, IntoPyResult, ShapeError};
 use crate::quant::{self, QuantType};
 
-/// The checked weight arguments: format, row count and the raw bytes.
-fn weight<'a>(
-    raw: &'a PyReadonlyArray2<'_, u8>,
-    qtype: u32,
-) -> PyResult<(QuantType, usize, &'a [u8])> {
-    let qtype = QuantType::from_ggml(qtype).py()?;
-    Ok((qtype, raw.shape()[0], contiguous(raw, "raw")?))
+/// A read-only borrow of a C-contiguous `T` array of rank `D`, or the typed
+/// error that says what to change.
+fn borrow<'py, T: Element, D: Dimension>(
+    obj: &Bound<'py, PyAny>,
+    what: &str,
+    dtype: &str,
+) -> PyResult<PyReadonlyArray<'py, T, D>> {
+    let Ok(untyped) = obj.cast::<PyUntypedArray>() else {
+        let got = obj
+            .get_type()
+            .name()
+            .map_or_else(|_| "object".to_owned(), |n| n.to_string());
+        return Err(DtypeError::new_err(format!(
+            "{what} must be a numpy {dtype} array, got {got}; convert with np.asarray(..., dtype=np.{dtype})"
+        )));
+    };
+    let ndim = D::NDIM.unwrap_or(0);
+    if untyped.ndim() != ndim {
+        return Err(ShapeError::new_err(format!(
+            "{what} must be {ndim}-D, got an array of shape {:?}",
+            untyped.shape()
+        )));
+    }
+    let Ok(arr) = obj.cast::<PyArray<T, D>>() else {
+        return Err(DtypeError::new_err(format!(
+            "{what} must have dtype {dtype}, got {}; convert with .astype(np.{dtype})",
+            untyped.dtype().str()?
+        )));
+    };
+    if !untyped.is_c_contiguous() {
+        return Err(ShapeError::new_err(format!(
+            "{what} must be C-contiguous (np.ascontiguousarray)"
+        )));
+    }
+    arr.try_readonly()
+        .map_err(|e| ShapeError::new_err(format!("{what} cannot be read now: {e}")))
 }
 
-fn contiguous<'a, T: numpy::Element>(
-    a: &'a PyReadonlyArray2<'_, T>,
-    what: &str,
-) -> PyResult<&'a [T]> {
-    a.as_slice().map_err(|_| {
-        ShapeError::new_err(format!(
-            "{what} must be C-contiguous (np.ascontiguousarray)"
-        ))
-    })
+/// The borrowed slice of a checked array, pinned against resizing.
+fn pinned<'a, 'py, T: Element, D: Dimension>(
+    arr: &'a PyReadonlyArray<'py, T, D>,
+) -> PyResult<(&'a [T], Bound<'py, PyWeakrefReference>)> {
+    let pin = PyWeakrefReference::new(arr.as_any())?;
+    let slice = arr
+        .as_slice()
+        .map_err(|e| ShapeError::new_err(e.to_string()))?;
+    Ok((slice, pin))
+}
+
+/// A zeroed output of `len` floats, or `MemoryError` (never an abort).
+fn output(len: Option<usize>) -> PyResult<Vec<f32>> {
+    let mut v = Vec::new();
+    len.and_then(|len| v.try_reserve_exact(len).ok().map(|()| len))
+        .map(|len| {
+            v.resize(len, 0.0);
+            v
+        })
+        .ok_or_else(|| PyMemoryError::new_err("the result does not fit in memory"))
+}
+
+/// Pools by thread count.
+type Pools = Mutex<Vec<(usize, Arc<rayon::ThreadPool>)>>;
+
+/// Pools built for an explicit `threads` argument, kept for reuse.
+fn pool(threads: usize) -> PyResult<Arc<rayon::ThreadPool>> {
+    static POOLS: OnceLock<Pools> = OnceLock::new();
+    let pools = POOLS.get_or_init(Mutex::default);
+    let mut pools = pools.lock().unwrap_or_else(|e| e.into_inner());
+    if let Some((_, p)) = pools.iter().find(|(t, _)| *t == threads) {
+        return Ok(Arc::clone(p));
+    }
+    let p = rayon::ThreadPoolBuilder::new()
+        .num_threads(threads)
+        .build()
+        .map_err(|e| PyMemoryError::new_err(format!("cannot start {threads} threads: {e}")))?;
+    let p = Arc::new(p);
+    pools.push((threads, Arc::clone(&p)));
+    Ok(p)
+}
+
+/// The checked weight: format, row count and the raw bytes (a whole number
+/// of `cols`-value rows).
+fn weight(raw: &[u8], rows: usize, qtype: u32, cols: usize) -> PyResult<QuantType> {
+    let qtype = QuantType::from_ggml(qtype).py()?;
+    let rb = qtype.row_bytes(cols).py()?;
+    if rows.checked_mul(rb) != Some(raw.len()) {
+        return Err(ShapeError::new_err(format!(
+            "{} bytes of {} data do not hold {rows} rows of {cols} values ({rb} bytes a row)",
+            raw.len(),
+            qtype.name()
+        )));
+    }
+    Ok(qtype)
 }
 
 /// `x @ W.T` for `W` stored as GGUF blocks: `raw` is `[rows, row_bytes]`
-/// uint8, `qtype` the ggml type id, `x` float32 `[n, cols]`; float32 `[n, rows]`.
+/// uint8, `qtype` the ggml type id, `x` float32 `[n, cols]`; float32
+/// `[n, rows]`. `threads` runs it on a pool of that many threads (default:
+/// rayon's global pool).
 #[pyfunction]
+#[pyo3(signature = (raw, qtype, cols, x, *, threads = None))]
 pub fn quant_matmul<'py>(
     py: Python<'py>,
-    raw: PyReadonlyArray2<'py, u8>,
+    raw: &Bound<'py, PyAny>,
     qtype: u32,
     cols: usize,
-    x: PyReadonlyArray2<'py, f32>,
+    x: &Bound<'py, PyAny>,
+    threads: Option<usize>,
 ) -> PyResult<Bound<'py, PyArray2<f32>>> {
-    let (qtype, rows, raw_s) = weight(&raw, qtype)?;
-    let (n, xc) = (x.shape()[0], x.shape()[1]);
+    let raw = borrow::<u8, numpy::Ix2>(raw, "raw", "uint8")?;
+    let x = borrow::<f32, numpy::Ix2>(x, "x", "float32")?;
+    let (rows, (n, xc)) = (raw.shape()[0], (x.shape()[0], x.shape()[1]));
+    let (raw_s, _raw_pin) = pinned(&raw)?;
+    let qtype = weight(raw_s, rows, qtype, cols)?;
     if xc != cols {
         return Err(ShapeError::new_err(format!(
             "activations have {xc} columns, the weight has {cols}"
         )));
     }
-    let x_s = contiguous(&x, "x")?;
-    let out = py
-        .detach(|| {
-            let mut out = vec![0.0f32; n * rows];
-            quant::matmul(qtype, raw_s, rows, cols, x_s, &mut out).map(|()| out)
-        })
-        .py()?;
-    numpy::PyArray1::from_vec(py, out).reshape([n, rows])
+    let (x_s, _x_pin) = pinned(&x)?;
+    let mut out = output(n.checked_mul(rows))?;
+    let pool = threads.filter(|&t| t > 0).map(pool).transpose()?;
+    py.detach(|| {
+        let mut go = || quant::matmul(qtype, raw_s, rows, cols, x_s, &mut out);
+        match &pool {
+            Some(p) => p.install(go),
+            None => go(),
+        }
+    })
+    .py()?;
+    PyArray1::from_vec(py, out).reshape([n, rows])
 }
 
 /// The dequantised rows `ids` of a GGUF block-quantised `W`; float32 `[len(ids), cols]`.
 #[pyfunction]
 pub fn quant_rows<'py>(
     py: Python<'py>,
-    raw: PyReadonlyArray2<'py, u8>,
+    raw: &Bound<'py, PyAny>,
     qtype: u32,
     cols: usize,
-    ids: PyReadonlyArray1<'py, i64>,
+    ids: &Bound<'py, PyAny>,
 ) -> PyResult<Bound<'py, PyArray2<f32>>> {
-    let (qtype, rows, raw_s) = weight(&raw, qtype)?;
-    let ids = ids
-        .as_slice()
-        .map_err(|_| ShapeError::new_err("ids must be contiguous"))?;
-    let mut out = vec![0.0f32; ids.len() * cols];
-    quant::gather_rows(qtype, raw_s, rows, cols, ids, &mut out).py()?;
-    numpy::PyArray1::from_vec(py, out).reshape([ids.len(), cols])
+    let raw = borrow::<u8, numpy::Ix2>(raw, "raw", "uint8")?;
+    let ids = borrow::<i64, numpy::Ix1>(ids, "ids", "int64")?;
+    let rows = raw.shape()[0];
+    let (raw_s, _raw_pin) = pinned(&raw)?;
+    let qtype = weight(raw_s, rows, qtype, cols)?;
+    let (ids_s, _ids_pin) = pinned(&ids)?;
+    let mut out = output(ids_s.len().checked_mul(cols))?;
+    py.detach(|| quant::gather_rows(qtype, raw_s, rows, cols, ids_s, &mut out))
+        .py()?;
+    PyArray1::from_vec(py, out).reshape([ids_s.len(), cols])
+}
+
+/// The kernel build this CPU runs: `"avx2"`, `"neon"` or `"portable"`.
+#[pyfunction]
+pub fn quant_simd() -> &'static str {
+    quant::simd_name()
 }

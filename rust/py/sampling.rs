@@ -5,14 +5,14 @@ use numpy::{
     PyArray1, PyArray2, PyArrayMethods, PyReadonlyArray2, PyUntypedArray, PyUntypedArrayMethods,
 };
 use pyo3::prelude::*;
-use pyo3::types::{PyDict, PyList};
+use pyo3::types::{PyBytes, PyDict, PyList, PyTuple};
 
 use super::arrays::f32_row;
 use super::errors::{
     to_py, DtypeError, IntoPyResult, InvalidOptionError, ShapeError, TokenOutOfRangeError,
 };
 use crate::sampling::chain::{
-    Knobs, LogprobMode, Mirostat, OrderSpec, SamplerChain, Scratch, Selector,
+    ChainState, Knobs, LogprobMode, Mirostat, OrderSpec, SamplerChain, Scratch, Selector,
 };
 use crate::CoreError;
 
@@ -541,6 +541,16 @@ impl PySamplerChain {
         self.clone()
     }
 
+    /// Pickles as its state (knobs, order, sequence, step, mu, pending).
+    fn __reduce__<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyTuple>> {
+        let state = self.chain.state(self.vocab.map(|v| v as u64)).to_bytes();
+        let rebuild = py
+            .import("rlx_lm._core")?
+            .getattr("_sampler_chain_from_state")?;
+        let args = PyTuple::new(py, [PyBytes::new(py, &state)])?;
+        PyTuple::new(py, [rebuild, args.into_any()])
+    }
+
     /// Tokens accepted since construction or the last reset.
     #[getter]
     fn step(&self) -> u64 {
@@ -601,6 +611,16 @@ impl PySamplerChain {
             self.chain.knobs().seed
         ))
     }
+}
+
+/// Rebuild a SamplerChain from its pickled state (validated like a new chain).
+#[pyfunction]
+pub fn _sampler_chain_from_state(state: &[u8]) -> PyResult<PySamplerChain> {
+    let state = ChainState::from_bytes(state).py()?;
+    let (chain, vocab) = SamplerChain::from_state(state).py()?;
+    let mut c = PySamplerChain::wrap(chain);
+    c.vocab = vocab.and_then(|v| usize::try_from(v).ok());
+    Ok(c)
 }
 
 /// Borrow a 2-D C-contiguous float32 array (one row of logits per sequence).

@@ -17,6 +17,7 @@ use crate::error::{CoreError, CoreResult};
 pub use super::knobs::{Knobs, Mirostat};
 pub use super::logprobs::{LogprobMode, Logprobs};
 pub use super::order::{Flavor, OrderSpec, Stage, PRESETS};
+pub use super::state::ChainState;
 
 /// The stage that picks the token at the end of the chain.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -75,6 +76,8 @@ pub struct SamplerChain {
     selector: Selector,
     flavor: Flavor,
     order_name: String,
+    /// The order as asked for (kept so a state can rebuild the chain).
+    order_spec: OrderSpec,
     penalties: Penalties,
     dry: Dry,
     bias: Vec<(u32, f32)>,
@@ -193,12 +196,13 @@ impl SamplerChain {
             dry: knobs.dry(),
             bias,
             max_bias_token,
-            mu: 2.0 * knobs.mirostat_tau,
+            mu: bounded_mu(2.0 * knobs.mirostat_tau as f64, 0.0),
             knobs,
             stages,
             selector,
             flavor,
             order_name,
+            order_spec: order.clone(),
             step: 0,
             sequence,
             pending: None,
@@ -239,7 +243,9 @@ impl SamplerChain {
     pub fn accept(&mut self, token: u32) {
         if let Some(s) = self.pending.take() {
             if let Ok(i) = s.binary_search_by_key(&token, |&(t, _)| t) {
-                self.mu -= self.knobs.mirostat_eta * (s[i].1 - self.knobs.mirostat_tau);
+                let k = &self.knobs;
+                let step = k.mirostat_eta as f64 * (s[i].1 as f64 - k.mirostat_tau as f64);
+                self.mu = bounded_mu(self.mu as f64 - step, self.mu);
             }
         }
         self.step += 1;
@@ -249,8 +255,44 @@ impl SamplerChain {
     /// tokens come out again).
     pub fn reset(&mut self) {
         self.step = 0;
-        self.mu = 2.0 * self.knobs.mirostat_tau;
+        self.mu = bounded_mu(2.0 * self.knobs.mirostat_tau as f64, 0.0);
         self.pending = None;
+    }
+
+    /// Everything needed to rebuild this chain where it is ([`Self::from_state`]).
+    pub fn state(&self, vocab: Option<u64>) -> ChainState {
+        ChainState {
+            knobs: self.knobs.clone(),
+            order: self.order_spec.clone(),
+            sequence: self.sequence,
+            step: self.step,
+            mu: self.mu,
+            pending: self.pending.clone(),
+            vocab,
+        }
+    }
+
+    /// Rebuild a chain from [`Self::state`], validating the knobs and order
+    /// as [`Self::new`] does; returns the chain and the state's `vocab`.
+    pub fn from_state(state: ChainState) -> CoreResult<(Self, Option<u64>)> {
+        let mut c = SamplerChain::new(state.knobs, &state.order, state.sequence)?;
+        if !state.mu.is_finite() {
+            return Err(CoreError::Format(format!(
+                "not a sampler chain state: mu is {}",
+                state.mu
+            )));
+        }
+        if let Some(p) = &state.pending {
+            if !p.windows(2).all(|w| w[0].0 < w[1].0) {
+                return Err(CoreError::Format(
+                    "not a sampler chain state: pending surprises are not sorted by token".into(),
+                ));
+            }
+        }
+        c.step = state.step;
+        c.mu = state.mu;
+        c.pending = state.pending;
+        Ok((c, state.vocab))
     }
 
     /// Keep what a `sample` call left for `accept`.
@@ -487,6 +529,11 @@ impl SamplerChain {
             }
         }
         work.refresh()?;
+        if work.dense.is_none() && work.cands.is_empty() {
+            // No stage empties the set (each keeps min_keep >= 1); a guard,
+            // not a path: an error rather than a panic in the draw.
+            return Err(CoreError::AllBanned);
+        }
         let u = uniform.unwrap_or_else(|| dist::uniform(k.seed, sequence, step, Stream::Draw));
         let (chosen, surprises) = match self.selector {
             Selector::Argmax | Selector::Dist => {
@@ -571,6 +618,17 @@ impl SamplerChain {
             surprises,
             logprobs,
         })
+    }
+}
+
+/// Mirostat's `mu` as float32: finite whatever the surprises and knobs (an
+/// update that overflows saturates at the float32 range, which already keeps
+/// only the best token or every token; a NaN update, `0 * inf`, is dropped).
+fn bounded_mu(mu: f64, previous: f32) -> f32 {
+    if mu.is_nan() {
+        previous
+    } else {
+        mu.clamp(-f32::MAX as f64, f32::MAX as f64) as f32
     }
 }
 

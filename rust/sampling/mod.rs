@@ -18,6 +18,7 @@ pub mod min_p;
 pub mod mirostat;
 pub mod order;
 pub mod penalties;
+pub mod state;
 pub mod temperature;
 pub mod top_k;
 pub mod top_n_sigma;

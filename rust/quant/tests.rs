@@ -1,0 +1,257 @@
+use super::format::ALL;
+use super::*;
+
+/// A small deterministic generator.
+struct Rng(u64);
+
+impl Rng {
+    fn next(&mut self) -> u64 {
+        self.0 = self
+            .0
+            .wrapping_mul(6_364_136_223_846_793_005)
+            .wrapping_add(1_442_695_040_888_963_407);
+        self.0 >> 24
+    }
+    fn byte(&mut self) -> u8 {
+        self.next() as u8
+    }
+    /// Uniform in [-1, 1).
+    fn unit(&mut self) -> f32 {
+        (self.next() % 2_000_000) as f32 / 1_000_000.0 - 1.0
+    }
+}
+
+/// Where a block keeps its float16 scales.
+fn half_fields(qtype: QuantType) -> &'static [usize] {
+    match qtype {
+        QuantType::Q4_1 | QuantType::Q5_1 | QuantType::Q4K | QuantType::Q5K => &[0, 2],
+        QuantType::Q2K => &[80, 82],
+        QuantType::Q3K => &[108],
+        QuantType::Q6K => &[208],
+        _ => &[0],
+    }
+}
+
+/// `rows` random rows of `cols` values: arbitrary bits, except finite,
+/// smallish float16 scales (and finite floats for the float formats).
+fn random_rows(qtype: QuantType, rows: usize, cols: usize, rng: &mut Rng) -> Vec<u8> {
+    let rb = qtype.row_bytes(cols).unwrap();
+    let mut raw: Vec<u8> = (0..rows * rb).map(|_| rng.byte()).collect();
+    match qtype {
+        QuantType::F32 => {
+            for v in raw.chunks_exact_mut(4) {
+                v.copy_from_slice(&rng.unit().to_le_bytes());
+            }
+        }
+        QuantType::F16 | QuantType::BF16 => {
+            for v in raw.chunks_exact_mut(2) {
+                // Exponent bits well inside the finite range of both formats.
+                v[1] = (v[1] & 0x83) | 0x30;
+            }
+        }
+        _ => {
+            for blk in raw.chunks_exact_mut(qtype.block_bytes()) {
+                for &at in half_fields(qtype) {
+                    blk[at] = rng.byte();
+                    blk[at + 1] = (rng.byte() & 0x83) | 0x1c; // |h| in [2^-8, 2^-4)
+                }
+            }
+        }
+    }
+    raw
+}
+
+fn dequantized(qtype: QuantType, raw: &[u8], rows: usize, cols: usize) -> Vec<f32> {
+    let rb = qtype.row_bytes(cols).unwrap();
+    let mut w = vec![0.0f32; rows * cols];
+    for r in 0..rows {
+        dequantize_row(
+            qtype,
+            &raw[r * rb..(r + 1) * rb],
+            &mut w[r * cols..(r + 1) * cols],
+        );
+    }
+    w
+}
+
+/// Columns for which `qtype` has whole blocks: one odd count and a few more.
+fn shapes(qtype: QuantType) -> Vec<usize> {
+    match qtype.block_values() {
+        1 => vec![1, 7, 13, 64, 77],
+        32 => vec![32, 96, 224],
+        _ => vec![256, 768],
+    }
+}
+
+#[test]
+fn q8_0_and_q4_0_blocks_decode_by_hand() {
+    // d = 0.5 (f16 0x3800).
+    let mut b = vec![0x00, 0x38];
+    b.extend((0..32).map(|i| (i as i8 - 16) as u8));
+    let mut y = vec![0.0; 32];
+    dequantize_row(QuantType::Q8_0, &b, &mut y);
+    assert_eq!(y[0], -8.0);
+    assert_eq!(y[31], 7.5);
+    let mut b = vec![0x00, 0x38];
+    b.extend((0..16).map(|i| (i as u8) | (15 - i as u8) << 4));
+    dequantize_row(QuantType::Q4_0, &b, &mut y);
+    assert_eq!((y[0], y[15], y[16], y[31]), (-4.0, 3.5, 3.5, -4.0));
+    // Q4_1: d = 0.5, m = -1: x = q / 2 - 1.
+    let mut b = vec![0x00, 0x38, 0x00, 0xbc];
+    b.extend((0..16).map(|i| (i as u8) | (15 - i as u8) << 4));
+    dequantize_row(QuantType::Q4_1, &b, &mut y);
+    assert_eq!((y[0], y[15], y[16], y[31]), (-1.0, 6.5, 6.5, -1.0));
+    // IQ4_NL: d = 1, nibble 0 is -127, 15 is 113.
+    let mut b = vec![0x00, 0x3c];
+    b.extend([0xf0u8; 16]);
+    dequantize_row(QuantType::IQ4NL, &b, &mut y);
+    assert_eq!((y[0], y[16]), (-127.0, 113.0));
+    // Q5_0: the fifth bit of value 3 set: q = 15 + 16 - 16.
+    let mut b = vec![0x00, 0x3c, 0x08, 0, 0, 0];
+    b.extend([0x0fu8; 16]);
+    dequantize_row(QuantType::Q5_0, &b, &mut y);
+    assert_eq!((y[2], y[3], y[16]), (-1.0, 15.0, -16.0));
+}
+
+/// The float32 bound on a dot product of `k` terms accumulated in eight
+/// lanes (k / 8 steps each, three to sum the lanes, the tail one by one):
+/// `|got - exact| <= (k / 8 + 3 + k % 8 + 1) * 2^-24 * sum |w x|`, doubled
+/// for the portable build's separate multiply and add.
+fn bound(k: usize, abs: f64) -> f64 {
+    2.0 * (k / 8 + 4 + k % 8) as f64 * f64::from(f32::EPSILON) / 2.0 * abs + 1e-30
+}
+
+fn check_matmul(build: Build, qtype: QuantType, rows: usize, cols: usize, n: usize, rng: &mut Rng) {
+    let raw = random_rows(qtype, rows, cols, rng);
+    let w = dequantized(qtype, &raw, rows, cols);
+    let x: Vec<f32> = (0..n * cols).map(|_| rng.unit()).collect();
+    let mut out = vec![f32::NAN; n * rows];
+    matmul_with(build, qtype, &raw, rows, cols, &x, &mut out).unwrap();
+    for t in 0..n {
+        for r in 0..rows {
+            let (mut want, mut abs) = (0.0f64, 0.0f64);
+            for c in 0..cols {
+                let p = f64::from(w[r * cols + c]) * f64::from(x[t * cols + c]);
+                want += p;
+                abs += p.abs();
+            }
+            let got = f64::from(out[t * rows + r]);
+            assert!(
+                (got - want).abs() <= bound(cols, abs),
+                "{} {rows}x{cols} n={n} ({t}, {r}): {got} vs {want}",
+                qtype.name()
+            );
+        }
+    }
+}
+
+#[test]
+fn matmul_is_x_times_the_dequantised_weight_in_every_format() {
+    let mut rng = Rng(9);
+    for build in [best_build(), Build::Portable] {
+        for qtype in ALL {
+            for cols in shapes(qtype) {
+                for (rows, n) in [(1, 1), (7, 3), (13, 9), (5, 17)] {
+                    check_matmul(build, qtype, rows, cols, n, &mut rng);
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn threaded_matmul_matches_the_bound_too() {
+    let mut rng = Rng(3);
+    for qtype in [QuantType::Q4K, QuantType::Q8_0, QuantType::F16] {
+        check_matmul(best_build(), qtype, 301, 512, 2, &mut rng);
+    }
+}
+
+#[test]
+fn one_row_gives_the_same_bits_alone_in_a_batch_and_on_any_thread_count() {
+    let mut rng = Rng(11);
+    for qtype in ALL {
+        let (rows, cols) = (
+            203,
+            if qtype.block_values() == 256 {
+                512
+            } else {
+                160
+            },
+        );
+        let raw = random_rows(qtype, rows, cols, &mut rng);
+        let n = 13;
+        let x: Vec<f32> = (0..n * cols).map(|_| rng.unit()).collect();
+        let mut batch = vec![0.0f32; n * rows];
+        let pool = |t| {
+            rayon::ThreadPoolBuilder::new()
+                .num_threads(t)
+                .build()
+                .unwrap()
+        };
+        pool(2).install(|| matmul(qtype, &raw, rows, cols, &x, &mut batch).unwrap());
+        for threads in [1, 3] {
+            for (t, m) in [(0, 1), (5, 1), (12, 1), (3, 4), (8, 5)] {
+                let mut part = vec![0.0f32; m * rows];
+                let xs = &x[t * cols..(t + m) * cols];
+                pool(threads).install(|| matmul(qtype, &raw, rows, cols, xs, &mut part).unwrap());
+                for j in 0..m {
+                    let (a, b) = (&part[j * rows..(j + 1) * rows], &batch[(t + j) * rows..]);
+                    for r in 0..rows {
+                        assert_eq!(
+                            a[r].to_bits(),
+                            b[r].to_bits(),
+                            "{} {t}+{j} {r}",
+                            qtype.name()
+                        );
+                    }
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn gathered_rows_are_the_dequantised_rows() {
+    let mut rng = Rng(5);
+    for qtype in ALL {
+        let cols = shapes(qtype)[1];
+        let raw = random_rows(qtype, 6, cols, &mut rng);
+        let w = dequantized(qtype, &raw, 6, cols);
+        let mut out = vec![0.0; 3 * cols];
+        gather_rows(qtype, &raw, 6, cols, &[5, 0, 5], &mut out).unwrap();
+        assert_eq!(&out[..cols], &w[5 * cols..]);
+        assert_eq!(&out[cols..2 * cols], &w[..cols]);
+    }
+}
+
+#[test]
+fn bad_shapes_and_ids_are_errors() {
+    let raw = vec![0u8; 34 * 2];
+    let mut out = vec![0.0; 32];
+    assert!(matmul(QuantType::Q8_0, &raw, 3, 32, &[0.0; 32], &mut [0.0; 3]).is_err());
+    assert!(matmul(QuantType::Q8_0, &raw, 2, 32, &[0.0; 33], &mut [0.0; 2]).is_err());
+    assert!(matmul(QuantType::Q8_0, &raw, 2, 32, &[0.0; 32], &mut [0.0; 3]).is_err());
+    assert!(matmul(
+        QuantType::Q8_0,
+        &raw,
+        usize::MAX,
+        32,
+        &[0.0; 32],
+        &mut [0.0; 3]
+    )
+    .is_err());
+    assert!(matmul(QuantType::Q8_0, &raw, 2, 32, &[], &mut []).is_ok());
+    assert_eq!(
+        gather_rows(QuantType::Q8_0, &raw, 2, 32, &[2], &mut out),
+        Err(CoreError::TokenOutOfRange { token: 2, vocab: 2 })
+    );
+    assert_eq!(
+        gather_rows(QuantType::Q8_0, &raw, 2, 32, &[-1], &mut out),
+        Err(CoreError::TokenOutOfRange {
+            token: -1,
+            vocab: 2
+        })
+    );
+    assert!(gather_rows(QuantType::Q8_0, &raw, 2, 32, &[0, 1], &mut out).is_err());
+}

@@ -51,12 +51,6 @@ def row_sequence_id(row_id: object) -> int:
     return int.from_bytes(hashlib.blake2b(data, digest_size=8).digest(), "little")
 
 
-def _builder_takes_threads() -> bool:
-    from rlx_lm.builder import LmRunnerBuilder
-
-    return callable(getattr(LmRunnerBuilder, "threads", None))
-
-
 class _Generate:
     """One actor of the pool: loads the model once, then generates each batch row by row."""
 
@@ -65,9 +59,6 @@ class _Generate:
         from rlx_lm.generation import load_model
 
         load = dict(config["load"])
-        threads = load.pop("threads", None)
-        if threads is not None and _builder_takes_threads():
-            load["threads"] = threads
         if model is None:
             self.runner, self.tokenizer = load_default(**load)
         else:

@@ -314,10 +314,7 @@ def serve_app(
     load = dict(load_kwargs or {})
     if server_cfg.get("max_context"):
         load.setdefault("max_seq", server_cfg["max_context"])
-    from rlx_lm.builder import LmRunnerBuilder
-
-    if callable(getattr(LmRunnerBuilder, "threads", None)):
-        load.setdefault("threads", threads or max(1, int(num_cpus_per_replica)))
+    load.setdefault("threads", threads or max(1, int(num_cpus_per_replica)))
     model_path = None if model is None else str(Path(model).resolve())
     options: dict[str, Any] = {
         "ray_actor_options": {"num_cpus": num_cpus_per_replica},

@@ -21,6 +21,7 @@ from rlx_lm.default_model import load_default
 from rlx_lm.errors import (
     CapacityError,
     DtypeError,
+    InternalError,
     InvalidLogitsError,
     InvalidOptionError,
     RlxError,
@@ -89,6 +90,7 @@ __all__ = [
     "GenerationResult",
     "HostDriven",
     "IncrementalDetokenizer",
+    "InternalError",
     "InvalidLogitsError",
     "InvalidOptionError",
     "KvCache",

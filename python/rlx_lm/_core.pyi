@@ -14,6 +14,9 @@ build_profile: Final[str]
 def argmax(logits: npt.NDArray[np.float32], /) -> int:
     """Index of the largest logit in a float32 row (lowest index on ties)."""
 
+def _panic_for_tests(message: str) -> None:
+    """Panics on purpose inside the binding's panic boundary (raises InternalError)."""
+
 # --- GGUF block-quantised weights (rust/py/quant.rs) ------------------------
 
 def quant_matmul(
@@ -91,7 +94,11 @@ class SamplerChain:
         sequence_ids: Sequence[int] | None = None,
         uniforms: Sequence[float] | None = None,
     ) -> npt.NDArray[np.int64]:
-        """Sample every row of a 2-D float32 array (rows in parallel, GIL released)."""
+        """Sample every row of a 2-D float32 array (rows in parallel, GIL released).
+
+        The rows are sampled with the chain as it is when the call starts; the
+        logits array is pinned (numpy refuses to resize it) until it returns.
+        """
     def accept(self, token: int, /) -> None:
         """Record the emitted token: advances the step and mirostat's mu."""
     def reset(self) -> None:

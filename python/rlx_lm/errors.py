@@ -12,6 +12,7 @@ naturally catch, so ``except ValueError`` keeps working::
     ├── WeightFormatError    (ValueError)   a malformed, truncated or hostile file
     ├── UnknownArchitectureError (ValueError)  no registered family claims a model
     ├── SequenceStateError   (RuntimeError) a call out of order, e.g. decode before prefill
+    ├── InternalError        (RuntimeError) a bug in the Rust core, caught at its boundary
     ├── DtypeError           (TypeError)    wrong dtype or memory layout
     ├── TokenOutOfRangeError (IndexError)   a token id outside the vocabulary
     └── UnsupportedError     (NotImplementedError)  a runner lacks a capability
@@ -25,6 +26,7 @@ from __future__ import annotations
 __all__ = [
     "CapacityError",
     "DtypeError",
+    "InternalError",
     "InvalidLogitsError",
     "InvalidOptionError",
     "RlxError",
@@ -68,6 +70,10 @@ class WeightFormatError(RlxError, ValueError):
 
 class UnknownArchitectureError(RlxError, ValueError):
     """No registered model family claims an architecture; the message lists the families."""
+
+
+class InternalError(RlxError, RuntimeError):
+    """A bug in the Rust core: a panic caught at the binding's boundary (please report it)."""
 
 
 class SequenceStateError(RlxError, RuntimeError):

@@ -3,6 +3,8 @@
 
 use numpy::{PyArray1, PyArrayMethods, PyReadonlyArray1, PyUntypedArray, PyUntypedArrayMethods};
 use pyo3::prelude::*;
+use pyo3::sync::PyOnceLock;
+use pyo3::types::PyType;
 
 use super::errors::{DtypeError, ShapeError};
 
@@ -11,6 +13,21 @@ fn describe(obj: &Bound<'_, PyAny>) -> String {
         .name()
         .map(|n| n.to_string())
         .unwrap_or_else(|_| "object".to_owned())
+}
+
+/// Refuse a `numpy.ma.MaskedArray`: its data would be read and its mask
+/// ignored, so masked entries would count as ordinary values.
+pub fn refuse_masked(obj: &Bound<'_, PyAny>, what: &str) -> PyResult<()> {
+    static MASKED: PyOnceLock<Py<PyType>> = PyOnceLock::new();
+    let py = obj.py();
+    let masked = MASKED.import(py, "numpy.ma", "MaskedArray")?;
+    if obj.is_instance(masked)? {
+        return Err(DtypeError::new_err(format!(
+            "{what} is a numpy masked array, whose mask would be ignored; fill it \
+             first, e.g. np.ma.filled(x, -np.inf) to ban the masked entries"
+        )));
+    }
+    Ok(())
 }
 
 /// Borrow a 1-D, C-contiguous float32 numpy array read-only.
@@ -45,5 +62,6 @@ pub fn f32_row<'py>(obj: &Bound<'py, PyAny>, what: &str) -> PyResult<PyReadonlyA
              convert with np.ascontiguousarray(x)"
         )));
     }
+    refuse_masked(obj, what)?;
     Ok(arr.readonly())
 }

@@ -4,6 +4,7 @@
 mod argmax;
 mod arrays;
 mod errors;
+mod gil;
 mod kv;
 mod quant;
 mod sampling;
@@ -17,6 +18,8 @@ mod _core {
 
     #[pymodule_export]
     use super::argmax::argmax;
+    #[pymodule_export]
+    use super::errors::_panic_for_tests;
     #[pymodule_export]
     use super::kv::{_kv_snapshot_from_state, PyKvCache, PyKvSnapshot};
     #[pymodule_export]

@@ -15,9 +15,9 @@ use numpy::{
 };
 use pyo3::exceptions::PyMemoryError;
 use pyo3::prelude::*;
-use pyo3::types::PyWeakrefReference;
 
-use super::errors::{DtypeError, IntoPyResult, ShapeError};
+use super::errors::{catch_panics, DtypeError, IntoPyResult, ShapeError};
+use super::gil::{detached, pin, Pin};
 use crate::quant::{self, QuantType};
 
 /// A read-only borrow of a C-contiguous `T` array of rank `D`, or the typed
@@ -58,11 +58,12 @@ fn borrow<'py, T: Element, D: Dimension>(
         .map_err(|e| ShapeError::new_err(format!("{what} cannot be read now: {e}")))
 }
 
-/// The borrowed slice of a checked array, pinned against resizing.
+/// The borrowed slice of a checked array, pinned against resizing (the
+/// array and the arrays it views: [`super::gil::pin`]).
 fn pinned<'a, 'py, T: Element, D: Dimension>(
     arr: &'a PyReadonlyArray<'py, T, D>,
-) -> PyResult<(&'a [T], Bound<'py, PyWeakrefReference>)> {
-    let pin = PyWeakrefReference::new(arr.as_any())?;
+) -> PyResult<(&'a [T], Pin<'py>)> {
+    let pin = pin(arr.as_any())?;
     let slice = arr
         .as_slice()
         .map_err(|e| ShapeError::new_err(e.to_string()))?;
@@ -129,28 +130,30 @@ pub fn quant_matmul<'py>(
     x: &Bound<'py, PyAny>,
     threads: Option<usize>,
 ) -> PyResult<Bound<'py, PyArray2<f32>>> {
-    let raw = borrow::<u8, numpy::Ix2>(raw, "raw", "uint8")?;
-    let x = borrow::<f32, numpy::Ix2>(x, "x", "float32")?;
-    let (rows, (n, xc)) = (raw.shape()[0], (x.shape()[0], x.shape()[1]));
-    let (raw_s, _raw_pin) = pinned(&raw)?;
-    let qtype = weight(raw_s, rows, qtype, cols)?;
-    if xc != cols {
-        return Err(ShapeError::new_err(format!(
-            "activations have {xc} columns, the weight has {cols}"
-        )));
-    }
-    let (x_s, _x_pin) = pinned(&x)?;
-    let mut out = output(n.checked_mul(rows))?;
-    let pool = threads.filter(|&t| t > 0).map(pool).transpose()?;
-    py.detach(|| {
-        let mut go = || quant::matmul(qtype, raw_s, rows, cols, x_s, &mut out);
-        match &pool {
-            Some(p) => p.install(go),
-            None => go(),
+    catch_panics(|| {
+        let raw = borrow::<u8, numpy::Ix2>(raw, "raw", "uint8")?;
+        let x = borrow::<f32, numpy::Ix2>(x, "x", "float32")?;
+        let (rows, (n, xc)) = (raw.shape()[0], (x.shape()[0], x.shape()[1]));
+        let (raw_s, _raw_pin) = pinned(&raw)?;
+        let qtype = weight(raw_s, rows, qtype, cols)?;
+        if xc != cols {
+            return Err(ShapeError::new_err(format!(
+                "activations have {xc} columns, the weight has {cols}"
+            )));
         }
+        let (x_s, _x_pin) = pinned(&x)?;
+        let mut out = output(n.checked_mul(rows))?;
+        let pool = threads.filter(|&t| t > 0).map(pool).transpose()?;
+        detached(py, &[&_raw_pin, &_x_pin], || {
+            let mut go = || quant::matmul(qtype, raw_s, rows, cols, x_s, &mut out);
+            match &pool {
+                Some(p) => p.install(go),
+                None => go(),
+            }
+        })
+        .py()?;
+        PyArray1::from_vec(py, out).reshape([n, rows])
     })
-    .py()?;
-    PyArray1::from_vec(py, out).reshape([n, rows])
 }
 
 /// The dequantised rows `ids` of a GGUF block-quantised `W`; float32 `[len(ids), cols]`.
@@ -162,16 +165,20 @@ pub fn quant_rows<'py>(
     cols: usize,
     ids: &Bound<'py, PyAny>,
 ) -> PyResult<Bound<'py, PyArray2<f32>>> {
-    let raw = borrow::<u8, numpy::Ix2>(raw, "raw", "uint8")?;
-    let ids = borrow::<i64, numpy::Ix1>(ids, "ids", "int64")?;
-    let rows = raw.shape()[0];
-    let (raw_s, _raw_pin) = pinned(&raw)?;
-    let qtype = weight(raw_s, rows, qtype, cols)?;
-    let (ids_s, _ids_pin) = pinned(&ids)?;
-    let mut out = output(ids_s.len().checked_mul(cols))?;
-    py.detach(|| quant::gather_rows(qtype, raw_s, rows, cols, ids_s, &mut out))
+    catch_panics(|| {
+        let raw = borrow::<u8, numpy::Ix2>(raw, "raw", "uint8")?;
+        let ids = borrow::<i64, numpy::Ix1>(ids, "ids", "int64")?;
+        let rows = raw.shape()[0];
+        let (raw_s, _raw_pin) = pinned(&raw)?;
+        let qtype = weight(raw_s, rows, qtype, cols)?;
+        let (ids_s, _ids_pin) = pinned(&ids)?;
+        let mut out = output(ids_s.len().checked_mul(cols))?;
+        detached(py, &[&_raw_pin, &_ids_pin], || {
+            quant::gather_rows(qtype, raw_s, rows, cols, ids_s, &mut out)
+        })
         .py()?;
-    PyArray1::from_vec(py, out).reshape([ids_s.len(), cols])
+        PyArray1::from_vec(py, out).reshape([ids_s.len(), cols])
+    })
 }
 
 /// The kernel build this CPU runs: `"avx2"`, `"neon"` or `"portable"`.

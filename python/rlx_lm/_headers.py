@@ -12,11 +12,13 @@ import json
 import math
 import mmap
 import struct
-from collections.abc import Iterator
+from collections.abc import Collection, Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any, BinaryIO
+
+import numpy as np
 
 from rlx_lm.errors import WeightFormatError
 
@@ -122,6 +124,8 @@ class GgufHeader:
     tensors: tuple[GgufTensorInfo, ...]
     data_offset: int
     file_size: int
+    arrays: dict[str, Any] = field(default_factory=dict)
+    """Values of the arrays asked for by name: ``list[str]`` or a 1-D numpy array."""
 
 
 class _Cursor:
@@ -170,13 +174,18 @@ class _Cursor:
         return self.size - self.pos
 
 
-def read_gguf_header(path: Path) -> GgufHeader:
-    """Walk a GGUF header, checking every count and length against the file size."""
+def read_gguf_header(path: Path, *, arrays: Collection[str] = ()) -> GgufHeader:
+    """Walk a GGUF header, checking every count and length against the file size.
+
+    ``arrays`` names metadata arrays whose values to keep (a tokenizer's tokens, scores,
+    merges): strings as ``list[str]``, numbers as a numpy array. Their counts are checked
+    against the file before anything is allocated; nested arrays keep only their length.
+    """
     with mapped(path) as buf:
-        return _walk_gguf(buf, path)
+        return _walk_gguf(buf, path, frozenset(arrays))
 
 
-def _walk_gguf(buf: memoryview, path: Path) -> GgufHeader:
+def _walk_gguf(buf: memoryview, path: Path, wanted: frozenset[str] = frozenset()) -> GgufHeader:
     if len(buf) < 4 or bytes(buf[:4]) != GGUF_MAGIC:
         raise fail(path, f"not a GGUF file (first bytes {bytes(buf[:4])!r}, expected b'GGUF')")
     if len(buf) < 24:
@@ -208,12 +217,17 @@ def _walk_gguf(buf: memoryview, path: Path) -> GgufHeader:
         )
     metadata: dict[str, Any] = {}
     arrays: dict[str, int] = {}
+    values: dict[str, Any] = {}
     for i in range(n_kv):
         key = cur.string(f"metadata key #{i}")
         if key in metadata or key in arrays:
             raise fail(path, f"duplicate metadata key {key!r}")
         vtype = cur.u32(f"type of {key!r}")
-        if vtype == _GGUF_ARRAY:
+        if vtype == _GGUF_ARRAY and key in wanted:
+            arrays[key], value = _read_array(cur, key)
+            if value is not None:
+                values[key] = value
+        elif vtype == _GGUF_ARRAY:
             arrays[key] = _skip_array(cur, key, 0)
         else:
             metadata[key] = _value(cur, vtype, key)
@@ -244,6 +258,7 @@ def _walk_gguf(buf: memoryview, path: Path) -> GgufHeader:
         tensors=tuple(infos),
         data_offset=data_offset,
         file_size=cur.size,
+        arrays=values,
     )
 
 
@@ -270,14 +285,7 @@ def _skip_array(cur: _Cursor, key: str, depth: int) -> int:
         cur.need(count * width, f"{count} items of {key!r}")
         cur.pos += count * width
     elif itype == _GGUF_STRING:
-        if count > cur.room() // 8:
-            raise fail(
-                cur.path,
-                f"metadata array {key!r} claims {count} strings, but the file has room for "
-                f"at most {cur.room() // 8}",
-            )
-        for i in range(count):
-            cur.skip_string(f"item {i} of {key!r}")
+        _read_strings(cur, key, count, keep=False)
     elif itype == _GGUF_ARRAY:
         if count > cur.room() // 12:
             raise fail(cur.path, f"metadata array {key!r} claims {count} nested arrays")
@@ -286,6 +294,99 @@ def _skip_array(cur: _Cursor, key: str, depth: int) -> int:
     else:
         raise fail(cur.path, f"metadata array {key!r} has unknown item type {itype}")
     return count
+
+
+_NUMPY_TYPES = {0: "u1", 1: "i1", 2: "u2", 3: "i2", 4: "u4", 5: "i4", 6: "f4", 7: "?", 10: "u8"}
+_NUMPY_TYPES |= {11: "i8", 12: "f8"}
+
+
+def _read_array(cur: _Cursor, key: str) -> tuple[int, Any]:
+    """(length, values) of a flat array; nested arrays are skipped (values None)."""
+    start = cur.pos
+    itype = cur.u32(f"item type of {key!r}")
+    count = cur.u64(f"length of {key!r}")
+    if count > MAX_METADATA_ARRAY:
+        raise fail(
+            cur.path, f"metadata array {key!r} claims {count} items (limit {MAX_METADATA_ARRAY})"
+        )
+    if itype in _NUMPY_TYPES:
+        width = _GGUF_SCALARS[itype][1]
+        cur.need(count * width, f"{count} items of {key!r}")
+        dtype = np.dtype(cur.order + _NUMPY_TYPES[itype])
+        out = np.frombuffer(cur.buf, dtype=dtype, count=count, offset=cur.pos).copy()
+        cur.pos += count * width
+        return count, out.astype(np.dtype(_NUMPY_TYPES[itype]), copy=False)
+    if itype == _GGUF_STRING:
+        return count, _read_strings(cur, key, count)
+    cur.pos = start
+    return _skip_array(cur, key, 0), None
+
+
+_CHUNK = 1 << 20
+
+
+def _read_strings(cur: _Cursor, key: str, count: int, *, keep: bool = True) -> list[str]:
+    """Walk ``count`` length-prefixed strings (decoded when ``keep``), every length checked.
+
+    The walk copies the mapped bytes a megabyte at a time: slicing ``bytes`` is several
+    times cheaper per item than slicing the memory map.
+    """
+    if count > cur.room() // 8:
+        raise fail(
+            cur.path,
+            f"metadata array {key!r} claims {count} strings, but the file has room for at most "
+            f"{cur.room() // 8}",
+        )
+    buf, size = cur.buf, cur.size
+    unpack = struct.Struct(cur.order + "Q").unpack_from
+    out: list[bytes] = []
+    keep_one = out.append
+    base = cur.pos
+    chunk = bytes(buf[base : base + _CHUNK])
+    at, lim = 0, len(chunk)
+    try:
+        for i in range(count):
+            if at + 8 > lim:
+                base += at
+                chunk, at = bytes(buf[base : base + _CHUNK]), 0
+                lim = len(chunk)
+                if lim < 8:
+                    cur.pos = base
+                    cur.need(8, f"length of item {i} of {key!r}")
+            (n,) = unpack(chunk, at)
+            end = at + 8 + n
+            if end > lim:
+                if n > size - (base + at + 8):
+                    cur.pos = base + at + 8
+                    cur.need(n, f"item {i} of {key!r}")
+                base += at
+                chunk, at = bytes(buf[base : base + max(_CHUNK, 8 + n)]), 0
+                lim, end = len(chunk), 8 + n
+            if keep:
+                keep_one(chunk[at + 8 : end])
+            at = end
+    finally:
+        cur.pos = base + at
+    if not keep:
+        return []
+    # One decode for all items; items holding NUL (none in real vocabularies) one by one.
+    joined = b"\0".join(out)
+    try:
+        texts = joined.decode("utf-8").split("\0")
+        if len(texts) == count:
+            return texts
+        return [b.decode("utf-8") for b in out]
+    except UnicodeDecodeError:
+        bad = next(i for i, b in enumerate(out) if not _is_utf8(b))
+        raise fail(cur.path, f"item {bad} of {key!r} is not valid UTF-8") from None
+
+
+def _is_utf8(raw: bytes) -> bool:
+    try:
+        raw.decode("utf-8")
+    except UnicodeDecodeError:
+        return False
+    return True
 
 
 def _tensor_info(cur: _Cursor, index: int) -> GgufTensorInfo:

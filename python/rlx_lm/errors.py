@@ -11,6 +11,7 @@ naturally catch, so ``except ValueError`` keeps working::
     ├── SnapshotMismatchError(ValueError)   a snapshot from another model or geometry
     ├── WeightFormatError    (ValueError)   a malformed, truncated or hostile file
     ├── UnknownArchitectureError (ValueError)  no registered family claims a model
+    ├── ChatTemplateError    (ValueError)   a chat template that is broken, hostile or refuses
     ├── SequenceStateError   (RuntimeError) a call out of order, e.g. decode before prefill
     ├── InternalError        (RuntimeError) a bug in the Rust core, caught at its boundary
     ├── DtypeError           (TypeError)    wrong dtype or memory layout
@@ -18,13 +19,15 @@ naturally catch, so ``except ValueError`` keeps working::
     └── UnsupportedError     (NotImplementedError)  a runner lacks a capability
 
 The Rust core raises these same classes through one mapping (``rust/py/errors.rs``);
-`UnknownArchitectureError` and `SequenceStateError` come only from Python code.
+`UnknownArchitectureError`, `ChatTemplateError` and `SequenceStateError` come only from
+Python code.
 """
 
 from __future__ import annotations
 
 __all__ = [
     "CapacityError",
+    "ChatTemplateError",
     "DtypeError",
     "InternalError",
     "InvalidLogitsError",
@@ -74,6 +77,10 @@ class UnknownArchitectureError(RlxError, ValueError):
 
 class InternalError(RlxError, RuntimeError):
     """A bug in the Rust core: a panic caught at the binding's boundary (please report it)."""
+
+
+class ChatTemplateError(RlxError, ValueError):
+    """A chat template that does not parse, exceeds its time or size budget, or refuses input."""
 
 
 class SequenceStateError(RlxError, RuntimeError):

@@ -6,7 +6,7 @@ PY := $(VENV)/bin/python
 PYPATHS := python tests benches $(wildcard examples) $(wildcard tools)
 export HYPOTHESIS_PROFILE ?= ci
 
-.PHONY: dev lint test test-py test-rust test-bench check bench fmt
+.PHONY: dev lint test test-py test-rust test-bench check bench fmt fuzz fuzz-io fuzz-sampling fuzz-sampling-short
 
 dev:
 	test -x $(PY) || python3 -m venv $(VENV)
@@ -25,6 +25,7 @@ lint:
 	$(VENV)/bin/ruff check $(PYPATHS)
 	$(VENV)/bin/ruff format --check $(PYPATHS)
 	$(PY) -m mypy --strict python/rlx_lm tests/typing/third_party_runner.py benches
+	$(PY) -m mypy.stubtest rlx_lm._core
 	cargo fmt --check
 	cargo clippy --all-targets -- -D warnings
 	cargo clippy --all-targets --features python -- -D warnings
@@ -41,7 +42,42 @@ test-bench:
 
 test: test-rust test-py test-bench
 
-check: lint test
+check: lint test fuzz-sampling-short
 
 bench:
 	$(PY) -m pytest -q -p no:cacheprovider benches --benchmark-only
+
+# The long fuzz campaign (see docs/fuzzing.md). FUZZ_SECONDS per target, nice'd:
+# the machine is shared. Crashes land in fuzz/artifacts/, corpora in fuzz/corpus/.
+FUZZ_SECONDS ?= 600
+FUZZ_IO_TARGETS := gguf safetensors snapshot kv_state cache_dir
+fuzz-io:
+	$(PY) -c "import atheris" 2>/dev/null || $(PY) -m pip install -q -e '.[fuzz]'
+	mkdir -p fuzz/artifacts
+	for t in $(FUZZ_IO_TARGETS); do \
+	  nice -n 19 $(PY) tests/fuzz_io.py $$t -max_total_time=$(FUZZ_SECONDS) -timeout=10 \
+	    -rss_limit_mb=2048 -artifact_prefix=fuzz/artifacts/$$t- -print_final_stats=1 \
+	    || exit 1; \
+	done
+	HYPOTHESIS_PROFILE=deep nice -n 19 $(PY) -m pytest -q -p no:cacheprovider tests/test_kv_stateful.py
+
+# The sampler chain (issue 16): the hypothesis harness against the numpy
+# reference (tests/test_fuzz_sampling.py, also in test-py), then the cargo-fuzz
+# targets of the Rust chain and its pickled state (fuzz/, nightly + cargo-fuzz).
+FUZZ_CARGO := cd fuzz && nice -n 19 cargo +nightly fuzz run
+FUZZ_RUN_FLAGS := -timeout=10 -rss_limit_mb=2048 -print_final_stats=1
+fuzz-sampling:
+	mkdir -p fuzz/artifacts
+	nice -n 19 $(PY) tests/test_fuzz_sampling.py $(FUZZ_SECONDS)
+	$(FUZZ_CARGO) sampler_chain -- -max_total_time=$(FUZZ_SECONDS) $(FUZZ_RUN_FLAGS)
+	$(FUZZ_CARGO) sampler_state -- -max_total_time=$(FUZZ_SECONDS) -malloc_limit_mb=64 $(FUZZ_RUN_FLAGS)
+
+# A few seconds of each cargo-fuzz target (the hypothesis harness runs in
+# test-py); skipped, saying so, where nightly Rust or cargo-fuzz is missing.
+fuzz-sampling-short:
+	@if cargo +nightly fuzz --version >/dev/null 2>&1; then \
+	  $(FUZZ_CARGO) sampler_chain -- -max_total_time=10 $(FUZZ_RUN_FLAGS) && \
+	  $(FUZZ_CARGO) sampler_state -- -max_total_time=5 -malloc_limit_mb=64 $(FUZZ_RUN_FLAGS); \
+	else echo "fuzz-sampling-short: skipped (needs nightly Rust and cargo-fuzz)"; fi
+
+fuzz: fuzz-io fuzz-sampling

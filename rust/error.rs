@@ -32,6 +32,14 @@ pub enum CoreError {
     SnapshotMismatch(String),
     /// A malformed, truncated or hostile weight or snapshot file.
     Format(String),
+    /// An array of the wrong dtype or memory layout (the message says how to convert).
+    Dtype(String),
+    /// An argument of the wrong Python type altogether.
+    Type(String),
+    /// The operating system refused a read or write (a full disk, a closed file).
+    Io(String),
+    /// Memory or threads for a result could not be had.
+    OutOfMemory(String),
 }
 
 impl CoreError {
@@ -64,7 +72,13 @@ impl fmt::Display for CoreError {
                 "internal error in rlx_lm's core (please report it): {msg}"
             ),
             Self::InvalidOption { field, reason } => write!(f, "{field}: {reason}"),
-            Self::Shape(msg) | Self::SnapshotMismatch(msg) | Self::Format(msg) => f.write_str(msg),
+            Self::Shape(msg)
+            | Self::SnapshotMismatch(msg)
+            | Self::Format(msg)
+            | Self::Dtype(msg)
+            | Self::Type(msg)
+            | Self::Io(msg)
+            | Self::OutOfMemory(msg) => f.write_str(msg),
             Self::Capacity { needed, capacity } => write!(
                 f,
                 "capacity exceeded: {needed} tokens needed, capacity is {capacity}"

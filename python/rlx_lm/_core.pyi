@@ -1,17 +1,47 @@
 """Types of the compiled module `rlx_lm._core`; import public names from `rlx_lm`."""
 
 from collections.abc import Sequence
-from os import PathLike
 from typing import Any, Final, Literal, final
 
 import numpy as np
 import numpy.typing as npt
 from typing_extensions import Self
 
+__all__ = [
+    "KV_BLOCK_TOKENS",
+    "KV_MAX_HEAD_DIM",
+    "KV_MAX_KV_HEADS",
+    "KV_MAX_LAYERS",
+    "KV_MAX_SEQ",
+    "KvCache",
+    "KvSnapshot",
+    "SampleResult",
+    "SamplerChain",
+    "__version__",
+    "_kv_snapshot_from_state",
+    "_panic_for_tests",
+    "_sampler_chain_from_state",
+    "argmax",
+    "build_profile",
+    "quant_matmul",
+    "quant_rows",
+    "quant_simd",
+]
+
 __version__: Final[str]
 build_profile: Final[str]
+KV_BLOCK_TOKENS: Final[int]
+"""Token granularity of KV storage accounting."""
+KV_MAX_SEQ: Final[int]
+"""Largest capacity a KV cache (and a snapshot read from a file) may have."""
+KV_MAX_LAYERS: Final[int]
+"""Most layers a KV cache may have."""
+KV_MAX_KV_HEADS: Final[int]
+"""Most key/value heads per layer."""
+KV_MAX_HEAD_DIM: Final[int]
+"""Most elements per head."""
 
-def argmax(logits: npt.NDArray[np.float32], /) -> int:
+def argmax(logits: npt.NDArray[np.float32]) -> int:
     """Index of the largest logit in a float32 row (lowest index on ties)."""
 
 def _panic_for_tests(message: str) -> None:
@@ -65,9 +95,9 @@ class SampleResult:
 class SamplerChain:
     """A sampler chain built from `SampleOpts`: stages, order and per-sequence state."""
 
-    def __init__(
-        self, opts: Any, order: str | Sequence[str] | None = None, sequence_id: int = 0
-    ) -> None: ...
+    def __new__(
+        cls, opts: Any, order: str | Sequence[str] | None = None, sequence_id: int = 0
+    ) -> Self: ...
     def sample(
         self,
         logits: npt.NDArray[np.float32],
@@ -99,7 +129,7 @@ class SamplerChain:
         The rows are sampled with the chain as it is when the call starts; the
         logits array is pinned (numpy refuses to resize it) until it returns.
         """
-    def accept(self, token: int, /) -> None:
+    def accept(self, token: int) -> None:
         """Record the emitted token: advances the step and mirostat's mu."""
     def reset(self) -> None:
         """Return to step 0 and the initial mirostat mu (same seed, same tokens)."""
@@ -130,7 +160,7 @@ class SamplerChain:
     def is_greedy(self) -> bool:
         """Whether the chain is a plain argmax (no RNG)."""
 
-def _sampler_chain_from_state(state: bytes, /) -> SamplerChain: ...
+def _sampler_chain_from_state(state: bytes) -> SamplerChain: ...
 
 # --- KV cache (rust/py/kv.rs) -------------------------------------------------
 
@@ -138,15 +168,15 @@ def _sampler_chain_from_state(state: bytes, /) -> SamplerChain: ...
 class KvCache:
     """Per-layer key/value cache for attention, with cheap snapshots."""
 
-    def __init__(
-        self,
+    def __new__(
+        cls,
         *,
         n_layers: int,
         n_kv_heads: int,
         head_dim: int,
         max_seq: int,
         dtype: str | np.dtype[Any] | type | None = None,
-    ) -> None: ...
+    ) -> Self: ...
     def append(
         self,
         layer: int,
@@ -219,10 +249,12 @@ class KvSnapshot:
     @property
     def dtype(self) -> str:
         """Storage dtype name, "float32" or "float16"."""
-    def _write_data(self, path: str | PathLike[str]) -> None: ...
+    def prefix(self, n: int) -> KvSnapshot:
+        """The first `n` tokens, sharing these rows (no copy)."""
+    def _write_data(self, fd: int, offset: int) -> None: ...
     @staticmethod
     def _read_data(
-        path: str | PathLike[str],
+        fd: int,
         offset: int,
         n_layers: int,
         n_kv_heads: int,
@@ -235,4 +267,4 @@ class KvSnapshot:
     def __deepcopy__(self, memo: Any, /) -> KvSnapshot: ...
     def __reduce__(self) -> tuple[Any, ...]: ...
 
-def _kv_snapshot_from_state(state: bytes, /) -> KvSnapshot: ...
+def _kv_snapshot_from_state(state: bytes) -> KvSnapshot: ...

@@ -3,6 +3,7 @@
 
 mod argmax;
 mod arrays;
+mod engine;
 mod errors;
 mod gil;
 mod kv;
@@ -18,6 +19,8 @@ mod _core {
 
     #[pymodule_export]
     use super::argmax::argmax;
+    #[pymodule_export]
+    use super::engine::{engine_kernel_types, PyEngine};
     #[pymodule_export]
     use super::errors::_panic_for_tests;
     #[pymodule_export]

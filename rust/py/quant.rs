@@ -11,19 +11,18 @@ use std::sync::{Arc, Mutex, OnceLock};
 use numpy::ndarray::Dimension;
 use numpy::{Element, PyArray1, PyArray2, PyArrayMethods, PyReadonlyArray, PyUntypedArrayMethods};
 use pyo3::prelude::*;
+use pyo3::types::PyWeakrefReference;
 
 use super::arrays::borrow;
-use super::errors::{catch_panics, IntoPyResult};
-use super::gil::{detached, pin, Pin};
+use super::errors::IntoPyResult;
 use crate::quant::{self, QuantType};
 use crate::CoreError;
 
-/// The borrowed slice of a checked array, pinned against resizing (the
-/// array and the arrays it views: [`super::gil::pin`]).
+/// The borrowed slice of a checked array, pinned against resizing.
 fn pinned<'a, 'py, T: Element, D: Dimension>(
     arr: &'a PyReadonlyArray<'py, T, D>,
-) -> PyResult<(&'a [T], Pin<'py>)> {
-    let pin = pin(arr.as_any())?;
+) -> PyResult<(&'a [T], Bound<'py, PyWeakrefReference>)> {
+    let pin = PyWeakrefReference::new(arr.as_any())?;
     let slice = arr
         .as_slice()
         .map_err(|e| CoreError::Dtype(e.to_string()))
@@ -82,8 +81,8 @@ fn weight(raw: &[u8], rows: usize, qtype: u32, cols: usize) -> PyResult<QuantTyp
 
 /// `x @ W.T` for `W` stored as GGUF blocks: `raw` is `[rows, row_bytes]`
 /// uint8, `qtype` the ggml type id, `x` float32 `[n, cols]`; float32
-/// `[n, rows]`. `threads` runs it on a pool of that many threads (default:
-/// rayon's global pool).
+/// `[n, rows]`. `threads` runs it on a pool of that many threads (1: on the
+/// calling thread; default: rayon's global pool).
 #[pyfunction]
 #[pyo3(signature = (raw, qtype, cols, x, *, threads = None))]
 pub fn quant_matmul<'py>(
@@ -94,31 +93,30 @@ pub fn quant_matmul<'py>(
     x: &Bound<'py, PyAny>,
     threads: Option<usize>,
 ) -> PyResult<Bound<'py, PyArray2<f32>>> {
-    catch_panics(|| {
-        let raw = borrow::<u8, numpy::Ix2>(raw, "raw", "uint8")?;
-        let x = borrow::<f32, numpy::Ix2>(x, "x", "float32")?;
-        let (rows, (n, xc)) = (raw.shape()[0], (x.shape()[0], x.shape()[1]));
-        let (raw_s, _raw_pin) = pinned(&raw)?;
-        let qtype = weight(raw_s, rows, qtype, cols)?;
-        if xc != cols {
-            return Err(CoreError::Shape(format!(
-                "activations have {xc} columns, the weight has {cols}"
-            )))
-            .py();
+    let raw = borrow::<u8, numpy::Ix2>(raw, "raw", "uint8")?;
+    let x = borrow::<f32, numpy::Ix2>(x, "x", "float32")?;
+    let (rows, (n, xc)) = (raw.shape()[0], (x.shape()[0], x.shape()[1]));
+    let (raw_s, _raw_pin) = pinned(&raw)?;
+    let qtype = weight(raw_s, rows, qtype, cols)?;
+    if xc != cols {
+        return Err(CoreError::Shape(format!(
+            "activations have {xc} columns, the weight has {cols}"
+        )))
+        .py();
+    }
+    let (x_s, _x_pin) = pinned(&x)?;
+    let mut out = output(n.checked_mul(rows))?;
+    let pool = threads.filter(|&t| t > 1).map(pool).transpose()?;
+    py.detach(|| {
+        let mut go = || quant::matmul(qtype, raw_s, rows, cols, x_s, &mut out);
+        match (&pool, threads) {
+            (Some(p), _) => p.install(go),
+            (None, Some(1)) => quant::matmul_serial(qtype, raw_s, rows, cols, x_s, &mut out),
+            (None, _) => go(),
         }
-        let (x_s, _x_pin) = pinned(&x)?;
-        let mut out = output(n.checked_mul(rows))?;
-        let pool = threads.filter(|&t| t > 0).map(pool).transpose()?;
-        detached(py, &[&_raw_pin, &_x_pin], || {
-            let mut go = || quant::matmul(qtype, raw_s, rows, cols, x_s, &mut out);
-            match &pool {
-                Some(p) => p.install(go),
-                None => go(),
-            }
-        })
-        .py()?;
-        PyArray1::from_vec(py, out).reshape([n, rows])
     })
+    .py()?;
+    PyArray1::from_vec(py, out).reshape([n, rows])
 }
 
 /// The dequantised rows `ids` of a GGUF block-quantised `W`; float32 `[len(ids), cols]`.
@@ -130,20 +128,16 @@ pub fn quant_rows<'py>(
     cols: usize,
     ids: &Bound<'py, PyAny>,
 ) -> PyResult<Bound<'py, PyArray2<f32>>> {
-    catch_panics(|| {
-        let raw = borrow::<u8, numpy::Ix2>(raw, "raw", "uint8")?;
-        let ids = borrow::<i64, numpy::Ix1>(ids, "ids", "int64")?;
-        let rows = raw.shape()[0];
-        let (raw_s, _raw_pin) = pinned(&raw)?;
-        let qtype = weight(raw_s, rows, qtype, cols)?;
-        let (ids_s, _ids_pin) = pinned(&ids)?;
-        let mut out = output(ids_s.len().checked_mul(cols))?;
-        detached(py, &[&_raw_pin, &_ids_pin], || {
-            quant::gather_rows(qtype, raw_s, rows, cols, ids_s, &mut out)
-        })
+    let raw = borrow::<u8, numpy::Ix2>(raw, "raw", "uint8")?;
+    let ids = borrow::<i64, numpy::Ix1>(ids, "ids", "int64")?;
+    let rows = raw.shape()[0];
+    let (raw_s, _raw_pin) = pinned(&raw)?;
+    let qtype = weight(raw_s, rows, qtype, cols)?;
+    let (ids_s, _ids_pin) = pinned(&ids)?;
+    let mut out = output(ids_s.len().checked_mul(cols))?;
+    py.detach(|| quant::gather_rows(qtype, raw_s, rows, cols, ids_s, &mut out))
         .py()?;
-        PyArray1::from_vec(py, out).reshape([ids_s.len(), cols])
-    })
+    PyArray1::from_vec(py, out).reshape([ids_s.len(), cols])
 }
 
 /// The kernel build this CPU runs: `"avx2"`, `"neon"` or `"portable"`.

@@ -11,7 +11,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from llama_fixtures import all_logits, forward_from_gguf
-from model_factory import make_tiny, quantize_model, write_gguf
+from model_factory import TinyModel, make_tiny, quantize_model, write_gguf
 
 from rlx_lm import KvCache
 from rlx_lm.runners.llama import LlamaRunner, load_llama
@@ -22,7 +22,7 @@ QTYPES = ["F32", "F16", "BF16", "Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q4_K", 
 
 
 def _model(arch: str, qtype: str, tmp: Path) -> Path:
-    wide = qtype.endswith("_K")
+    wide = qtype.endswith("_K") or qtype == "TQ2_0"
     m = make_tiny(
         arch,
         seed=3,
@@ -32,8 +32,26 @@ def _model(arch: str, qtype: str, tmp: Path) -> Path:
     )
     if arch == "mistral":
         m.config["sliding_window"] = 4
-    qm, raw = quantize_model(m, qtype) if qtype != "BF16" else (m, {})
+    if qtype == "BF16":
+        qm, raw = m, {}
+    elif qtype == "TQ2_0":
+        qm, raw = _tq2(m)
+    else:
+        qm, raw = quantize_model(m, qtype)
     return write_gguf(qm, tmp / f"{arch}-{qtype}.gguf", qtype=qtype, raw=raw)
+
+
+def _tq2(m: TinyModel) -> tuple[TinyModel, dict[str, np.ndarray]]:
+    import gguf
+    from gguf.quants import dequantize, quantize
+
+    qt = gguf.GGMLQuantizationType.TQ2_0
+    raw = {n: quantize(a, qt) for n, a in m.tensors.items() if a.ndim == 2}
+    out = {
+        n: np.asarray(dequantize(raw[n], qt), np.float32).reshape(a.shape) if n in raw else a
+        for n, a in m.tensors.items()
+    }
+    return TinyModel(dict(m.config), out), raw
 
 
 def _engine_all(runner: LlamaRunner, ids: list[int]) -> np.ndarray:
@@ -119,3 +137,37 @@ def test_kv_memory_grows_as_used_not_as_reserved(tmp_path: Path) -> None:
         runner.decode_logits(t)
     assert rss() - before < 32 * 2**20
     assert runner.export_session().kv.nbytes == 24 * 256
+
+
+def test_a_type_without_a_kernel_is_dequantised_once_at_load_and_inspect_says_so(
+    tmp_path: Path,
+) -> None:
+    import rlx_lm
+
+    path = _model("llama", "TQ2_0", tmp_path)  # gguf.quants decodes TQ2_0; no kernel for it
+    runner = load_llama(path, max_seq=32)
+    assert set(runner.dequantised_tensors.values()) == {"TQ2_0"}
+    assert "blk.0.attn_q.weight" in runner.dequantised_tensors
+    want = all_logits(forward_from_gguf(path), IDS)
+    np.testing.assert_allclose(
+        _engine_all(runner, IDS), want, rtol=0, atol=2e-5 * float(np.abs(want).max()) + 1e-5
+    )
+    report = rlx_lm.inspect(path)
+    assert "TQ2_0" in str(report.details["dequantised at load"])
+
+
+def test_a_split_gguf_loads_from_its_first_shard(tmp_path: Path) -> None:
+    from rlx_lm.errors import WeightFormatError
+
+    m = make_tiny("qwen2", seed=6)
+    whole = load_llama(write_gguf(m, tmp_path / "one.gguf"), max_seq=32)
+    write_gguf(m, tmp_path / "m.gguf", split_max_tensors=8)
+    shards = sorted(tmp_path.glob("m-*-of-*.gguf"))
+    assert len(shards) > 2, shards
+    split = load_llama(shards[0], max_seq=32)
+    np.testing.assert_array_equal(split.prefill_logits(IDS), whole.prefill_logits(IDS))
+    with pytest.raises(WeightFormatError, match="first shard"):
+        load_llama(shards[1])
+    shards[-1].unlink()
+    with pytest.raises(WeightFormatError, match="missing"):
+        load_llama(shards[0])

@@ -19,6 +19,7 @@ __all__ = [
     "SamplerChain",
     "__version__",
     "_kv_snapshot_from_state",
+    "_panic_for_tests",
     "_sampler_chain_from_state",
     "argmax",
     "build_profile",
@@ -43,6 +44,9 @@ KV_MAX_HEAD_DIM: Final[int]
 def argmax(logits: npt.NDArray[np.float32]) -> int:
     """Index of the largest logit in a float32 row (lowest index on ties)."""
 
+def _panic_for_tests(message: str) -> None:
+    """Panics on purpose inside the binding's panic boundary (raises InternalError)."""
+
 # --- GGUF block-quantised weights (rust/py/quant.rs) ------------------------
 
 def quant_matmul(
@@ -56,7 +60,8 @@ def quant_matmul(
     """``x @ W.T`` for ``W`` stored as GGUF blocks (``raw`` is ``[rows, row_bytes]``).
 
     F32, F16, BF16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q2_K..Q6_K, IQ4_NL and IQ4_XS;
-    ``threads`` runs it on a pool of that many threads (default: the global pool)."""
+    ``threads`` runs it on a pool of that many threads (1: on the calling thread;
+    default: the global pool)."""
 
 def quant_rows(
     raw: npt.NDArray[np.uint8], qtype: int, cols: int, ids: npt.NDArray[np.int64]
@@ -120,7 +125,11 @@ class SamplerChain:
         sequence_ids: Sequence[int] | None = None,
         uniforms: Sequence[float] | None = None,
     ) -> npt.NDArray[np.int64]:
-        """Sample every row of a 2-D float32 array (rows in parallel, GIL released)."""
+        """Sample every row of a 2-D float32 array (rows in parallel, GIL released).
+
+        The rows are sampled with the chain as it is when the call starts; the
+        logits array is pinned (numpy refuses to resize it) until it returns.
+        """
     def accept(self, token: int) -> None:
         """Record the emitted token: advances the step and mirostat's mu."""
     def reset(self) -> None:

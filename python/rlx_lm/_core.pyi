@@ -20,6 +20,7 @@ __all__ = [
     "SamplerChain",
     "__version__",
     "_kv_snapshot_from_state",
+    "_panic_for_tests",
     "_sampler_chain_from_state",
     "argmax",
     "build_profile",
@@ -44,6 +45,9 @@ KV_MAX_HEAD_DIM: Final[int]
 
 def argmax(logits: npt.NDArray[np.float32]) -> int:
     """Index of the largest logit in a float32 row (lowest index on ties)."""
+
+def _panic_for_tests(message: str) -> None:
+    """Panics on purpose inside the binding's panic boundary (raises InternalError)."""
 
 # --- GGUF block-quantised weights (rust/py/quant.rs) ------------------------
 
@@ -123,7 +127,11 @@ class SamplerChain:
         sequence_ids: Sequence[int] | None = None,
         uniforms: Sequence[float] | None = None,
     ) -> npt.NDArray[np.int64]:
-        """Sample every row of a 2-D float32 array (rows in parallel, GIL released)."""
+        """Sample every row of a 2-D float32 array (rows in parallel, GIL released).
+
+        The rows are sampled with the chain as it is when the call starts; the
+        logits array is pinned (numpy refuses to resize it) until it returns.
+        """
     def accept(self, token: int) -> None:
         """Record the emitted token: advances the step and mirostat's mu."""
     def reset(self) -> None:

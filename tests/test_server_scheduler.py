@@ -21,6 +21,7 @@ from rlx_lm.server import (
     ShuttingDownError,
 )
 from rlx_lm.session import SessionSnapshot
+from tests.server_harness import SlowSteps
 
 PROMPT = "It is a truth universally acknowledged"
 
@@ -32,7 +33,7 @@ def model() -> tuple[Any, Any]:
 
 def fresh(model: tuple[Any, Any]) -> Any:
     runner, _ = model
-    return type(runner)(runner.cfg, runner.weights, max_seq=256)
+    return runner.clone(max_seq=256)
 
 
 def request(tok: Any, seed: int, n_tokens: int = 12, **kw: Any) -> GenerationRequest:
@@ -146,7 +147,8 @@ def test_the_runners_own_decode_batch_is_given_the_whole_batch(model: tuple[Any,
 
 def test_cancel_frees_the_slot_and_close_refuses_new_work(model: tuple[Any, Any]) -> None:
     _, tok = model
-    sched = BatchScheduler(fresh(model), tok, ServerConfig(max_batch=1, max_queue=1)).start()
+    slow = SlowSteps(fresh(model))  # 200 tokens outlast the cancel on any machine
+    sched = BatchScheduler(slow, tok, ServerConfig(max_batch=1, max_queue=1)).start()
     events: list[Any] = []
     long = sched.submit(request(tok, seed=1, n_tokens=200, ignore_eos=True), events.append)
     deadline = time.monotonic() + 30
@@ -171,7 +173,7 @@ def test_cancel_frees_the_slot_and_close_refuses_new_work(model: tuple[Any, Any]
 
 def test_close_cancels_what_does_not_finish_in_time(model: tuple[Any, Any]) -> None:
     _, tok = model
-    sched = BatchScheduler(fresh(model), tok).start()
+    sched = BatchScheduler(SlowSteps(fresh(model)), tok).start()  # 200 steps take >= 2 s
     events: list[Any] = []
     sched.submit(request(tok, seed=1, n_tokens=200, ignore_eos=True), events.append)
     deadline = time.monotonic() + 30
@@ -211,3 +213,25 @@ def test_validation_names_the_field(model: tuple[Any, Any]) -> None:
         with pytest.raises(ValueError, match=field):
             sched.submit(req, lambda e: None)
     sched.close()
+
+
+def test_a_cached_prefix_of_another_model_falls_back_to_a_full_prefill(
+    model: tuple[Any, Any],
+) -> None:
+    from dataclasses import replace
+
+    from rlx_lm import PromptCache
+
+    runner, tok = model
+    ids = tok.encode(PROMPT)
+    other = fresh(model)
+    other.prefill_logits(ids)
+    snap = other.export_session()
+    alien = SessionSnapshot(snap.kv, snap.tokens, replace(snap.fingerprint, model_id="other"))
+    cache = PromptCache(1 << 24)
+    cache.insert(alien)
+    want = rlx_lm.generate(runner, tok, PROMPT, opts=SampleOpts(), max_tokens=6)
+    with BatchScheduler(fresh(model), tok, prompt_cache=cache) as sched:
+        got = sched.generate(GenerationRequest(tuple(ids), max_tokens=6), timeout=60)[0]
+    assert got.tokens == want.tokens
+    assert got.finish_reason == "length"

@@ -13,15 +13,18 @@ __all__ = [
     "KV_MAX_KV_HEADS",
     "KV_MAX_LAYERS",
     "KV_MAX_SEQ",
+    "Engine",
     "KvCache",
     "KvSnapshot",
     "SampleResult",
     "SamplerChain",
     "__version__",
     "_kv_snapshot_from_state",
+    "_panic_for_tests",
     "_sampler_chain_from_state",
     "argmax",
     "build_profile",
+    "engine_kernel_types",
     "quant_matmul",
     "quant_rows",
     "quant_simd",
@@ -43,6 +46,9 @@ KV_MAX_HEAD_DIM: Final[int]
 def argmax(logits: npt.NDArray[np.float32]) -> int:
     """Index of the largest logit in a float32 row (lowest index on ties)."""
 
+def _panic_for_tests(message: str) -> None:
+    """Panics on purpose inside the binding's panic boundary (raises InternalError)."""
+
 # --- GGUF block-quantised weights (rust/py/quant.rs) ------------------------
 
 def quant_matmul(
@@ -56,7 +62,8 @@ def quant_matmul(
     """``x @ W.T`` for ``W`` stored as GGUF blocks (``raw`` is ``[rows, row_bytes]``).
 
     F32, F16, BF16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q2_K..Q6_K, IQ4_NL and IQ4_XS;
-    ``threads`` runs it on a pool of that many threads (default: the global pool)."""
+    ``threads`` runs it on a pool of that many threads (1: on the calling thread;
+    default: the global pool)."""
 
 def quant_rows(
     raw: npt.NDArray[np.uint8], qtype: int, cols: int, ids: npt.NDArray[np.int64]
@@ -120,7 +127,11 @@ class SamplerChain:
         sequence_ids: Sequence[int] | None = None,
         uniforms: Sequence[float] | None = None,
     ) -> npt.NDArray[np.int64]:
-        """Sample every row of a 2-D float32 array (rows in parallel, GIL released)."""
+        """Sample every row of a 2-D float32 array (rows in parallel, GIL released).
+
+        The rows are sampled with the chain as it is when the call starts; the
+        logits array is pinned (numpy refuses to resize it) until it returns.
+        """
     def accept(self, token: int) -> None:
         """Record the emitted token: advances the step and mirostat's mu."""
     def reset(self) -> None:
@@ -260,3 +271,38 @@ class KvSnapshot:
     def __reduce__(self) -> tuple[Any, ...]: ...
 
 def _kv_snapshot_from_state(state: bytes) -> KvSnapshot: ...
+def engine_kernel_types() -> list[int]:
+    """ggml type ids the engine multiplies in place."""
+    ...
+
+@final
+class Engine:
+    """A model run in place on its stored weights, with a thread pool of its own."""
+
+    def __new__(
+        cls,
+        *,
+        config: dict[str, Any],
+        files: list[str],
+        tensors: list[tuple[str, int, int, int, list[int]]],
+        owned: list[tuple[str, list[int], npt.NDArray[np.float32]]],
+        threads: int,
+    ) -> Self: ...
+    def forward(
+        self, cache: KvCache, ids: npt.NDArray[np.int64], all_logits: bool = False
+    ) -> npt.NDArray[np.float32]:
+        """Feed ``ids`` to ``cache``; the last token's logits (every token's with all_logits)."""
+        ...
+    def decode(self, cache: KvCache, token: int) -> npt.NDArray[np.float32]:
+        """Append ``token`` to ``cache``; the next position's logits."""
+        ...
+    def decode_batch(self, caches: list[KvCache], tokens: list[int]) -> npt.NDArray[np.float32]:
+        """One token for each cache in one pass over the weights; logits ``[B, vocab]``."""
+        ...
+    def embed(self, ids: npt.NDArray[np.int64]) -> npt.NDArray[np.float32]:
+        """The float32 embedding rows of ``ids``."""
+        ...
+    @property
+    def threads(self) -> int: ...
+    @property
+    def mapped_bytes(self) -> int: ...

@@ -7,8 +7,9 @@ optionally its log-probability); `generate` collects the whole `GenerationResult
   has none;
 * sample with the Rust `SamplerChain` built from `SampleOpts` (greedy by default), feeding it
   the whole token history for penalties and DRY;
-* stop on EOS, on ``max_tokens``, or on a stop string, which is never emitted: text that could
-  be the beginning of a stop string is held back until it is clearly not;
+* stop on EOS, on ``max_tokens``, on a stop string, which is never emitted (text that could
+  be the beginning of a stop string is held back until it is clearly not), or at the end of
+  the runner's context (stop reason ``"context"``, not an exception);
 * report phases through one ``on_event`` callback: ``load``, ``cache_lookup``, ``prefill``
   (with ``done``/``total`` tokens), ``decode`` (per token), ``stop`` (with the reason);
 * reuse and refill a `PromptCache` when one is given and the runner has sessions.
@@ -27,7 +28,7 @@ import numpy as np
 import numpy.typing as npt
 
 from rlx_lm._core import SamplerChain
-from rlx_lm.errors import InvalidOptionError, RlxError, SnapshotMismatchError
+from rlx_lm.errors import CapacityError, InvalidOptionError, RlxError, SnapshotMismatchError
 from rlx_lm.host_driven import HostDriven
 from rlx_lm.prompt_cache import PromptCache
 from rlx_lm.runner import LmCore, as_logits, supports_host_driven, supports_prompt_cache
@@ -49,7 +50,7 @@ __all__ = [
     "stream",
 ]
 
-StopReason = Literal["eos", "stop", "length", "cancelled"]
+StopReason = Literal["eos", "stop", "length", "cancelled", "context"]
 Phase = Literal["load", "cache_lookup", "prefill", "decode", "stop"]
 LogprobMode = Literal["raw", "penalized", "final"]
 
@@ -164,12 +165,12 @@ class Generator:
             close()
 
 
-def _make_chain(opts: SampleOpts | None, seed: int | None) -> SamplerChain:
+def _make_chain(opts: SampleOpts | None, seed: int | None, sequence_id: int = 0) -> SamplerChain:
     if opts is None:
         opts = SampleOpts()
     if seed is not None:
         opts = replace(opts, seed=seed)
-    return opts.into_chain()
+    return opts.into_chain(sequence_id=sequence_id)
 
 
 def _encode(tokenizer: Tokenizer, prompt: str | Sequence[int]) -> list[int]:
@@ -192,18 +193,22 @@ def stream(
     logprob_mode: LogprobMode = "raw",
     on_event: EventCallback | None = None,
     prompt_cache: PromptCache | None = None,
+    sequence_id: int = 0,
 ) -> Generator:
     """Generate from ``prompt`` one token at a time (see the module docstring).
 
     ``logprobs=n`` records each token's log-probability and the ``n`` likeliest
     alternatives, under the raw, penalized or final distribution (``logprob_mode``).
+    ``sequence_id`` keys the seeded draw together with ``seed`` and the step, so
+    sequences generated side by side (a server's batch, a Ray job's rows) each
+    get their own random stream, reproducible from (seed, sequence_id) alone.
     """
     if max_tokens < 0:
         raise InvalidOptionError(f"max_tokens must be >= 0, got {max_tokens}")
     if logprobs is not None and logprobs < 0:
         raise InvalidOptionError(f"logprobs must be >= 0, got {logprobs}")
     ids = _encode(tokenizer, prompt)
-    chain = _make_chain(opts, seed)
+    chain = _make_chain(opts, seed, sequence_id)
     result = GenerationResult(prompt_tokens=len(ids), logprobs=[] if logprobs is not None else None)
     steps = _steps(
         runner,
@@ -234,6 +239,7 @@ def generate(
     logprob_mode: LogprobMode = "raw",
     on_event: EventCallback | None = None,
     prompt_cache: PromptCache | None = None,
+    sequence_id: int = 0,
 ) -> GenerationResult:
     """Run `stream` to the end and return its `GenerationResult`."""
     gen = stream(
@@ -248,6 +254,7 @@ def generate(
         logprob_mode=logprob_mode,
         on_event=on_event,
         prompt_cache=prompt_cache,
+        sequence_id=sequence_id,
     )
     for _ in gen:
         pass
@@ -382,7 +389,15 @@ def _steps(
                 reason = "stop"
                 break
             if step + 1 < max_tokens:
-                logits = as_logits(driver.decode_logits(tok), runner.vocab_size)
+                capacity = getattr(runner, "max_seq", None)
+                if isinstance(capacity, int) and filled > capacity:
+                    reason = "context"
+                    break
+                try:
+                    logits = as_logits(driver.decode_logits(tok), runner.vocab_size)
+                except CapacityError:
+                    reason = "context"
+                    break
         else:
             reason = "length"
         if reason != "stop":
@@ -408,7 +423,9 @@ def load_model(
 ) -> tuple[LmCore, Tokenizer]:
     """Build the runner for ``path`` through the family registry and load its tokenizer.
 
-    ``builder`` names `LmRunnerBuilder` setters and their values (``max_seq=512``, ...).
+    ``builder`` names `LmRunnerBuilder` setters and their values (``max_seq=512``,
+    ``threads=2``, ...). Without ``max_seq`` the context is the model's trained one, capped
+    by a memory budget (`rlx_lm.context.default_context`).
     """
     from rlx_lm.builder import LmRunnerBuilder
     from rlx_lm.progress import load_progress
@@ -420,6 +437,10 @@ def load_model(
         if setter is None or name.startswith("_") or not callable(setter):
             raise InvalidOptionError(f"LmRunnerBuilder has no setting {name!r}")
         b = setter(value)
+    if "max_seq" not in builder:
+        from rlx_lm.context import default_context
+
+        b = b.max_seq(default_context(b.resolved_weights(), kv_dtype=b.kv_dtype()))
     with load_progress(lambda done, total: _emit(on_event, "load", done, total, str(path))):
         runner = b.build()
     tokenizer = Tokenizer.load(b.resolved_weights())

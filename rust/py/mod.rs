@@ -3,7 +3,9 @@
 
 mod argmax;
 mod arrays;
+mod engine;
 mod errors;
+mod gil;
 mod kv;
 mod quant;
 mod sampling;
@@ -17,6 +19,10 @@ mod _core {
 
     #[pymodule_export]
     use super::argmax::argmax;
+    #[pymodule_export]
+    use super::engine::{engine_kernel_types, PyEngine};
+    #[pymodule_export]
+    use super::errors::_panic_for_tests;
     #[pymodule_export]
     use super::kv::{_kv_snapshot_from_state, PyKvCache, PyKvSnapshot};
     #[pymodule_export]

@@ -6,6 +6,7 @@ pseudo-terminal (readline prompt, Ctrl-D), on the bundled model.
 
 from __future__ import annotations
 
+import io
 import os
 import select
 import subprocess
@@ -20,10 +21,10 @@ from model_factory import make_tiny, write_gguf
 from test_chat_template import CHATML, chatml_fields
 
 from rlx_lm import load_default
-from rlx_lm.chat import ChatSession
+from rlx_lm.chat import ChatSession, run_repl
 from rlx_lm.cli import _parser, main
 from rlx_lm.errors import CapacityError
-from rlx_lm.generation import generate
+from rlx_lm.generation import generate, load_model
 from rlx_lm.tokenizer import Tokenizer
 
 
@@ -58,6 +59,88 @@ def test_each_turn_prefills_only_what_is_new(bundled: tuple[Any, Tokenizer]) -> 
 def _turn2(chat: ChatSession) -> list[int]:
     """The prompt turn 2 was generated from: the conversation before its reply."""
     return chat.tokenizer.apply_chat_template(chat.messages[:-1], chat_template=chat.chat_template)
+
+
+class Counting:
+    """A runner that forwards to ``inner`` and counts the positions it computes."""
+
+    def __init__(self, inner: Any) -> None:
+        self.inner = inner
+        self.family = inner.family
+        self.vocab_size = inner.vocab_size
+        self.max_seq = inner.max_seq
+        self.computed = 0
+        self.session: tuple[int, ...] = ()
+
+    def predict_logits(self, ids: Any) -> Any:
+        self.computed += len(ids)
+        return self.inner.predict_logits(ids)
+
+    def prefill_logits(self, ids: Any) -> Any:
+        self.computed += len(ids)
+        return self.inner.prefill_logits(ids)
+
+    def prefill_logits_reusing(self, ids: Any, snapshot: Any, reuse: int) -> Any:
+        self.computed += len(ids) - min(reuse, len(ids) - 1)
+        return self.inner.prefill_logits_reusing(ids, snapshot, reuse)
+
+    def decode_logits(self, token: int) -> Any:
+        self.computed += 1
+        return self.inner.decode_logits(token)
+
+    def export_session(self) -> Any:
+        snap = self.inner.export_session()
+        self.session = tuple(snap.tokens)
+        return snap
+
+    def restore_session(self, snapshot: Any) -> bool:
+        return bool(self.inner.restore_session(snapshot))
+
+
+def _turn_is_counted(chat: ChatSession, runner: Counting, user: str) -> tuple[list[int], Any]:
+    """Send ``user``; its prefill computes only what follows the tokens already cached."""
+    cached = runner.session
+    ids = chat.prompt_ids(user)
+    before = runner.computed
+    res = chat.send(user)
+    assert len(cached) > 0
+    assert tuple(ids[: len(cached)]) == cached, "the new prompt extends the cached tokens"
+    decoded = len(res.tokens) - (res.stop_reason != "eos")  # the last sampled one is not fed
+    assert runner.computed - before == len(ids) - len(cached) + decoded
+    assert res.reused_tokens == len(cached)
+    return ids, res
+
+
+@pytest.mark.parametrize("model", ["bundled", "chatml"])
+def test_only_the_new_turn_is_prefilled(model: str, chat_model: Path) -> None:
+    if model == "bundled":
+        inner, tok = load_default()
+    else:
+        inner, tok = load_model(chat_model, max_seq=256)
+    runner = Counting(inner)
+    chat = ChatSession(runner, tok, system_prompt="A novel.", max_tokens=5)
+    first = chat.send("Elizabeth said")
+    assert (first.reused_tokens, runner.computed) == (
+        0,
+        first.prompt_tokens + len(first.tokens) - (first.stop_reason != "eos"),
+    )
+    assert chat.chat_template is not None
+    for user in ("and then", "Mr. Darcy replied", "hello world"):
+        past = chat.chat_template.render(chat.messages, special_tokens=tok.special_tokens)
+        now = chat.chat_template.render(
+            [*chat.messages, {"role": "user", "content": user}],
+            add_generation_prompt=True,
+            special_tokens=tok.special_tokens,
+        )
+        assert now.startswith(past)
+        ids, res = _turn_is_counted(chat, runner, user)
+        # what is computed: the end of the last reply's turn, then the new user turn
+        eot = chat.chat_template.end_of_turn_text(tok.special_tokens)
+        new = tok.encode(eot + now[len(past) :], add_special_tokens=False)
+        assert len(ids) - res.reused_tokens <= len(new) + 1
+    if model == "bundled":
+        # reusing the cache changed nothing: a fresh prefill of the same prompt agrees
+        assert generate(inner, tok, ids, max_tokens=5).tokens == res.tokens
 
 
 def test_clear_starts_over_and_keeps_the_system_prompt(bundled: tuple[Any, Tokenizer]) -> None:
@@ -154,8 +237,6 @@ def test_chat_command_ends_cleanly_at_end_of_input() -> None:
 
 @pytest.mark.skipif(not hasattr(os, "openpty"), reason="needs a pseudo-terminal")
 def test_chat_command_in_a_terminal_prompts_and_exits_on_ctrl_d() -> None:
-    import pty  # noqa: F401  (POSIX only)
-
     leader, follower = os.openpty()
     env = dict(os.environ, TERM="dumb")
     proc = subprocess.Popen(
@@ -169,35 +250,112 @@ def test_chat_command_in_a_terminal_prompts_and_exits_on_ctrl_d() -> None:
     os.close(follower)
     seen = b""
 
-    def read_until(marker: bytes, limit: float = 120) -> bytes:
+    def read_until_prompts(n: int, limit: float = 120) -> None:
+        """Read the terminal until it has shown ``n`` prompts (or the child ends, or a bound)."""
         nonlocal seen
         end = time.monotonic() + limit
-        while marker not in seen and time.monotonic() < end:
+        while seen.count(b"> ") < n and time.monotonic() < end:
             ready, _, _ = select.select([leader], [], [], 0.5)
             if ready:
                 try:
-                    seen += os.read(leader, 4096)
-                except OSError:
-                    break
-        return seen
+                    chunk = os.read(leader, 4096)
+                except OSError:  # the child closed the terminal
+                    return
+                if not chunk:
+                    return
+                seen += chunk
+            elif proc.poll() is not None:
+                return
 
     try:
-        assert b"> " in read_until(b"> "), seen
-        before = len(seen)
+        read_until_prompts(1)
+        assert seen.count(b"> ") == 1, seen
         os.write(leader, b"Elizabeth said\r")
-        read_until(b"> ", 120)
-        while seen.count(b"> ") < 2 and proc.poll() is None:
-            read_until(b"> ", 1)
-        assert seen.count(b"> ") >= 2, seen
-        assert len(seen) > before + len(b"Elizabeth said") + 4, "a reply was written"
-        os.write(leader, b"\x04")  # Ctrl-D
-        assert proc.wait(timeout=60) == 0
+        read_until_prompts(2)
+        assert seen.count(b"> ") == 2, seen
+        echoed, reply = seen.split(b"> ")[1].split(b"\r\n", 1)
+        assert echoed == b"Elizabeth said", "the terminal echoed the line"
+        assert reply.strip(), "a reply was written before the next prompt"
+        os.write(leader, b"\x04")  # Ctrl-D at the prompt
+        assert proc.wait(timeout=120) == 0
     finally:
         if proc.poll() is None:
             proc.kill()
             proc.wait()
         os.close(leader)
     assert b"Traceback" not in seen
+
+
+class _Scripted:
+    """A stand-in session for `run_repl`: records what it is sent and what it must do."""
+
+    def __init__(self, interrupt_on: str = "") -> None:
+        self.sent: list[str] = []
+        self.cleared = 0
+        self.interrupt_on = interrupt_on
+
+    def clear(self) -> None:
+        self.cleared += 1
+
+    def send(self, text: str, *, on_text: Any = None) -> Any:
+        self.sent.append(text)
+        on_text(f"<{text}>")
+        if text == self.interrupt_on:
+            raise KeyboardInterrupt
+        return None
+
+
+def test_repl_commands_and_a_cut_reply() -> None:
+    session = _Scripted(interrupt_on="long")
+    out, err = io.StringIO(), io.StringIO()
+    lines = "hi\n\n   \n/help\nlong\n/clear\nagain\n/exit\nnever\n"
+    code = run_repl(session, stdin=io.StringIO(lines), out=out, err=err)  # type: ignore[arg-type]
+    assert code == 0
+    assert session.sent == ["hi", "long", "again"], "blank lines are skipped, /exit ends"
+    assert session.cleared == 1
+    # Ctrl-C in a reply ends that reply on its own line and the chat goes on
+    assert out.getvalue() == "<hi>\n<long>\n<again>\n"
+    assert "/clear" in err.getvalue()
+    assert "conversation cleared" in err.getvalue()
+
+
+def test_repl_ends_at_end_of_input_and_at_ctrl_c_on_the_prompt() -> None:
+    session = _Scripted()
+    out = io.StringIO()
+    assert run_repl(session, stdin=io.StringIO("one"), out=out, err=io.StringIO()) == 0  # type: ignore[arg-type]
+    assert session.sent == ["one"]
+
+    class Interrupting(io.StringIO):
+        def readline(self, size: int | None = -1) -> str:
+            raise KeyboardInterrupt
+
+    code = run_repl(session, stdin=Interrupting(), out=io.StringIO(), err=io.StringIO())  # type: ignore[arg-type]
+    assert code == 130
+
+
+def test_a_reply_cut_by_ctrl_c_is_kept_and_the_chat_goes_on(
+    bundled: tuple[Any, Tokenizer],
+) -> None:
+    runner, tok = bundled
+    chat = ChatSession(runner, tok, max_tokens=8)
+    shown: list[str] = []
+
+    def stop_after_two(piece: str) -> None:
+        shown.append(piece)
+        if len(shown) == 2:
+            raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        chat.send("Elizabeth said", on_text=stop_after_two)
+    assert chat.messages == [
+        {"role": "user", "content": "Elizabeth said"},
+        {"role": "assistant", "content": "".join(shown)},
+    ]
+    nxt = chat.send("and then")
+    assert nxt.tokens
+    assert chat.messages[-2] == {"role": "user", "content": "and then"}
+    want = tok.apply_chat_template(chat.messages[:-1], chat_template=chat.chat_template)
+    assert generate(runner, tok, want, max_tokens=8).tokens == nxt.tokens
 
 
 # ------------------------------------------------------------- generate and templates

@@ -1,9 +1,16 @@
 """A multi-turn chat with a model, its KV cache kept between turns.
 
 `ChatSession` holds the conversation (an optional system prompt, then user and assistant
-turns) and renders it with the model's chat template on every turn. The prompt of turn N
-starts with the tokens of turn N-1's prompt and reply, so a `PromptCache` finds them and
-only the new turn is prefilled (`GenerationResult.reused_tokens` says how many were not).
+turns) and renders it with the model's chat template on every turn. As llama.cpp does, the
+prompt of turn N is the token ids of turn N-1's prompt and reply, exactly as the model saw
+and wrote them, followed by the tokens of what the template adds after them (the end of the
+reply's turn, the new user turn, the generation prompt). A `PromptCache` holds the runner's
+session between turns, so only those new tokens are prefilled
+(`GenerationResult.reused_tokens` says how many were not). When the template does not
+extend the previous rendering (it rewrites earlier turns, or a reply was cut at a stop
+string), the whole conversation is tokenized again and the cache reuses the longest prefix
+it still shares.
+
 A model without a chat template gets a plain transcript (``User: ...`` lines and a final
 ``Assistant:``), which stops at the next ``User:`` line.
 
@@ -29,10 +36,15 @@ from rlx_lm.tokenizer import Tokenizer
 __all__ = ["TRANSCRIPT_TEMPLATE", "ChatSession", "run_repl"]
 
 TRANSCRIPT_TEMPLATE = (
-    "{% for m in messages %}{{ m.role | capitalize }}: {{ m.content }}\n{% endfor %}"
+    "{% for m in messages %}{{ m.role | capitalize }}:"
+    "{% if m.role != 'assistant' %} {% endif %}{{ m.content }}\n{% endfor %}"
     "{% if add_generation_prompt %}Assistant:{% endif %}"
 )
-"""The chat format of a model without a template (the one ``rlx-lm serve`` falls back to)."""
+"""The chat format of a model without a template: ``User: ...`` lines, then ``Assistant:``.
+
+A reply is written back exactly as the model continued ``Assistant:`` (its own leading
+space or newline included), so the next turn's prompt extends this one token for token.
+"""
 
 _TRANSCRIPT_STOPS = ("\nUser:", "\nSystem:")
 DEFAULT_CACHE_BYTES = 1 << 30
@@ -75,15 +87,27 @@ class ChatSession:
         if self.system_prompt:
             self.messages.append({"role": "system", "content": self.system_prompt})
         self._cache = PromptCache(self.cache_bytes)
+        self._history: list[int] | None = None
+        self._history_text = ""
         self.last = None
 
     def prompt_ids(self, user: str) -> list[int]:
         """The prompt tokens of the conversation with ``user`` as the next turn."""
-        return self.tokenizer.apply_chat_template(
-            [*self.messages, {"role": "user", "content": user}],
-            add_generation_prompt=True,
-            chat_template=self.chat_template,
+        return self._prompt(user)[0]
+
+    def _prompt(self, user: str) -> tuple[list[int], str]:
+        """(prompt ids, prompt text) for the next turn."""
+        turns = [*self.messages, {"role": "user", "content": user}]
+        text = self.tokenizer.apply_chat_template(
+            turns, add_generation_prompt=True, tokenize=False, chat_template=self.chat_template
         )
+        if self._history is not None and text.startswith(self._history_text):
+            tail = text[len(self._history_text) :]
+            return [*self._history, *self.tokenizer.encode(tail, add_special_tokens=False)], text
+        ids = self.tokenizer.apply_chat_template(
+            turns, add_generation_prompt=True, chat_template=self.chat_template
+        )
+        return ids, text
 
     def send(self, user: str, *, on_text: Callable[[str], None] | None = None) -> GenerationResult:
         """Add ``user``'s message, generate the reply (streamed to ``on_text``), keep both.
@@ -91,7 +115,7 @@ class ChatSession:
         A reply cut short (Ctrl-C: KeyboardInterrupt from ``on_text`` or the model) keeps
         what was generated, then the interrupt propagates.
         """
-        ids = self.prompt_ids(user)
+        ids, text = self._prompt(user)
         room = None if self.context is None else self.context - len(ids)
         if room is not None and room < 1:
             raise CapacityError(
@@ -113,6 +137,7 @@ class ChatSession:
         )
         pieces: list[str] = []
         self.messages.append({"role": "user", "content": user})
+        self._history = None
         try:
             for chunk in _chunks(gen):
                 if chunk:
@@ -123,7 +148,12 @@ class ChatSession:
             gen.close()
             reply = "".join(pieces)
             self.messages.append({"role": "assistant", "content": reply})
-            self.last = gen.result
+            result = gen.result
+            self.last = result
+            if result.stop_reason in ("eos", "length", "context") and result.text == reply:
+                # the reply's tokens decode to exactly its text: the next turn extends them
+                self._history = [*ids, *result.tokens]
+                self._history_text = text + reply
         return gen.result
 
 

@@ -29,6 +29,8 @@ pub enum CoreError {
     SnapshotMismatch(String),
     /// A malformed, truncated or hostile weight or snapshot file.
     Format(String),
+    /// A call this object cannot serve (for example a batch of mirostat rows).
+    Unsupported(String),
 }
 
 impl CoreError {
@@ -57,7 +59,10 @@ impl fmt::Display for CoreError {
                 )
             }
             Self::InvalidOption { field, reason } => write!(f, "{field}: {reason}"),
-            Self::Shape(msg) | Self::SnapshotMismatch(msg) | Self::Format(msg) => f.write_str(msg),
+            Self::Shape(msg)
+            | Self::SnapshotMismatch(msg)
+            | Self::Format(msg)
+            | Self::Unsupported(msg) => f.write_str(msg),
             Self::Capacity { needed, capacity } => write!(
                 f,
                 "capacity exceeded: {needed} tokens needed, capacity is {capacity}"

@@ -45,6 +45,52 @@ _SAMPLER_FLAGS: dict[str, tuple[str, type]] = {
 }
 
 
+# llama.cpp's --samplers names and aliases -> our stage names.
+_LLAMA_STAGES: dict[str, str] = {
+    "penalties": "penalties",
+    "dry": "dry",
+    "top_n_sigma": "top_n_sigma",
+    "top-n-sigma": "top_n_sigma",
+    "top_k": "top_k",
+    "top-k": "top_k",
+    "typ_p": "typical",
+    "typ-p": "typical",
+    "typ": "typical",
+    "typical_p": "typical",
+    "typical-p": "typical",
+    "typical": "typical",
+    "top_p": "top_p",
+    "top-p": "top_p",
+    "nucleus": "top_p",
+    "min_p": "min_p",
+    "min-p": "min_p",
+    "xtc": "xtc",
+    "temperature": "temperature",
+    "temp": "temperature",
+}
+
+_ORDER_HELP = (
+    "sampler order preset (default: llama.cpp, since every sampling flag here is llama.cpp's, "
+    "so the chain is llama.cpp's too: temperature last, after every filter; the library's own "
+    "default order tempers first, see docs/samplers.md)"
+)
+
+
+def _samplers(value: str) -> list[str]:
+    """llama.cpp's ``--samplers`` list (names separated by ';') as our stage names."""
+    names = [n.strip() for n in value.split(";") if n.strip()]
+    out = []
+    for n in names:
+        stage = _LLAMA_STAGES.get(n.lower())
+        if stage is None:
+            raise argparse.ArgumentTypeError(
+                f"unknown sampler {n!r}; llama.cpp's names are "
+                + ", ".join(sorted({k for k in _LLAMA_STAGES if "-" not in k}))
+            )
+        out.append(stage)
+    return out
+
+
 class _Progress:
     """A one-line progress bar on a terminal stream; silent when the stream is not a tty."""
 
@@ -105,6 +151,20 @@ def _parser() -> argparse.ArgumentParser:
         )
     for flag, (field, typ) in _SAMPLER_FLAGS.items():
         g.add_argument(flag, dest=field, type=typ, default=None, help=f"SampleOpts.{field}")
+    g.add_argument(
+        "--sampler-order",
+        choices=("llama.cpp", "default", "hf", "vllm"),
+        default=None,
+        help=_ORDER_HELP,
+    )
+    g.add_argument(
+        "--samplers",
+        type=_samplers,
+        default=None,
+        metavar="LIST",
+        help="llama.cpp's stage list, separated by ';' (e.g. 'penalties;top_k;top_p;temperature'); "
+        "logit bias runs first and the draw last; replaces --sampler-order",
+    )
 
     i = sub.add_parser("inspect", help="describe a model file or directory")
     i.add_argument("model")
@@ -112,6 +172,15 @@ def _parser() -> argparse.ArgumentParser:
     # Listed for --help; main() hands "check" and its arguments to rlx_lm.testing.
     sub.add_parser("check", help="check a runner factory against the conformance clauses")
     return p
+
+
+def _sampler_order(args: argparse.Namespace) -> str | list[str]:
+    """The order `--samplers` or `--sampler-order` asks for (llama.cpp's by default)."""
+    if args.samplers is not None:
+        if args.sampler_order is not None:
+            raise _usage("--samplers and --sampler-order both set the order: give one")
+        return ["logit_bias", *args.samplers]
+    return args.sampler_order or "llama.cpp"
 
 
 def _sample_opts(args: argparse.Namespace) -> SampleOpts:
@@ -170,6 +239,8 @@ def _generate(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
         raise _usage(f"-n must be >= 0, got {args.n_predict}")
     progress = _Progress(err)
     opts = _sample_opts(args)
+    order = _sampler_order(args)
+    opts.into_chain(order)  # refuse a bad order or knob before loading anything
     model = str(default_model_path()) if args.model is None else args.model
     builder = LmRunnerBuilder().weights(model)
     # the concrete file (a directory of GGUFs resolves to the one it picks)
@@ -200,6 +271,7 @@ def _generate(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
         tokenizer,
         ids,
         opts=opts,
+        order=order,
         max_tokens=args.n_predict,
         stop=args.stop,
         on_event=on_event,

@@ -6,7 +6,8 @@ optionally its log-probability); `generate` collects the whole `GenerationResult
 * drive any runner: its own cached prefill/decode pair, or `HostDriven` re-prefill when it
   has none;
 * sample with the Rust `SamplerChain` built from `SampleOpts` (greedy by default), feeding it
-  the whole token history for penalties and DRY;
+  the whole token history (prompt, then output, with ``prompt_len`` marking the split) for
+  penalties and DRY; ``chain.sample`` accepts each token, so every step draws afresh;
 * stop on EOS, on ``max_tokens``, or on a stop string, which is never emitted: text that could
   be the beginning of a stop string is held back until it is clearly not;
 * report phases through one ``on_event`` callback: ``load``, ``cache_lookup``, ``prefill``
@@ -163,12 +164,14 @@ class Generator:
             close()
 
 
-def _make_chain(opts: SampleOpts | None, seed: int | None) -> SamplerChain:
+def _make_chain(
+    opts: SampleOpts | None, seed: int | None, order: str | Sequence[str] | None
+) -> SamplerChain:
     if opts is None:
         opts = SampleOpts()
     if seed is not None:
         opts = replace(opts, seed=seed)
-    return opts.into_chain()
+    return opts.into_chain(order)
 
 
 def _encode(tokenizer: Tokenizer, prompt: str | Sequence[int]) -> list[int]:
@@ -185,6 +188,7 @@ def stream(
     *,
     opts: SampleOpts | None = None,
     seed: int | None = None,
+    order: str | Sequence[str] | None = None,
     max_tokens: int = 128,
     stop: Sequence[str] = (),
     logprobs: int | None = None,
@@ -196,13 +200,14 @@ def stream(
 
     ``logprobs=n`` records each token's log-probability and the ``n`` likeliest
     alternatives, under the raw, penalized or final distribution (``logprob_mode``).
+    ``order`` is the chain's order (`SampleOpts.into_chain`): None, a preset, or stage names.
     """
     if max_tokens < 0:
         raise InvalidOptionError(f"max_tokens must be >= 0, got {max_tokens}")
     if logprobs is not None and logprobs < 0:
         raise InvalidOptionError(f"logprobs must be >= 0, got {logprobs}")
     ids = _encode(tokenizer, prompt)
-    chain = _make_chain(opts, seed)
+    chain = _make_chain(opts, seed, order)
     result = GenerationResult(prompt_tokens=len(ids), logprobs=[] if logprobs is not None else None)
     steps = _steps(
         runner,
@@ -227,6 +232,7 @@ def generate(
     *,
     opts: SampleOpts | None = None,
     seed: int | None = None,
+    order: str | Sequence[str] | None = None,
     max_tokens: int = 128,
     stop: Sequence[str] = (),
     logprobs: int | None = None,
@@ -241,6 +247,7 @@ def generate(
         prompt,
         opts=opts,
         seed=seed,
+        order=order,
         max_tokens=max_tokens,
         stop=stop,
         logprobs=logprobs,
@@ -302,12 +309,13 @@ def _sample(
     chain: SamplerChain,
     logits: npt.NDArray[np.float32],
     history: npt.NDArray[np.int64],
+    prompt_len: int,
     top_n: int | None,
     mode: LogprobMode,
 ) -> tuple[int, TokenLogprob | None]:
     if top_n is None:
-        return int(chain.sample(logits, history)), None
-    out = chain.sample_with_logprobs(logits, history, top_n, mode=mode)
+        return int(chain.sample(logits, history, prompt_len=prompt_len)), None
+    out = chain.sample_with_logprobs(logits, history, top_n, mode=mode, prompt_len=prompt_len)
     tok = int(out.token)
     top = tuple((int(t), float(lp)) for t, lp in out.top)
     return tok, TokenLogprob(tok, float(out.logprob), top)
@@ -342,8 +350,8 @@ def _steps(
     t1 = time.perf_counter()
     try:
         for step in range(max_tokens):
-            tok, lp = _sample(chain, logits, buffer[:filled], top_n, logprob_mode)
-            chain.accept(tok)
+            # sample() accepts the token too: the next step draws a fresh number.
+            tok, lp = _sample(chain, logits, buffer[:filled], len(ids), top_n, logprob_mode)
             buffer[filled] = tok
             filled += 1
             if tokenizer.is_eos(tok):

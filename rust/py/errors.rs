@@ -14,6 +14,7 @@ pyo3::import_exception!(rlx_lm.errors, ShapeError);
 pyo3::import_exception!(rlx_lm.errors, CapacityError);
 pyo3::import_exception!(rlx_lm.errors, SnapshotMismatchError);
 pyo3::import_exception!(rlx_lm.errors, WeightFormatError);
+pyo3::import_exception!(rlx_lm.errors, UnsupportedError);
 
 /// Convert a core error into the matching `rlx_lm.errors` exception.
 pub fn to_py(err: CoreError) -> PyErr {
@@ -28,6 +29,7 @@ pub fn to_py(err: CoreError) -> PyErr {
         CoreError::Capacity { .. } => CapacityError::new_err(msg),
         CoreError::SnapshotMismatch(_) => SnapshotMismatchError::new_err(msg),
         CoreError::Format(_) => WeightFormatError::new_err(msg),
+        CoreError::Unsupported(_) => UnsupportedError::new_err(msg),
     }
 }
 

@@ -9,14 +9,14 @@ use pyo3::types::{PyBytes, PyDict, PyList, PyTuple};
 
 use super::arrays::f32_row;
 use super::errors::{
-    to_py, DtypeError, IntoPyResult, InvalidOptionError, ShapeError, TokenOutOfRangeError,
+    DtypeError, IntoPyResult, InvalidOptionError, ShapeError, TokenOutOfRangeError,
 };
+use crate::sampling::batch::Batch;
 use crate::sampling::chain::{
-    ChainState, Knobs, LogprobMode, Mirostat, OrderSpec, SamplerChain, Scratch, Selector,
+    ChainState, History, Knobs, LogprobMode, Mirostat, OrderSpec, Sampled, SamplerChain, Scratch,
+    Selector,
 };
-use crate::CoreError;
-
-pyo3::import_exception!(rlx_lm.errors, UnsupportedError);
+use crate::sampling::knobs::Window;
 
 fn bad(field: &str, reason: impl std::fmt::Display) -> PyErr {
     InvalidOptionError::new_err(format!("{field}: {reason}"))
@@ -53,17 +53,18 @@ fn knobs_from(opts: &Bound<'_, PyAny>) -> PyResult<Knobs> {
             usize::try_from(k).map_err(|_| bad("top_k", format!("must be >= 0, got {k}")))?
         }
     };
-    let window: i64 = opts
+    let window: Option<i64> = opts
         .getattr("repetition_window")?
         .extract()
-        .map_err(|_| bad("repetition_window", "must be an integer"))?;
+        .map_err(|_| bad("repetition_window", "must be an integer or None"))?;
     let repetition_window = match window {
-        -1 => None,
-        w if w >= 1 => Some(w as usize),
-        w => {
+        None => Window::Preset,
+        Some(-1) => Window::All,
+        Some(w) if w >= 1 => Window::Last(w as usize),
+        Some(w) => {
             return Err(bad(
                 "repetition_window",
-                format!("must be >= 1 or -1 (whole history), got {w}"),
+                format!("must be >= 1, -1 (whole history) or None (the order's default), got {w}"),
             ))
         }
     };
@@ -226,6 +227,20 @@ fn history_from(obj: Option<&Bound<'_, PyAny>>, what: &str) -> PyResult<Vec<u32>
         .collect()
 }
 
+/// A history with its prompt length, which must not exceed it.
+fn history_of(tokens: &[u32], prompt_len: usize) -> PyResult<History<'_>> {
+    if prompt_len > tokens.len() {
+        return Err(bad(
+            "prompt_len",
+            format!(
+                "{prompt_len} is longer than the history ({} tokens)",
+                tokens.len()
+            ),
+        ));
+    }
+    Ok(History { tokens, prompt_len })
+}
+
 fn mode_from(mode: &str) -> PyResult<LogprobMode> {
     match mode {
         "raw" => Ok(LogprobMode::Raw),
@@ -268,7 +283,6 @@ pub struct PySamplerChain {
     chain: SamplerChain,
     scratch: Scratch,
     batch_scratch: Vec<Scratch>,
-    vocab: Option<usize>,
 }
 
 impl PySamplerChain {
@@ -277,17 +291,34 @@ impl PySamplerChain {
             chain,
             scratch: Scratch::default(),
             batch_scratch: Vec::new(),
-            vocab: None,
         }
     }
 }
 
-fn check_uniform(u: Option<f64>) -> PyResult<()> {
-    match u {
-        Some(u) if !(0.0..1.0).contains(&u) => {
-            Err(bad("uniform", format!("must be in [0, 1), got {u}")))
+impl PySamplerChain {
+    /// One row: convert, then the core's sample (advancing) or peek.
+    #[allow(clippy::too_many_arguments)]
+    fn run(
+        &mut self,
+        logits: &Bound<'_, PyAny>,
+        history: Option<&Bound<'_, PyAny>>,
+        prompt_len: usize,
+        uniform: Option<f64>,
+        logprobs: Option<(usize, LogprobMode)>,
+        advance: bool,
+    ) -> PyResult<Sampled> {
+        let row = f32_row(logits, "logits")?;
+        let tokens = history_from(history, "history")?;
+        let hist = history_of(&tokens, prompt_len)?;
+        let row = row.as_slice()?;
+        if advance {
+            self.chain
+                .sample(row, hist, uniform, logprobs, &mut self.scratch)
+        } else {
+            self.chain
+                .peek(row, hist, uniform, logprobs, &mut self.scratch)
         }
-        _ => Ok(()),
+        .py()
     }
 }
 
@@ -307,62 +338,54 @@ impl PySamplerChain {
         ))
     }
 
-    /// Sample one token from a float32 logits row given the history so far.
-    #[pyo3(signature = (logits, history=None, *, uniform=None))]
+    /// Sample one token from a float32 logits row given the history so far,
+    /// and accept it (the step and mirostat's mu move on) unless `advance`
+    /// is false.
+    #[pyo3(signature = (logits, history=None, *, prompt_len=0, uniform=None, advance=true))]
     fn sample(
         &mut self,
         logits: &Bound<'_, PyAny>,
         history: Option<&Bound<'_, PyAny>>,
+        prompt_len: usize,
+        uniform: Option<f64>,
+        advance: bool,
+    ) -> PyResult<u32> {
+        Ok(self
+            .run(logits, history, prompt_len, uniform, None, advance)?
+            .token)
+    }
+
+    /// The token `sample` would return, without moving the chain on.
+    #[pyo3(signature = (logits, history=None, *, prompt_len=0, uniform=None))]
+    fn peek(
+        &mut self,
+        logits: &Bound<'_, PyAny>,
+        history: Option<&Bound<'_, PyAny>>,
+        prompt_len: usize,
         uniform: Option<f64>,
     ) -> PyResult<u32> {
-        let row = f32_row(logits, "logits")?;
-        let hist = history_from(history, "history")?;
-        check_uniform(uniform)?;
-        let out = self
-            .chain
-            .sample_row(
-                row.as_slice()?,
-                &hist,
-                self.chain.sequence,
-                uniform,
-                None,
-                &mut self.scratch,
-            )
-            .py()?;
-        self.vocab = Some(row.len());
-        self.chain.set_pending(out.surprises);
-        Ok(out.token)
+        Ok(self
+            .run(logits, history, prompt_len, uniform, None, false)?
+            .token)
     }
 
     /// Sample one token and report log-probabilities under `mode`'s distribution.
-    #[pyo3(signature = (logits, history=None, top_n=0, *, mode="raw", uniform=None))]
+    #[pyo3(signature = (logits, history=None, top_n=0, *, mode="raw", prompt_len=0, uniform=None, advance=true))]
+    #[allow(clippy::too_many_arguments)]
     fn sample_with_logprobs(
         &mut self,
         logits: &Bound<'_, PyAny>,
         history: Option<&Bound<'_, PyAny>>,
         top_n: i64,
         mode: &str,
+        prompt_len: usize,
         uniform: Option<f64>,
+        advance: bool,
     ) -> PyResult<SampleResult> {
-        let row = f32_row(logits, "logits")?;
-        let hist = history_from(history, "history")?;
         let m = mode_from(mode)?;
-        check_uniform(uniform)?;
         let n = usize::try_from(top_n)
             .map_err(|_| bad("top_n", format!("must be >= 0, got {top_n}")))?;
-        let out = self
-            .chain
-            .sample_row(
-                row.as_slice()?,
-                &hist,
-                self.chain.sequence,
-                uniform,
-                Some((n, m)),
-                &mut self.scratch,
-            )
-            .py()?;
-        self.vocab = Some(row.len());
-        self.chain.set_pending(out.surprises);
+        let out = self.run(logits, history, prompt_len, uniform, Some((n, m)), advance)?;
         let lp = out.logprobs.unwrap_or(crate::sampling::Logprobs {
             logprob: 0.0,
             top: Vec::new(),
@@ -379,23 +402,20 @@ impl PySamplerChain {
         })
     }
 
-    /// Sample every row of a 2-D float32 array (rows in parallel, GIL released).
-    #[pyo3(signature = (logits, histories=None, *, sequence_ids=None, uniforms=None))]
+    /// Sample every row of a 2-D float32 array (rows in parallel, GIL
+    /// released), then move one step on unless `advance` is false.
+    #[pyo3(signature = (logits, histories=None, *, prompt_lens=None, sequence_ids=None, uniforms=None, advance=true))]
+    #[allow(clippy::too_many_arguments)]
     fn sample_batch<'py>(
         &mut self,
         py: Python<'py>,
         logits: &Bound<'py, PyAny>,
         histories: Option<&Bound<'py, PyAny>>,
+        prompt_lens: Option<Vec<usize>>,
         sequence_ids: Option<Vec<u64>>,
         uniforms: Option<Vec<f64>>,
+        advance: bool,
     ) -> PyResult<Bound<'py, PyArray1<i64>>> {
-        if self.chain.selector() == Selector::MirostatV1
-            || self.chain.selector() == Selector::MirostatV2
-        {
-            return Err(UnsupportedError::new_err(
-                "sample_batch: mirostat keeps one mu per sequence; use one chain per sequence",
-            ));
-        }
         let arr: PyReadonlyArray2<'py, f32> = batch_rows(logits)?;
         let shape = arr.shape().to_vec();
         let (rows, vocab) = (shape[0], shape[1]);
@@ -422,103 +442,40 @@ impl PySamplerChain {
                     .collect::<PyResult<_>>()?
             }
         };
-        let seqs: Vec<u64> = match sequence_ids {
-            None => (0..rows as u64)
+        let seqs: Vec<u64> = sequence_ids.unwrap_or_else(|| {
+            (0..rows as u64)
                 .map(|r| self.chain.sequence.wrapping_add(r))
-                .collect(),
-            Some(s) if s.len() == rows => s,
-            Some(s) => {
-                return Err(ShapeError::new_err(format!(
-                    "sequence_ids has {} entries for {rows} rows of logits",
-                    s.len()
-                )))
-            }
-        };
-        if let Some(u) = &uniforms {
-            if u.len() != rows {
-                return Err(ShapeError::new_err(format!(
-                    "uniforms has {} entries for {rows} rows of logits",
-                    u.len()
-                )));
-            }
-            for &x in u {
-                check_uniform(Some(x))?;
-            }
-        }
-        // Below about a million logits the pool's wake-up costs more than it saves.
-        let threads = if rows >= 2 && rows * vocab >= 1 << 20 {
-            rayon::current_num_threads().min(rows).min(16)
-        } else {
-            1
-        };
-        if self.batch_scratch.len() < threads {
-            self.batch_scratch.resize_with(threads, Scratch::default);
-        }
-        let chain = &self.chain;
-        let scratches = &mut self.batch_scratch[..threads];
-        let result: Result<Vec<i64>, CoreError> = py.detach(|| {
-            let mut out = vec![0i64; rows];
-            let per = rows.div_ceil(threads);
-            let run =
-                |lo: usize, out: &mut [i64], scratch: &mut Scratch| -> Result<(), CoreError> {
-                    for (j, o) in out.iter_mut().enumerate() {
-                        let r = lo + j;
-                        let row = &data[r * vocab..(r + 1) * vocab];
-                        let u = uniforms.as_ref().map(|u| u[r]);
-                        *o = chain
-                            .sample_row(row, &hists[r], seqs[r], u, None, scratch)?
-                            .token as i64;
-                    }
-                    Ok(())
-                };
-            if threads == 1 {
-                run(0, &mut out, &mut scratches[0])?;
-                return Ok(out);
-            }
-            // The calling thread takes the first share; the others go to
-            // rayon's pool, whose threads are kept between calls (starting a
-            // thread per call cost 25-70 us here).
-            let mut results: Vec<Result<(), CoreError>> = Vec::with_capacity(threads);
-            let mut shares: Vec<(&mut [i64], &mut Scratch)> =
-                out.chunks_mut(per).zip(scratches.iter_mut()).collect();
-            let (first, rest) = shares.split_at_mut(1);
-            let mut rest_results: Vec<Result<(), CoreError>> =
-                (0..rest.len()).map(|_| Ok(())).collect();
-            rayon::in_place_scope(|s| {
-                for (i, ((chunk, scratch), slot)) in
-                    rest.iter_mut().zip(rest_results.iter_mut()).enumerate()
-                {
-                    let run = &run;
-                    s.spawn(move |_| *slot = run((i + 1) * per, chunk, scratch));
-                }
-                let (chunk, scratch) = &mut first[0];
-                results.push(run(0, chunk, scratch));
-            });
-            results.extend(rest_results);
-            for r in results {
-                r?;
-            }
-            Ok(out)
+                .collect()
         });
-        let out = result.map_err(to_py)?;
-        self.vocab = Some(vocab);
+        let batch = Batch {
+            logits: data,
+            vocab,
+            histories: &hists,
+            prompt_lens: prompt_lens.as_deref(),
+            sequences: &seqs,
+            uniforms: uniforms.as_deref(),
+        };
+        let (chain, scratches) = (&mut self.chain, &mut self.batch_scratch);
+        let out = py
+            .detach(|| {
+                if advance {
+                    chain.sample_batch(&batch, scratches)
+                } else {
+                    chain.sample_rows(&batch, scratches)
+                }
+            })
+            .py()?;
         Ok(PyArray1::from_vec(py, out))
     }
 
-    /// Record the emitted token: advances the step and mirostat's mu.
+    /// Record the emitted token after `peek`: advances the step and mirostat's mu.
     fn accept(&mut self, token: i64) -> PyResult<()> {
         let t = u32::try_from(token).map_err(|_| {
             TokenOutOfRangeError::new_err(format!(
                 "accept: token id {token} is negative or too large"
             ))
         })?;
-        if let Some(v) = self.vocab {
-            if t as usize >= v {
-                return Err(to_py(CoreError::TokenOutOfRange { token, vocab: v }));
-            }
-        }
-        self.chain.accept(t);
-        Ok(())
+        self.chain.accept(t).py()
     }
 
     /// Return to step 0 and the initial mirostat mu (same seed, same tokens).
@@ -528,9 +485,7 @@ impl PySamplerChain {
 
     /// An independent copy with the same knobs, seed and state.
     fn clone(&self) -> Self {
-        let mut c = Self::wrap(self.chain.clone());
-        c.vocab = self.vocab;
-        c
+        Self::wrap(self.chain.clone())
     }
 
     fn __copy__(&self) -> Self {
@@ -543,7 +498,7 @@ impl PySamplerChain {
 
     /// Pickles as its state (knobs, order, sequence, step, mu, pending).
     fn __reduce__<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyTuple>> {
-        let state = self.chain.state(self.vocab.map(|v| v as u64)).to_bytes();
+        let state = self.chain.state().to_bytes();
         let rebuild = py
             .import("rlx_lm._core")?
             .getattr("_sampler_chain_from_state")?;
@@ -617,10 +572,7 @@ impl PySamplerChain {
 #[pyfunction]
 pub fn _sampler_chain_from_state(state: &[u8]) -> PyResult<PySamplerChain> {
     let state = ChainState::from_bytes(state).py()?;
-    let (chain, vocab) = SamplerChain::from_state(state).py()?;
-    let mut c = PySamplerChain::wrap(chain);
-    c.vocab = vocab.and_then(|v| usize::try_from(v).ok());
-    Ok(c)
+    Ok(PySamplerChain::wrap(SamplerChain::from_state(state).py()?))
 }
 
 /// Borrow a 2-D C-contiguous float32 array (one row of logits per sequence).

@@ -6,7 +6,7 @@ PY := $(VENV)/bin/python
 PYPATHS := python tests benches $(wildcard examples) $(wildcard tools)
 export HYPOTHESIS_PROFILE ?= ci
 
-.PHONY: dev lint test test-py test-rust test-bench check bench fmt
+.PHONY: dev lint test test-py test-rust test-bench check bench fmt fuzz fuzz-io
 
 dev:
 	test -x $(PY) || python3 -m venv $(VENV)
@@ -45,3 +45,19 @@ check: lint test
 
 bench:
 	$(PY) -m pytest -q -p no:cacheprovider benches --benchmark-only
+
+# The long fuzz campaign (see docs/fuzzing.md). FUZZ_SECONDS per target, nice'd:
+# the machine is shared. Crashes land in fuzz/artifacts/, corpora in fuzz/corpus/.
+FUZZ_SECONDS ?= 600
+FUZZ_IO_TARGETS := gguf safetensors snapshot kv_state cache_dir
+fuzz-io:
+	$(PY) -c "import atheris" 2>/dev/null || $(PY) -m pip install -q -e '.[fuzz]'
+	mkdir -p fuzz/artifacts
+	for t in $(FUZZ_IO_TARGETS); do \
+	  nice -n 19 $(PY) tests/fuzz_io.py $$t -max_total_time=$(FUZZ_SECONDS) -timeout=10 \
+	    -rss_limit_mb=2048 -artifact_prefix=fuzz/artifacts/$$t- -print_final_stats=1 \
+	    || exit 1; \
+	done
+	HYPOTHESIS_PROFILE=deep nice -n 19 $(PY) -m pytest -q -p no:cacheprovider tests/test_kv_stateful.py
+
+fuzz: fuzz-io

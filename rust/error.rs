@@ -31,6 +31,12 @@ pub enum CoreError {
     Format(String),
     /// A call this object cannot serve (for example a batch of mirostat rows).
     Unsupported(String),
+    /// An array of the wrong dtype or memory layout (the message says how to convert).
+    Dtype(String),
+    /// An argument of the wrong Python type altogether.
+    Type(String),
+    /// The operating system refused a read or write (a full disk, a closed file).
+    Io(String),
 }
 
 impl CoreError {
@@ -62,7 +68,10 @@ impl fmt::Display for CoreError {
             Self::Shape(msg)
             | Self::SnapshotMismatch(msg)
             | Self::Format(msg)
-            | Self::Unsupported(msg) => f.write_str(msg),
+            | Self::Unsupported(msg)
+            | Self::Dtype(msg)
+            | Self::Type(msg)
+            | Self::Io(msg) => f.write_str(msg),
             Self::Capacity { needed, capacity } => write!(
                 f,
                 "capacity exceeded: {needed} tokens needed, capacity is {capacity}"

@@ -36,10 +36,10 @@ def test_plain_mlx_directory_with_any_shard_names_loads(tmp_path: Path) -> None:
 def test_a_hostile_safetensors_header_is_refused_before_reading(tmp_path: Path) -> None:
     f = tmp_path / "model.safetensors"
     f.write_bytes((2**63).to_bytes(8, "little") + b"{}")
-    with pytest.raises(WeightFormatError, match="header claims"):
+    with pytest.raises(WeightFormatError, match="exceeds the format's limit"):
         SafetensorsCheckpoint.locate(f)
     f.write_bytes((4).to_bytes(8, "little") + b"{]]]")
-    with pytest.raises(WeightFormatError, match="corrupt"):
+    with pytest.raises(WeightFormatError, match="not valid JSON"):
         SafetensorsCheckpoint.locate(f)
 
 

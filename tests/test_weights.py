@@ -21,7 +21,7 @@ from weight_files import (
 
 import rlx_lm
 from rlx_lm import InvalidOptionError, WeightFormat, WeightFormatError
-from rlx_lm._headers import MAX_METADATA_ARRAY, read_gguf_header
+from rlx_lm._headers import MAX_METADATA_ARRAY, MAX_OTHER_METADATA_ARRAY, read_gguf_header
 
 F = WeightFormat
 
@@ -307,10 +307,17 @@ _ARRAY = 9
         (b"GGUF" + struct.pack("<IQQ", 3, 0, 2**40), "claims 1099511627776 metadata entries"),
         (
             gguf_bytes(0, [("v", _ARRAY, struct.pack("<IQ", 0, 2**60))]),
+            f"claims 1152921504606846976 items \\(limit {MAX_OTHER_METADATA_ARRAY}\\)",
+        ),
+        (
+            gguf_bytes(0, [("tokenizer.v", _ARRAY, struct.pack("<IQ", 0, 2**60))]),
             f"claims 1152921504606846976 items \\(limit {MAX_METADATA_ARRAY}\\)",
         ),
         (gguf_bytes(0, [("v", _ARRAY, struct.pack("<IQ", 0, 1000))]), "1000 items"),
-        (gguf_bytes(0, [("v", _ARRAY, struct.pack("<IQ", _STR, 10**6))]), "room for at most"),
+        (
+            gguf_bytes(0, [("tokenizer.v", _ARRAY, struct.pack("<IQ", _STR, 10**6))]),
+            "room for at most",
+        ),
         (gguf_bytes(0, [("s", _STR, struct.pack("<Q", 2**62))]), "value of 's'"),
         (gguf_bytes(0, [("s", 99, b"\0" * 8)]), "unknown value type 99"),
         (gguf_bytes(0, version=1), "unsupported GGUF version 1"),

@@ -16,10 +16,12 @@ from rlx_lm._core import (
     build_profile,
 )
 from rlx_lm.builder import LmRunnerBuilder
+from rlx_lm.chat_template import ChatTemplate, ChatTemplates
 from rlx_lm.config import ConfigSource, Device
 from rlx_lm.default_model import load_default
 from rlx_lm.errors import (
     CapacityError,
+    ChatTemplateError,
     DtypeError,
     InvalidLogitsError,
     InvalidOptionError,
@@ -80,6 +82,9 @@ from rlx_lm.weights import WeightFormat
 
 __all__ = [
     "CapacityError",
+    "ChatTemplate",
+    "ChatTemplateError",
+    "ChatTemplates",
     "ConfigSource",
     "Device",
     "DtypeError",

@@ -1,7 +1,6 @@
 """Types of the compiled module `rlx_lm._core`; import public names from `rlx_lm`."""
 
 from collections.abc import Sequence
-from os import PathLike
 from typing import Any, Final, Literal, final
 
 import numpy as np
@@ -10,6 +9,16 @@ from typing_extensions import Self
 
 __version__: Final[str]
 build_profile: Final[str]
+KV_BLOCK_TOKENS: Final[int]
+"""Token granularity of KV storage accounting."""
+KV_MAX_SEQ: Final[int]
+"""Largest capacity a KV cache (and a snapshot read from a file) may have."""
+KV_MAX_LAYERS: Final[int]
+"""Most layers a KV cache may have."""
+KV_MAX_KV_HEADS: Final[int]
+"""Most key/value heads per layer."""
+KV_MAX_HEAD_DIM: Final[int]
+"""Most elements per head."""
 
 def argmax(logits: npt.NDArray[np.float32], /) -> int:
     """Index of the largest logit in a float32 row (lowest index on ties)."""
@@ -227,10 +236,12 @@ class KvSnapshot:
     @property
     def dtype(self) -> str:
         """Storage dtype name, "float32" or "float16"."""
-    def _write_data(self, path: str | PathLike[str]) -> None: ...
+    def prefix(self, n: int) -> KvSnapshot:
+        """The first `n` tokens, sharing these rows (no copy)."""
+    def _write_data(self, fd: int, offset: int) -> None: ...
     @staticmethod
     def _read_data(
-        path: str | PathLike[str],
+        fd: int,
         offset: int,
         n_layers: int,
         n_kv_heads: int,

@@ -12,19 +12,26 @@ import json
 import math
 import mmap
 import struct
-from collections.abc import Iterator
+from collections.abc import Collection, Container, Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any, BinaryIO
+
+import numpy as np
 
 from rlx_lm.errors import WeightFormatError
 
 GGUF_MAGIC = b"GGUF"
 GGUF_VERSIONS = (2, 3)
 GGML_MAX_DIMS = 4
-MAX_METADATA_ARRAY = 1 << 24
-"""Longest metadata array accepted (a 256k-token vocabulary is far below it)."""
+MAX_METADATA_ARRAY = 1 << 21
+"""Longest ``tokenizer.*`` metadata array accepted (2M items: a 262k-token vocabulary and
+its merges are far below it)."""
+MAX_OTHER_METADATA_ARRAY = 1 << 16
+"""Longest metadata array outside ``tokenizer.*`` (per-layer settings, tags, languages):
+a long array there is no model's, and readers such as ``gguf.GGUFReader`` spend about a
+kilobyte of memory per item they decode."""
 MAX_NESTING = 4
 SAFETENSORS_MAX_HEADER = 100_000_000
 """The safetensors format's own cap on its JSON header, in bytes."""
@@ -75,6 +82,17 @@ def fail(path: Path, reason: str) -> WeightFormatError:
     return WeightFormatError(f"{path}: {reason}")
 
 
+def load_json(raw: bytes | str, path: Path, what: str) -> Any:
+    """Parse JSON from a file, every failure (nesting too deep included) a WeightFormatError."""
+    try:
+        text = raw.decode("utf-8") if isinstance(raw, bytes) else raw
+        return json.loads(text)
+    except (UnicodeDecodeError, ValueError) as exc:
+        raise fail(path, f"{what} is not valid JSON: {exc}") from None
+    except RecursionError:
+        raise fail(path, f"{what} nests JSON too deeply to be read") from None
+
+
 @contextmanager
 def mapped(path: Path) -> Iterator[memoryview]:
     """A read-only memory map of ``path`` (pages are read only when touched)."""
@@ -122,6 +140,10 @@ class GgufHeader:
     tensors: tuple[GgufTensorInfo, ...]
     data_offset: int
     file_size: int
+    arrays: dict[str, Any] = field(default_factory=dict)
+    """Values of the arrays asked for by name: ``list[str]`` or a 1-D numpy array."""
+    array_types: dict[str, int] = field(default_factory=dict)
+    """The GGUF item type of every array (4 uint32, 6 float32, 8 string, ...)."""
 
 
 class _Cursor:
@@ -170,13 +192,33 @@ class _Cursor:
         return self.size - self.pos
 
 
-def read_gguf_header(path: Path) -> GgufHeader:
-    """Walk a GGUF header, checking every count and length against the file size."""
+def read_gguf_header(path: Path, *, arrays: Collection[str] | bool = ()) -> GgufHeader:
+    """Walk a GGUF header, checking every count and length against the file size.
+
+    ``arrays`` names metadata arrays whose values to keep (a tokenizer's tokens, scores,
+    merges): strings as ``list[str]``, numbers as a numpy array. Their counts are checked
+    against the file before anything is allocated; nested arrays keep only their length.
+    ``arrays=True`` keeps every flat array.
+    """
     with mapped(path) as buf:
-        return _walk_gguf(buf, path)
+        return walk_gguf(buf, path, arrays=arrays)
 
 
-def _walk_gguf(buf: memoryview, path: Path) -> GgufHeader:
+def walk_gguf(
+    buf: memoryview | bytes, path: Path, *, arrays: Collection[str] | bool = ()
+) -> GgufHeader:
+    """`read_gguf_header` over bytes already in memory (``path`` names them in errors)."""
+    view = memoryview(buf) if isinstance(buf, bytes) else buf
+    wanted: Container[str] = _All() if arrays is True else frozenset(arrays or ())
+    return _walk_gguf(view, path, wanted)
+
+
+class _All:
+    def __contains__(self, key: object) -> bool:
+        return True
+
+
+def _walk_gguf(buf: memoryview, path: Path, wanted: Container[str] = frozenset()) -> GgufHeader:
     if len(buf) < 4 or bytes(buf[:4]) != GGUF_MAGIC:
         raise fail(path, f"not a GGUF file (first bytes {bytes(buf[:4])!r}, expected b'GGUF')")
     if len(buf) < 24:
@@ -208,15 +250,25 @@ def _walk_gguf(buf: memoryview, path: Path) -> GgufHeader:
         )
     metadata: dict[str, Any] = {}
     arrays: dict[str, int] = {}
+    values: dict[str, Any] = {}
+    types: dict[str, int] = {}
     for i in range(n_kv):
         key = cur.string(f"metadata key #{i}")
         if key in metadata or key in arrays:
             raise fail(path, f"duplicate metadata key {key!r}")
         vtype = cur.u32(f"type of {key!r}")
         if vtype == _GGUF_ARRAY:
+            types[key] = cur.u32(f"item type of {key!r}")
+            cur.pos -= 4
+        if vtype == _GGUF_ARRAY and key in wanted:
+            arrays[key], value = _read_array(cur, key)
+            if value is not None:
+                values[key] = value
+        elif vtype == _GGUF_ARRAY:
             arrays[key] = _skip_array(cur, key, 0)
         else:
             metadata[key] = _value(cur, vtype, key)
+    _check_tokenizer_arrays(path, arrays, types)
     alignment = metadata.get("general.alignment", 32)
     if not isinstance(alignment, int) or alignment <= 0 or alignment & (alignment - 1):
         raise fail(path, f"general.alignment must be a power of two, got {alignment!r}")
@@ -244,7 +296,40 @@ def _walk_gguf(buf: memoryview, path: Path) -> GgufHeader:
         tensors=tuple(infos),
         data_offset=data_offset,
         file_size=cur.size,
+        arrays=values,
+        array_types=types,
     )
+
+
+_TOKENIZER_ARRAY_TYPES = {
+    "tokenizer.ggml.tokens": (_GGUF_STRING, "strings"),
+    "tokenizer.ggml.merges": (_GGUF_STRING, "strings"),
+    "tokenizer.ggml.scores": (6, "float32"),
+    "tokenizer.ggml.token_type": (5, "int32"),
+}
+
+
+def _check_tokenizer_arrays(path: Path, lengths: dict[str, int], types: dict[str, int]) -> None:
+    """The vocabulary arrays have llama.cpp's item types, and one item per token."""
+    for key, (want, name) in _TOKENIZER_ARRAY_TYPES.items():
+        if key in types and types[key] != want:
+            raise fail(
+                path, f"metadata {key!r} must be an array of {name}, not of type {types[key]}"
+            )
+    n_tokens = lengths.get("tokenizer.ggml.tokens")
+    for key in ("tokenizer.ggml.scores", "tokenizer.ggml.token_type"):
+        if key in lengths and lengths[key] != n_tokens:
+            raise fail(
+                path,
+                f"metadata {key!r} has {lengths[key]} items for "
+                f"{n_tokens if n_tokens is not None else 'no'} tokens",
+            )
+
+
+def _check_array_length(cur: _Cursor, key: str, count: int) -> None:
+    limit = MAX_METADATA_ARRAY if key.startswith("tokenizer.") else MAX_OTHER_METADATA_ARRAY
+    if count > limit:
+        raise fail(cur.path, f"metadata array {key!r} claims {count} items (limit {limit})")
 
 
 def _value(cur: _Cursor, vtype: int, key: str) -> Any:
@@ -261,23 +346,13 @@ def _skip_array(cur: _Cursor, key: str, depth: int) -> int:
         raise fail(cur.path, f"metadata {key!r} nests arrays deeper than {MAX_NESTING}")
     itype = cur.u32(f"item type of {key!r}")
     count = cur.u64(f"length of {key!r}")
-    if count > MAX_METADATA_ARRAY:
-        raise fail(
-            cur.path, f"metadata array {key!r} claims {count} items (limit {MAX_METADATA_ARRAY})"
-        )
+    _check_array_length(cur, key, count)
     if itype in _GGUF_SCALARS:
         width = _GGUF_SCALARS[itype][1]
         cur.need(count * width, f"{count} items of {key!r}")
         cur.pos += count * width
     elif itype == _GGUF_STRING:
-        if count > cur.room() // 8:
-            raise fail(
-                cur.path,
-                f"metadata array {key!r} claims {count} strings, but the file has room for "
-                f"at most {cur.room() // 8}",
-            )
-        for i in range(count):
-            cur.skip_string(f"item {i} of {key!r}")
+        _read_strings(cur, key, count, keep=False)
     elif itype == _GGUF_ARRAY:
         if count > cur.room() // 12:
             raise fail(cur.path, f"metadata array {key!r} claims {count} nested arrays")
@@ -286,6 +361,96 @@ def _skip_array(cur: _Cursor, key: str, depth: int) -> int:
     else:
         raise fail(cur.path, f"metadata array {key!r} has unknown item type {itype}")
     return count
+
+
+_NUMPY_TYPES = {0: "u1", 1: "i1", 2: "u2", 3: "i2", 4: "u4", 5: "i4", 6: "f4", 7: "?", 10: "u8"}
+_NUMPY_TYPES |= {11: "i8", 12: "f8"}
+
+
+def _read_array(cur: _Cursor, key: str) -> tuple[int, Any]:
+    """(length, values) of a flat array; nested arrays are skipped (values None)."""
+    start = cur.pos
+    itype = cur.u32(f"item type of {key!r}")
+    count = cur.u64(f"length of {key!r}")
+    _check_array_length(cur, key, count)
+    if itype in _NUMPY_TYPES:
+        width = _GGUF_SCALARS[itype][1]
+        cur.need(count * width, f"{count} items of {key!r}")
+        dtype = np.dtype(cur.order + _NUMPY_TYPES[itype])
+        out = np.frombuffer(cur.buf, dtype=dtype, count=count, offset=cur.pos).copy()
+        cur.pos += count * width
+        return count, out.astype(np.dtype(_NUMPY_TYPES[itype]), copy=False)
+    if itype == _GGUF_STRING:
+        return count, _read_strings(cur, key, count)
+    cur.pos = start
+    return _skip_array(cur, key, 0), None
+
+
+_CHUNK = 1 << 20
+
+
+def _read_strings(cur: _Cursor, key: str, count: int, *, keep: bool = True) -> list[str]:
+    """Walk ``count`` length-prefixed strings (decoded when ``keep``), every length checked.
+
+    The walk copies the mapped bytes a megabyte at a time: slicing ``bytes`` is several
+    times cheaper per item than slicing the memory map.
+    """
+    if count > cur.room() // 8:
+        raise fail(
+            cur.path,
+            f"metadata array {key!r} claims {count} strings, but the file has room for at most "
+            f"{cur.room() // 8}",
+        )
+    buf, size = cur.buf, cur.size
+    unpack = struct.Struct(cur.order + "Q").unpack_from
+    out: list[bytes] = []
+    keep_one = out.append
+    base = cur.pos
+    chunk = bytes(buf[base : base + _CHUNK])
+    at, lim = 0, len(chunk)
+    try:
+        for i in range(count):
+            if at + 8 > lim:
+                base += at
+                chunk, at = bytes(buf[base : base + _CHUNK]), 0
+                lim = len(chunk)
+                if lim < 8:
+                    cur.pos = base
+                    cur.need(8, f"length of item {i} of {key!r}")
+            (n,) = unpack(chunk, at)
+            end = at + 8 + n
+            if end > lim:
+                if n > size - (base + at + 8):
+                    cur.pos = base + at + 8
+                    cur.need(n, f"item {i} of {key!r}")
+                base += at
+                chunk, at = bytes(buf[base : base + max(_CHUNK, 8 + n)]), 0
+                lim, end = len(chunk), 8 + n
+            if keep:
+                keep_one(chunk[at + 8 : end])
+            at = end
+    finally:
+        cur.pos = base + at
+    if not keep:
+        return []
+    # One decode for all items; items holding NUL (none in real vocabularies) one by one.
+    joined = b"\0".join(out)
+    try:
+        texts = joined.decode("utf-8").split("\0")
+        if len(texts) == count:
+            return texts
+        return [b.decode("utf-8") for b in out]
+    except UnicodeDecodeError:
+        bad = next(i for i, b in enumerate(out) if not _is_utf8(b))
+        raise fail(cur.path, f"item {bad} of {key!r} is not valid UTF-8") from None
+
+
+def _is_utf8(raw: bytes) -> bool:
+    try:
+        raw.decode("utf-8")
+    except UnicodeDecodeError:
+        return False
+    return True
 
 
 def _tensor_info(cur: _Cursor, index: int) -> GgufTensorInfo:
@@ -329,6 +494,13 @@ class SafetensorsHeader:
     metadata: dict[str, str]
     header_len: int
     file_size: int
+    offsets: dict[str, tuple[int, int]] = field(default_factory=dict)
+    """Each tensor's ``data_offsets`` (begin, end), relative to the data section."""
+
+    @property
+    def data_offset(self) -> int:
+        """Where the data section starts in the file."""
+        return 8 + self.header_len
 
 
 def read_safetensors_header(path: Path) -> SafetensorsHeader:
@@ -366,10 +538,7 @@ def parse_safetensors_header(f: IO[bytes], size: int, path: Path) -> Safetensors
     raw = f.read(n)
     if len(raw) != n:
         raise fail(path, f"truncated safetensors header: read {len(raw)} of {n} bytes")
-    try:
-        header = json.loads(raw.decode("utf-8"))
-    except (UnicodeDecodeError, ValueError) as exc:
-        raise fail(path, f"safetensors header is not valid JSON: {exc}") from None
+    header = load_json(raw, path, "safetensors header")
     if not isinstance(header, dict):
         raise fail(path, "safetensors header must be a JSON object")
     data_size = size - 8 - n
@@ -377,13 +546,19 @@ def parse_safetensors_header(f: IO[bytes], size: int, path: Path) -> Safetensors
     if not isinstance(meta, dict):
         raise fail(path, "safetensors __metadata__ must be an object of strings")
     tensors: dict[str, tuple[str, tuple[int, ...]]] = {}
+    offsets: dict[str, tuple[int, int]] = {}
     for name, entry in header.items():
         tensors[name] = _safetensors_entry(path, name, entry, data_size)
+        begin, end = entry["data_offsets"]
+        offsets[name] = (begin, end)
+    if not all(isinstance(v, str) for v in meta.values()):
+        raise fail(path, "safetensors __metadata__ must be an object of strings")
     return SafetensorsHeader(
         tensors=tensors,
-        metadata={str(k): str(v) for k, v in meta.items()},
+        metadata=dict(meta),
         header_len=n,
         file_size=size,
+        offsets=offsets,
     )
 
 
@@ -423,3 +598,42 @@ def _safetensors_entry(
                 f"data_offsets span {end - begin}",
             )
     return dtype, tuple(shape)
+
+
+SAFETENSORS_INDEX = "model.safetensors.index.json"
+MAX_INDEX_BYTES = 64_000_000
+"""Largest shard index read (real ones are a few hundred KB)."""
+
+
+def read_safetensors_index(directory: Path) -> tuple[Path, ...] | None:
+    """The shard files a directory's ``model.safetensors.index.json`` names, or None.
+
+    Every name must be a plain file name in ``directory``: an index naming
+    ``../x``, an absolute path or a subdirectory is refused, so loading never
+    follows it out of the model directory.
+    """
+    index = directory / SAFETENSORS_INDEX
+    if not index.is_file():
+        return None
+    with open(index, "rb") as f:
+        raw = f.read(MAX_INDEX_BYTES + 1)
+    if len(raw) > MAX_INDEX_BYTES:
+        raise fail(index, f"safetensors index is larger than {MAX_INDEX_BYTES} bytes")
+    doc = load_json(raw, index, "safetensors index")
+    weight_map = doc.get("weight_map") if isinstance(doc, dict) else None
+    if not isinstance(weight_map, dict) or not all(isinstance(v, str) for v in weight_map.values()):
+        raise fail(index, "safetensors index has no weight_map of file names")
+    names = sorted(set(weight_map.values()))
+    for name in names:
+        if (
+            not name
+            or Path(name).name != name
+            or name in (".", "..")
+            or "/" in name
+            or "\\" in name
+            or "\0" in name
+        ):
+            raise fail(
+                index, f"safetensors index names {name!r}, a file outside the model directory"
+            )
+    return tuple(directory / n for n in names)

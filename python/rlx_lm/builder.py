@@ -14,23 +14,35 @@ from __future__ import annotations
 import enum
 import math
 import os
+import struct
 from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
-from typing import Any, Final, Literal, get_args, overload
+from typing import Any, Final, get_args, overload
 
-from rlx_lm.config import ConfigSource, Device, Embedded, Explicit
-from rlx_lm.errors import InvalidOptionError, UnsupportedError
+from rlx_lm.config import ConfigSource, Device, Embedded, Explicit, KvDtype
+from rlx_lm.errors import InvalidOptionError, RlxError, UnsupportedError, WeightFormatError
 from rlx_lm.runner import LmCore
 from rlx_lm.sample_opts import SampleOpts
 from rlx_lm.weights import WeightFormat, pick_gguf
 
 __all__ = ["PACKED_GGUF_AUTO_THRESHOLD_BYTES", "KvDtype", "LmRunnerBuilder"]
 
-KvDtype = Literal["float32", "float16"]
-"""How a runner stores its KV cache: float16 halves its memory."""
-
 PACKED_GGUF_AUTO_THRESHOLD_BYTES: Final = 256 * 1024 * 1024
 """GGUF files at least this large load packed (quantised in memory) unless told otherwise."""
+
+
+_MALFORMED: Final = (
+    KeyError,
+    IndexError,
+    TypeError,
+    ValueError,
+    AttributeError,
+    ArithmeticError,
+    RecursionError,
+    EOFError,
+    struct.error,
+)
+"""What a loader raises on malformed weights without meaning to (build() types it)."""
 
 
 class _Unset(enum.Enum):
@@ -269,19 +281,33 @@ class LmRunnerBuilder:
         family that matches, passing a copy of this builder whose ``weights()``
         is the concrete path and whose ``format()`` is set.
         """
+        from rlx_lm._headers import read_safetensors_index
         from rlx_lm.registry import find_registration
         from rlx_lm.runner import _is_core
         from rlx_lm.weight_report import architecture_of
 
         fmt = self.resolved_format()
         path = self.resolved_weights()
+        # Headers first, through the bounded readers: a hostile file is refused here,
+        # before any loader allocates for it, and a shard index naming files outside
+        # the model directory is refused before anything follows it.
+        if path.is_dir():
+            read_safetensors_index(path)
         registration = find_registration(architecture_of(path, fmt), path)
         if registration.load is None:
             raise UnsupportedError(
                 f"model family {registration.family!r} matched {path} but was registered "
                 f"without a loader"
             )
-        runner = registration.load(self._with(weights=path, format=fmt))
+        try:
+            runner = registration.load(self._with(weights=path, format=fmt))
+        except RlxError:
+            raise
+        except _MALFORMED as exc:  # a loader tripping over a malformed model: say so, typed
+            raise WeightFormatError(
+                f"{path}: the {registration.family!r} loader could not read these weights "
+                f"({type(exc).__name__}: {exc})"
+            ) from exc
         if not _is_core(runner):
             raise TypeError(
                 f"the {registration.family!r} loader returned {type(runner).__name__}, which "

@@ -1,4 +1,4 @@
-"""The ``rlx-lm`` command: ``generate`` text from a model file, or ``inspect`` one.
+"""The ``rlx-lm`` command: ``generate`` text from a model file, ``inspect`` one, or ``serve`` it.
 
 Sampling flags keep llama.cpp's names; a flag left out keeps the `SampleOpts` default
 (greedy decoding unless a flag asks otherwise). Text streams to stdout; progress and the
@@ -169,6 +169,8 @@ def _parser() -> argparse.ArgumentParser:
     i = sub.add_parser("inspect", help="describe a model file or directory")
     i.add_argument("model")
 
+    _serve_parser(sub)
+
     # Listed for --help; main() hands "check" and its arguments to rlx_lm.testing.
     sub.add_parser("check", help="check a runner factory against the conformance clauses")
     return p
@@ -181,6 +183,75 @@ def _sampler_order(args: argparse.Namespace) -> str | list[str]:
             raise _usage("--samplers and --sampler-order both set the order: give one")
         return ["logit_bias", *args.samplers]
     return args.sampler_order or "llama.cpp"
+
+
+def _serve_parser(sub: Any) -> None:
+    s = sub.add_parser("serve", help="serve a model over an OpenAI-compatible HTTP API")
+    s.add_argument(
+        "model",
+        nargs="?",
+        default=None,
+        help="GGUF file, safetensors file, or model directory (default: the bundled model)",
+    )
+    s.add_argument("--host", default="127.0.0.1", help="address to listen on")
+    s.add_argument("--port", type=int, default=8080, help="port to listen on")
+    s.add_argument("-c", "--ctx-size", type=int, default=2048, help="context per sequence")
+    s.add_argument("--model-name", default=None, help="name in /v1/models (default: file stem)")
+    s.add_argument("--max-batch", type=int, default=16, help="sequences decoded together")
+    s.add_argument("--max-queue", type=int, default=64, help="requests waiting beyond the batch")
+    s.add_argument("--max-tokens", type=int, default=4096, help="largest max_tokens accepted")
+    s.add_argument(
+        "--prompt-cache-mb", type=int, default=256, help="prefix cache budget in MiB (0: off)"
+    )
+    s.add_argument(
+        "--shutdown-timeout", type=float, default=10.0, help="seconds to finish on shutdown"
+    )
+    s.add_argument(
+        "--packed",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="keep quantised GGUF weights packed (default: by free memory, as generate)",
+    )
+
+
+def _serve(args: argparse.Namespace) -> int:
+    import importlib.util
+    from pathlib import Path
+
+    missing = [m for m in ("starlette", "uvicorn") if importlib.util.find_spec(m) is None]
+    if missing:
+        raise _usage(
+            f"rlx-lm serve needs the server extra ({', '.join(missing)} missing): "
+            "pip install 'rlx-lm[server]'"
+        )
+    from rlx_lm.builder import LmRunnerBuilder
+    from rlx_lm.default_model import default_model_path
+    from rlx_lm.server import ServerConfig, serve
+    from rlx_lm.tokenizer import Tokenizer
+
+    model = str(default_model_path()) if args.model is None else args.model
+    if args.ctx_size < 2:
+        raise _usage(f"-c must be >= 2, got {args.ctx_size}")
+    builder = LmRunnerBuilder().weights(model)
+    tokenizer = Tokenizer.load(builder.resolved_weights())
+    builder = builder.max_seq(args.ctx_size)
+    packed = args.packed if args.packed is not None else _packed_by_memory(builder)
+    if packed is not None:
+        builder = builder.packed_weights(packed)
+    runner = builder.build()
+    name = args.model_name or Path(builder.resolved_weights()).stem
+    config = ServerConfig(
+        model_name=name,
+        max_batch=args.max_batch,
+        max_queue=args.max_queue,
+        max_context=args.ctx_size,
+        max_tokens=args.max_tokens,
+        max_n=args.max_batch,
+        prompt_cache_bytes=args.prompt_cache_mb * 1024 * 1024,
+        shutdown_timeout=args.shutdown_timeout,
+    )
+    serve(runner, tokenizer, host=args.host, port=args.port, config=config)
+    return 0
 
 
 def _sample_opts(args: argparse.Namespace) -> SampleOpts:
@@ -214,7 +285,9 @@ def _packed_by_memory(builder: Any) -> bool | None:
     float32's time (other formats dequantise with numpy on every use, far slower).
     None leaves the builder's rule.
     """
-    from rlx_lm.runners.gguf_loader import open_gguf
+    import math
+
+    from rlx_lm._headers import read_gguf_header
     from rlx_lm.weights import WeightFormat
 
     if builder.resolved_format() is not WeightFormat.GGUF:
@@ -222,9 +295,8 @@ def _packed_by_memory(builder: Any) -> bool | None:
     free = _available_memory()
     if free is None:
         return None
-    elements = sum(
-        int(t.n_elements) for t in open_gguf(builder.resolved_weights()).tensors.values()
-    )
+    header = read_gguf_header(builder.resolved_weights())
+    elements = sum(math.prod(t.shape) for t in header.tensors)
     return elements * 4 > free // 2
 
 
@@ -232,8 +304,9 @@ def _generate(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
     from rlx_lm.builder import LmRunnerBuilder
     from rlx_lm.default_model import default_model_path
     from rlx_lm.generation import GenerationEvent, stream
-    from rlx_lm.runners.llama import load_progress
+    from rlx_lm.progress import load_progress
     from rlx_lm.tokenizer import Tokenizer
+    from rlx_lm.weight_report import architecture_of
 
     if args.n_predict < 0:
         raise _usage(f"-n must be >= 0, got {args.n_predict}")
@@ -243,7 +316,9 @@ def _generate(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
     opts.into_chain(order)  # refuse a bad order or knob before loading anything
     model = str(default_model_path()) if args.model is None else args.model
     builder = LmRunnerBuilder().weights(model)
-    # the concrete file (a directory of GGUFs resolves to the one it picks)
+    # the concrete file (a directory of GGUFs resolves to the one it picks), its header
+    # checked by the bounded walker before anything else reads it
+    architecture_of(builder.resolved_weights(), builder.resolved_format())
     tokenizer = Tokenizer.load(builder.resolved_weights())
     ids = tokenizer.encode(args.prompt)
     ctx = args.ctx_size or len(ids) + max(args.n_predict, 1)
@@ -317,6 +392,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         if args.command == "generate":
             return _generate(args, sys.stdout, sys.stderr)
+        if args.command == "serve":
+            return _serve(args)
         return _inspect(args, sys.stdout)
     except (RlxError, OSError, _UsageError) as exc:
         sys.stderr.write(f"rlx-lm: error: {exc}\n")

@@ -1,4 +1,4 @@
-"""Where a model's configuration comes from, and the device a runner uses."""
+"""Where a model's configuration comes from, the device a runner uses, and its KV dtype."""
 
 from __future__ import annotations
 
@@ -6,11 +6,14 @@ import enum
 import os
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, ClassVar, Generic, TypeVar
+from typing import Any, ClassVar, Generic, Literal, TypeVar
 
 from rlx_lm.errors import InvalidOptionError
 
-__all__ = ["ConfigSource", "Device", "Embedded", "Explicit", "JsonFile"]
+__all__ = ["ConfigSource", "Device", "Embedded", "Explicit", "JsonFile", "KvDtype"]
+
+KvDtype = Literal["float32", "float16"]
+"""How a runner stores its KV cache: float16 halves its memory."""
 
 _T = TypeVar("_T")
 

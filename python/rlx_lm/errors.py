@@ -11,19 +11,22 @@ naturally catch, so ``except ValueError`` keeps working::
     ├── SnapshotMismatchError(ValueError)   a snapshot from another model or geometry
     ├── WeightFormatError    (ValueError)   a malformed, truncated or hostile file
     ├── UnknownArchitectureError (ValueError)  no registered family claims a model
+    ├── ChatTemplateError    (ValueError)   a chat template that is broken, hostile or refuses
     ├── SequenceStateError   (RuntimeError) a call out of order, e.g. decode before prefill
     ├── DtypeError           (TypeError)    wrong dtype or memory layout
     ├── TokenOutOfRangeError (IndexError)   a token id outside the vocabulary
     └── UnsupportedError     (NotImplementedError)  a runner lacks a capability
 
 The Rust core raises these same classes through one mapping (``rust/py/errors.rs``);
-`UnknownArchitectureError` and `SequenceStateError` come only from Python code.
+`UnknownArchitectureError`, `ChatTemplateError` and `SequenceStateError` come only from
+Python code.
 """
 
 from __future__ import annotations
 
 __all__ = [
     "CapacityError",
+    "ChatTemplateError",
     "DtypeError",
     "InvalidLogitsError",
     "InvalidOptionError",
@@ -68,6 +71,10 @@ class WeightFormatError(RlxError, ValueError):
 
 class UnknownArchitectureError(RlxError, ValueError):
     """No registered model family claims an architecture; the message lists the families."""
+
+
+class ChatTemplateError(RlxError, ValueError):
+    """A chat template that does not parse, exceeds its time or size budget, or refuses input."""
 
 
 class SequenceStateError(RlxError, RuntimeError):

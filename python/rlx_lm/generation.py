@@ -18,6 +18,7 @@ optionally its log-probability); `generate` collects the whole `GenerationResult
 from __future__ import annotations
 
 import time
+import warnings
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -27,7 +28,7 @@ import numpy as np
 import numpy.typing as npt
 
 from rlx_lm._core import SamplerChain
-from rlx_lm.errors import InvalidOptionError
+from rlx_lm.errors import InvalidOptionError, RlxError, SnapshotMismatchError
 from rlx_lm.host_driven import HostDriven
 from rlx_lm.prompt_cache import PromptCache
 from rlx_lm.runner import LmCore, as_logits, supports_host_driven, supports_prompt_cache
@@ -288,14 +289,21 @@ def _prefill(
                 n,
                 "hit" if snap is not None and reuse else "miss",
             )
+            logits = None
             if snap is not None and reuse > 0:
-                logits = runner.prefill_logits_reusing(ids, snap, int(reuse))
-                reused = min(int(reuse), n - 1)
-            else:
+                try:
+                    logits = runner.prefill_logits_reusing(ids, snap, int(reuse))
+                    reused = min(int(reuse), n - 1)
+                except SnapshotMismatchError as e:  # a cached entry this runner cannot use
+                    warnings.warn(
+                        f"prompt cache: the cached prefix does not fit this runner ({e}); "
+                        "prefilling from scratch",
+                        RuntimeWarning,
+                        stacklevel=4,
+                    )
+            if logits is None:
                 logits = driver.prefill_logits(ids)
-            snapshot = runner.export_session()
-            if snapshot is not None:
-                prompt_cache.insert(snapshot)
+            _cache_insert(prompt_cache, runner)
         else:
             logits = driver.prefill_logits(ids)
         _emit(on_event, "prefill", n, n)
@@ -303,6 +311,20 @@ def _prefill(
         if callable(set_progress) and on_event is not None:
             set_progress(None)
     return as_logits(logits, runner.vocab_size), reused, driver
+
+
+def _cache_insert(prompt_cache: PromptCache, runner: Any) -> None:
+    """Store the runner's session; a cache that refuses it never costs the caller the result."""
+    try:
+        snapshot = runner.export_session()
+        if snapshot is not None:
+            prompt_cache.insert(snapshot)
+    except (RlxError, OSError) as e:
+        warnings.warn(
+            f"prompt cache: the session was not cached ({type(e).__name__}: {e})",
+            RuntimeWarning,
+            stacklevel=4,
+        )
 
 
 def _sample(
@@ -382,9 +404,7 @@ def _steps(
         result.decode_seconds = time.perf_counter() - t1
         result.text = "".join(text)
         if prompt_cache is not None and supports_prompt_cache(runner) and result.tokens:
-            snapshot = runner.export_session()
-            if snapshot is not None:
-                prompt_cache.insert(snapshot)
+            _cache_insert(prompt_cache, runner)
         _emit(on_event, "stop", len(result.tokens), max_tokens, result.stop_reason)
 
 
@@ -399,7 +419,7 @@ def load_model(
     ``builder`` names `LmRunnerBuilder` setters and their values (``max_seq=512``, ...).
     """
     from rlx_lm.builder import LmRunnerBuilder
-    from rlx_lm.runners.llama import load_progress
+    from rlx_lm.progress import load_progress
 
     _emit(on_event, "load", 0, 1, str(path))
     b = LmRunnerBuilder().weights(path)

@@ -22,15 +22,15 @@ from typing import Protocol
 
 import numpy as np
 
-from rlx_lm._core import KvSnapshot
+from rlx_lm._core import KV_BLOCK_TOKENS, KvSnapshot
 from rlx_lm.errors import InvalidOptionError, RlxError, SnapshotMismatchError
 from rlx_lm.runner import Logits
-from rlx_lm.session import ModelFingerprint, SessionSnapshot, read_header
+from rlx_lm.session import ModelFingerprint, SessionSnapshot, read_header, reclaim_temp_files
 
 __all__ = ["PromptCache", "PromptCacheStats", "SessionRunner", "cached_prefill_logits"]
 
-BLOCK_TOKENS = 16
-"""Token granularity of storage accounting (the KV core's block size)."""
+BLOCK_TOKENS = KV_BLOCK_TOKENS
+"""Token granularity of storage accounting (the KV core's block size, defined there)."""
 
 SUFFIX = ".rlxkv"
 """File name suffix of persisted entries; other files in the directory are never touched."""
@@ -50,10 +50,21 @@ class PromptCacheStats:
     misses: int
     evictions: int
     disk_bytes: int
+    write_failures: int = 0
+    """Inserts whose file could not be written (kept in memory only, with a warning)."""
 
 
 class _Entry:
-    __slots__ = ("disk_bytes", "node", "path", "snapshot", "storage", "tokens")
+    __slots__ = (
+        "block_bytes",
+        "disk_bytes",
+        "n_layers",
+        "node",
+        "path",
+        "snapshot",
+        "storage",
+        "tokens",
+    )
 
     def __init__(
         self,
@@ -62,12 +73,16 @@ class _Entry:
         path: Path | None,
         storage: _Storage,
         disk_bytes: int,
+        n_layers: int = 0,
+        block_bytes: int = 0,
     ) -> None:
         self.tokens = tokens
         self.snapshot = snapshot  # None while only on disk
         self.path = path
         self.storage = storage
         self.disk_bytes = disk_bytes
+        self.n_layers = n_layers
+        self.block_bytes = block_bytes
         self.node: _Node | None = None
 
 
@@ -193,8 +208,16 @@ def _alone(storage: _Storage) -> int:
     return sum(blocks * block_bytes for _, blocks, block_bytes in storage)
 
 
-def _file_storage(path: Path, n_layers: int, blocks: int, block_bytes: int) -> _Storage:
-    return [(("file", str(path), layer), blocks, block_bytes) for layer in range(n_layers)]
+def _layout(kv: KvSnapshot) -> tuple[int, int]:
+    itemsize = 4 if kv.dtype == "float32" else 2
+    return kv.n_layers, BLOCK_TOKENS * 2 * kv.n_kv_heads * kv.head_dim * itemsize
+
+
+def _chain_leaf(node: _Node) -> _Node:
+    """The leaf reached from `node` by always taking the smallest next token."""
+    while node.children:
+        node = node.children[min(node.children)]
+    return node
 
 
 class PromptCache:
@@ -230,7 +253,7 @@ class PromptCache:
         self._tree = _RadixTree()
         self._lru: OrderedDict[tuple[int, ...], _Entry] = OrderedDict()
         self._usage = _Usage()
-        self._hits = self._misses = self._evictions = 0
+        self._hits = self._misses = self._evictions = self._write_failures = 0
         if self.directory is not None:
             self.directory.mkdir(parents=True, exist_ok=True)
             self._scan()
@@ -256,7 +279,13 @@ class PromptCache:
             return snapshot, n
 
     def insert(self, snapshot: SessionSnapshot) -> bool:
-        """Cache `snapshot` under its tokens; False if it alone exceeds the budget or is empty."""
+        """Cache `snapshot` under its tokens; False if it alone exceeds the budget or is empty.
+
+        With a directory, a file that cannot be written (a full disk, a
+        snapshot no file could hold) costs nothing but persistence: the entry
+        is kept in memory, a RuntimeWarning says why, and
+        ``stats().write_failures`` counts it.
+        """
         if not isinstance(snapshot, SessionSnapshot) or not isinstance(snapshot.kv, KvSnapshot):
             raise TypeError("PromptCache.insert needs a SessionSnapshot whose kv is a KvSnapshot")
         self._check_fingerprint(snapshot.fingerprint)
@@ -268,13 +297,27 @@ class PromptCache:
         old = self._lru.get(tokens)
         if self.directory is not None:
             path = self.directory / self._file_name(tokens)
-            snapshot.save(path, durable=self.durable)  # before any state changes
+            try:
+                snapshot.save(path, durable=self.durable)  # before any state changes
+            except (OSError, InvalidOptionError) as e:
+                self._write_failures += 1
+                warnings.warn(
+                    f"prompt cache: could not write {path}: {e} (the entry is kept in memory only)",
+                    RuntimeWarning,
+                    stacklevel=2,
+                )
+                path = None
         if old is not None:
             self._drop(old, delete_file=old.path is not None and old.path != path)
         self.fingerprint, self._bound = snapshot.fingerprint, True
-        disk = path.stat().st_size if path is not None else 0
-        entry = _Entry(tokens, snapshot, path, storage, disk)
+        disk = 0
+        if path is not None:
+            with contextlib.suppress(OSError):
+                disk = path.stat().st_size
+        n_layers, block_bytes = _layout(snapshot.kv)
+        entry = _Entry(tokens, snapshot, path, storage, disk, n_layers, block_bytes)
         self._add(entry)
+        self._share_from(entry)
         self._enforce_budget(keep=entry)
         return True
 
@@ -289,6 +332,7 @@ class PromptCache:
             misses=self._misses,
             evictions=self._evictions,
             disk_bytes=sum(e.disk_bytes for e in self._lru.values()),
+            write_failures=self._write_failures,
         )
 
     def kv_store_stats(self) -> tuple[int, int, int]:
@@ -342,7 +386,69 @@ class PromptCache:
             with contextlib.suppress(FileNotFoundError):
                 entry.path.unlink()
 
-    def _enforce_budget(self, keep: _Entry | None) -> None:
+    def _set_storage(self, entry: _Entry, storage: _Storage) -> None:
+        self._usage.remove(entry.storage)
+        entry.storage = storage
+        self._usage.add(storage)
+
+    def _disk_storage(self, entry: _Entry) -> _Storage:
+        """What an entry only on disk would pin once loaded, counted as memory would be.
+
+        An entry whose tokens begin another's is loaded as a prefix of that one
+        (see `_load`), so its storage is counted as part of a chain: the entry
+        reached by always taking the smallest next token. A prefix is thus
+        counted once before and after a restart, as it was when inserted.
+        """
+        assert entry.node is not None
+        leaf = _chain_leaf(entry.node).entry
+        key = str(leaf.path if leaf is not None and leaf.path is not None else entry.path)
+        blocks = -(-len(entry.tokens) // BLOCK_TOKENS)
+        return [
+            (("file", key, layer), blocks, entry.block_bytes) for layer in range(entry.n_layers)
+        ]
+
+    def _share_from(self, entry: _Entry) -> None:
+        """Make every cached prefix of `entry` a view of its rows (no copy, counted once)."""
+        assert entry.snapshot is not None
+        assert entry.node is not None
+        kv = entry.snapshot.kv
+        node = entry.node.parent
+        while node is not None:
+            other = node.entry
+            if other is not None:
+                fingerprint = entry.snapshot.fingerprint
+                other.snapshot = SessionSnapshot(
+                    kv.prefix(len(other.tokens)), other.tokens, fingerprint
+                )
+                self._set_storage(other, list(other.snapshot.kv.storage()))
+            node = node.parent
+
+    def _loaded_extension(self, entry: _Entry) -> _Entry | None:
+        """An entry in memory whose tokens begin with `entry`'s, if any."""
+        assert entry.node is not None
+        stack = list(entry.node.children.values())
+        while stack:
+            node = stack.pop()
+            if node.entry is not None and node.entry.snapshot is not None:
+                return node.entry
+            stack.extend(node.children.values())
+        return None
+
+    def _unload(self, entry: _Entry) -> None:
+        """Keep a persisted entry on disk only: its memory is released, its file stays."""
+        entry.snapshot = None
+        self._set_storage(entry, self._disk_storage(entry))
+
+    def _enforce_budget(self, keep: _Entry | None, *, delete: bool = True) -> None:
+        """Bring the bytes within budget: release persisted entries' memory first (their
+        files stay), then, if `delete`, evict least recently used entries."""
+        for loaded in list(self._lru.values()):
+            if self._usage.bytes <= self.budget_bytes:
+                return
+            if loaded is not keep and loaded.snapshot is not None and loaded.path is not None:
+                self._unload(loaded)
+        if not delete:
+            return
         while self._usage.bytes > self.budget_bytes:
             victim = next((e for e in self._lru.values() if e is not keep), None)
             if victim is None:
@@ -360,10 +466,12 @@ class PromptCache:
 
     def _scan(self) -> None:
         assert self.directory is not None
+        reclaim_temp_files(self.directory)
         files = sorted(
             (p for p in self.directory.iterdir() if p.name.endswith(SUFFIX) and p.is_file()),
             key=lambda p: p.stat().st_mtime_ns,
         )
+        found: list[_Entry] = []
         for path in files:
             try:
                 info = read_header(path)
@@ -371,6 +479,7 @@ class PromptCache:
                     why = self.fingerprint.mismatch(info.fingerprint)
                     if why is not None:
                         raise SnapshotMismatchError(why)
+                disk = path.stat().st_size
             except (RlxError, OSError) as e:
                 self._refuse(path, str(e))
                 continue
@@ -381,14 +490,41 @@ class PromptCache:
             old = self._lru.get(tokens)
             if old is not None:  # two files with the same tokens: keep the newer one
                 self._drop(old, delete_file=False)
+                found.remove(old)
             itemsize = 4 if info.dtype == "float32" else 2
             block_bytes = BLOCK_TOKENS * 2 * info.n_kv_heads * info.head_dim * itemsize
-            blocks = -(-len(tokens) // BLOCK_TOKENS)
-            storage = _file_storage(path, info.n_layers, blocks, block_bytes)
-            self._add(_Entry(tokens, None, path, storage, path.stat().st_size))
+            entry = _Entry(tokens, None, path, [], disk, info.n_layers, block_bytes)
+            self._add(entry)
+            found.append(entry)
+        for entry in found:  # once the tree is whole, so prefixes find their chains
+            self._set_storage(entry, self._disk_storage(entry))
         self._enforce_budget(keep=None)
 
     def _load(self, entry: _Entry) -> SessionSnapshot | None:
+        """Bring an entry only on disk into memory, sharing rows as its accounting assumed:
+        as a prefix of a loaded extension, else of the end of its chain, else alone."""
+        assert entry.path is not None
+        assert entry.node is not None
+        longer = self._loaded_extension(entry)
+        if longer is not None and longer.snapshot is not None:
+            entry.snapshot = SessionSnapshot(
+                longer.snapshot.kv.prefix(len(entry.tokens)),
+                entry.tokens,
+                longer.snapshot.fingerprint,
+            )
+            self._set_storage(entry, list(entry.snapshot.kv.storage()))
+        else:
+            leaf = _chain_leaf(entry.node).entry
+            if leaf is not None and leaf is not entry and leaf.path is not None:
+                self._read(leaf)  # on success, `entry` becomes a view of its rows
+            if entry.snapshot is None and self._read(entry) is None:
+                return None
+        assert entry.snapshot is not None
+        self._enforce_budget(keep=entry, delete=False)  # a lookup never deletes a file
+        return entry.snapshot
+
+    def _read(self, entry: _Entry) -> SessionSnapshot | None:
+        """Read an entry's file; a refused file is dropped from the index (left on disk)."""
         assert entry.path is not None
         try:
             snapshot = SessionSnapshot.load(entry.path, fingerprint=self.fingerprint)
@@ -398,11 +534,9 @@ class PromptCache:
             self._drop(entry, delete_file=False)
             self._refuse(entry.path, str(e))
             return None
-        self._usage.remove(entry.storage)
         entry.snapshot = snapshot
-        entry.storage = list(snapshot.kv.storage())
-        self._usage.add(entry.storage)
-        self._enforce_budget(keep=entry)
+        self._set_storage(entry, list(snapshot.kv.storage()))
+        self._share_from(entry)
         return snapshot
 
 

@@ -8,69 +8,100 @@ fingerprint and geometry in the metadata) written atomically.
 from __future__ import annotations
 
 import contextlib
+import io
 import json
 import os
+import re
+import stat
 import struct
 import tempfile
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import IO, Any, BinaryIO
 
-from rlx_lm._core import KvCache, KvSnapshot
-from rlx_lm.errors import ShapeError, SnapshotMismatchError, WeightFormatError
+from rlx_lm._core import (
+    KV_MAX_HEAD_DIM,
+    KV_MAX_KV_HEADS,
+    KV_MAX_LAYERS,
+    KV_MAX_SEQ,
+    KvCache,
+    KvSnapshot,
+)
+from rlx_lm._headers import SafetensorsHeader, parse_safetensors_header
+from rlx_lm.errors import InvalidOptionError, ShapeError, SnapshotMismatchError, WeightFormatError
 
 __all__ = ["ModelFingerprint", "SessionSnapshot"]
 
 FORMAT = "rlx_lm.session"
 FORMAT_VERSION = "1"
-_MAX_HEADER = 100 * 1024 * 1024  # safetensors' own limit
-_MAX_SEQ = 1 << 24  # refuse absurd capacities from hostile files before allocating
+MAX_TOKEN_ID = (1 << 63) - 1
+"""Largest token id a snapshot file holds (token ids are stored as JSON integers)."""
 _DTYPES = {"float32": ("F32", 4), "float16": ("F16", 2)}
 
 
 @dataclass(frozen=True)
 class ModelFingerprint:
-    """Identity of the model a snapshot belongs to: family, geometry and a runner-chosen id."""
+    """Identity of the model a snapshot belongs to: family, geometry, a runner-chosen id,
+    and the KV storage dtype (``""`` when the runner does not say).
+
+    Two runners of one model whose KV caches store different dtypes have
+    different fingerprints, so a prompt cache or a restore tells their
+    snapshots apart instead of failing later.
+    """
 
     family: str
     geometry: tuple[int, ...]
     model_id: str = ""
+    kv_dtype: str = ""
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "family", str(self.family))
         object.__setattr__(self, "geometry", tuple(int(g) for g in self.geometry))
         object.__setattr__(self, "model_id", str(self.model_id))
+        object.__setattr__(self, "kv_dtype", str(self.kv_dtype))
 
     def to_json(self) -> str:
-        """The fingerprint as a JSON object string."""
-        return json.dumps(
-            {"family": self.family, "geometry": list(self.geometry), "model_id": self.model_id}
-        )
+        """The fingerprint as a JSON object string (``kv_dtype`` only when set)."""
+        data: dict[str, Any] = {
+            "family": self.family,
+            "geometry": list(self.geometry),
+            "model_id": self.model_id,
+        }
+        if self.kv_dtype:
+            data["kv_dtype"] = self.kv_dtype
+        return json.dumps(data)
 
     @classmethod
     def from_json(cls, text: str) -> ModelFingerprint:
         """Parse `to_json` output; anything else raises WeightFormatError."""
         try:
             data = json.loads(text)
-            if not isinstance(data, dict) or set(data) != {"family", "geometry", "model_id"}:
-                raise ValueError("expected keys family, geometry, model_id")
+            keys = {"family", "geometry", "model_id"}
+            if not isinstance(data, dict) or set(data) - {"kv_dtype"} != keys:
+                raise ValueError("expected keys family, geometry, model_id (and kv_dtype)")
             family, geometry, model_id = data["family"], data["geometry"], data["model_id"]
-            if not isinstance(family, str) or not isinstance(model_id, str):
-                raise ValueError("family and model_id must be strings")
+            kv_dtype = data.get("kv_dtype", "")
+            if not all(isinstance(x, str) for x in (family, model_id, kv_dtype)):
+                raise ValueError("family, model_id and kv_dtype must be strings")
             if not isinstance(geometry, list) or not all(
                 isinstance(g, int) and not isinstance(g, bool) for g in geometry
             ):
                 raise ValueError("geometry must be a list of integers")
         except ValueError as e:
             raise WeightFormatError(f"invalid model fingerprint {text[:80]!r}: {e}") from None
-        return cls(family, tuple(geometry), model_id)
+        except RecursionError:
+            raise WeightFormatError(
+                f"invalid model fingerprint {text[:80]!r}: nested too deeply"
+            ) from None
+        return cls(family, tuple(geometry), model_id, kv_dtype)
 
     def mismatch(self, other: ModelFingerprint | None) -> str | None:
         """Why a snapshot of `other` does not fit this model, or None when it does."""
         if other is None:
             return f"the snapshot has no fingerprint; this model is {self}"
-        for name in ("family", "geometry", "model_id"):
+        for name in ("family", "geometry", "model_id", "kv_dtype"):
             mine, theirs = getattr(self, name), getattr(other, name)
             if mine != theirs:
                 return f"snapshot {name} {theirs!r} does not match this model's {mine!r}"
@@ -165,48 +196,66 @@ class SessionSnapshot:
     # ------------------------------------------------------------------ files
 
     def save(self, path: str | os.PathLike[str], *, durable: bool = True) -> None:
-        """Write a safetensors file atomically: temporary file, fsync (if `durable`), rename."""
+        """Write a safetensors file atomically: temporary file, fsync (if `durable`), rename.
+
+        What `load` would refuse is refused here first (InvalidOptionError), so a
+        saved file can always be loaded. The file keeps the mode of the one it
+        replaces (a new file gets the usual ``0o666`` less the umask). Temporary
+        files that a killed save left for the same target are removed.
+        """
         kv = self._kv()
         target = Path(path)
         header = _header(kv, self.tokens, self.fingerprint)
-        fd, tmp_name = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
+        try:
+            _check_header(header, data_size=2 * kv.n_layers * _tensor_bytes(kv))
+        except (ValueError, WeightFormatError) as e:
+            raise InvalidOptionError(
+                f"cannot save this snapshot to {target}: the file could not be loaded back ({e})"
+            ) from None
+        mode = _mode_for(target)
+        fd, tmp_name = tempfile.mkstemp(
+            prefix=f".{target.name}.{os.getpid()}.", suffix=TEMP_SUFFIX, dir=target.parent
+        )
         tmp = Path(tmp_name)
+        _SAVING.add(tmp)
         try:
             with os.fdopen(fd, "wb") as f:
+                if hasattr(os, "fchmod"):
+                    os.fchmod(f.fileno(), mode)
                 f.write(struct.pack("<Q", len(header)))
                 f.write(header)
-            kv._write_data(tmp)
-            if durable:
-                with open(tmp, "rb+") as f:
+                f.flush()
+                kv._write_data(f.fileno(), 8 + len(header))
+                if durable:
                     os.fsync(f.fileno())
             os.replace(tmp, target)
         except BaseException:
             with contextlib.suppress(OSError):
                 tmp.unlink()
             raise
+        finally:
+            _SAVING.discard(tmp)
         if durable:
             _fsync_dir(target.parent)
+        reclaim_temp_files(target.parent, target.name)
 
     @classmethod
     def load(
         cls, path: str | os.PathLike[str], *, fingerprint: ModelFingerprint | None = None
     ) -> SessionSnapshot:
-        """Read a file written by `save`; with `fingerprint`, refuse another model's snapshot."""
-        info = read_header(path)
-        if fingerprint is not None:
-            why = fingerprint.mismatch(info.fingerprint)
-            if why is not None:
-                raise SnapshotMismatchError(f"{path}: {why}")
-        kv = KvSnapshot._read_data(
-            Path(path),
-            info.data_offset,
-            info.n_layers,
-            info.n_kv_heads,
-            info.head_dim,
-            info.dtype,
-            info.max_seq,
-            len(info.tokens),
-        )
+        """Read a file written by `save`; with `fingerprint`, refuse another model's snapshot.
+
+        The file is opened once: header and rows come from the same file even
+        if it is replaced (saved again) meanwhile.
+        """
+        p = Path(path)
+        with open(p, "rb") as f:
+            info = _read_header(f, p)
+            if fingerprint is not None:
+                why = fingerprint.mismatch(info.fingerprint)
+                if why is not None:
+                    raise SnapshotMismatchError(f"{path}: {why}")
+            kv = _read_rows(f, info)
         return cls(kv, info.tokens, info.fingerprint)
 
 
@@ -225,10 +274,28 @@ class SnapshotFileInfo:
     data_bytes: int
 
 
+def _read_rows(f: BinaryIO, info: SnapshotFileInfo) -> KvSnapshot:
+    """The rows `info` describes, from the open file `f` (never reopened by path)."""
+    return KvSnapshot._read_data(
+        f.fileno(),
+        info.data_offset,
+        info.n_layers,
+        info.n_kv_heads,
+        info.head_dim,
+        info.dtype,
+        info.max_seq,
+        len(info.tokens),
+    )
+
+
+def _tensor_bytes(kv: KvSnapshot) -> int:
+    return kv.n_kv_heads * kv.len() * kv.head_dim * _DTYPES[kv.dtype][1]
+
+
 def _header(kv: KvSnapshot, tokens: Sequence[int], fingerprint: ModelFingerprint | None) -> bytes:
-    st_dtype, itemsize = _DTYPES[kv.dtype]
+    st_dtype, _ = _DTYPES[kv.dtype]
     shape = [kv.n_kv_heads, kv.len(), kv.head_dim]
-    size = kv.n_kv_heads * kv.len() * kv.head_dim * itemsize
+    size = _tensor_bytes(kv)
     meta = {
         "format": FORMAT,
         "version": FORMAT_VERSION,
@@ -254,6 +321,97 @@ def _header(kv: KvSnapshot, tokens: Sequence[int], fingerprint: ModelFingerprint
     return raw + b" " * (-len(raw) % 8)  # 8-byte aligned data, as safetensors writers do
 
 
+def _check_header(header: bytes, data_size: int) -> SnapshotFileInfo:
+    """Validate a header about to be written exactly as `load` will read it."""
+    size = 8 + len(header) + data_size
+    buf = io.BytesIO(struct.pack("<Q", len(header)) + header)
+    return _parse_stream(buf, size, Path("<snapshot being saved>"))
+
+
+def _mode_for(target: Path) -> int:
+    """The mode a saved file gets: the replaced file's, else 0o666 less the umask."""
+    try:
+        return stat.S_IMODE(target.stat().st_mode)
+    except OSError:
+        return 0o666 & ~_umask()
+
+
+def _umask() -> int:
+    try:  # read without changing it (os.umask would race other threads)
+        with open("/proc/self/status", encoding="ascii") as f:
+            for line in f:
+                if line.startswith("Umask:"):
+                    return int(line.split()[1], 8)
+    except (OSError, ValueError, IndexError):
+        pass
+    return 0o022
+
+
+TEMP_SUFFIX = ".tmp"
+"""Suffix of the temporary files a save writes (``.{name}.{pid}.{random}.tmp``)."""
+
+_TEMP_NAME = re.compile(r"^\.(?P<name>.+)\.(?P<pid>\d+)\.[A-Za-z0-9_]+\.tmp$")
+_LEGACY_TEMP_NAME = re.compile(r"^\.(?P<name>.+)\.[A-Za-z0-9_]{8}\.tmp$")
+_LEGACY_TEMP_AGE = 3600.0
+"""Temporary files of writers that did not record their pid are reclaimed after an hour."""
+_SAVING: set[Path] = set()
+"""Temporary files this process is writing now (never reclaimed)."""
+
+
+def _pid_alive(pid: int) -> bool:
+    if pid == os.getpid():
+        return True
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except (PermissionError, OverflowError, OSError):
+        return True
+    return True
+
+
+def reclaim_temp_files(directory: Path, name: str | None = None) -> list[Path]:
+    """Remove temporary files a killed save left in `directory` (for target `name`, or any).
+
+    A temporary file is reclaimed when the process that wrote it is gone (its
+    pid is in the name), or, for names without a pid, when it is an hour old.
+    Files this process is writing are never touched. Returns what was removed.
+    """
+    removed: list[Path] = []
+    try:
+        entries = list(os.scandir(directory))
+    except OSError:
+        return removed
+    now = time.time()
+    for e in entries:
+        if not e.name.endswith(TEMP_SUFFIX) or not e.name.startswith("."):
+            continue
+        path = Path(directory) / e.name
+        if path in _SAVING:
+            continue
+        m = _TEMP_NAME.match(e.name)
+        if m is not None:
+            stale = not _pid_alive(int(m.group("pid")))
+        else:
+            m = _LEGACY_TEMP_NAME.match(e.name)
+            if m is None:
+                continue
+            try:
+                stale = now - e.stat(follow_symlinks=False).st_mtime > _LEGACY_TEMP_AGE
+            except OSError:
+                continue
+        if not stale or (name is not None and m.group("name") != name):
+            continue
+        try:
+            if not e.is_file(follow_symlinks=False):
+                continue
+            path.unlink()
+        except OSError:
+            continue
+        removed.append(path)
+    return removed
+
+
 def _fsync_dir(directory: Path) -> None:
     try:
         fd = os.open(directory or ".", os.O_RDONLY)
@@ -267,61 +425,76 @@ def _fsync_dir(directory: Path) -> None:
         os.close(fd)
 
 
-def _positive(meta: dict[str, Any], key: str, minimum: int = 1) -> int:
+def _bounded(meta: dict[str, str], key: str, maximum: int, minimum: int = 1) -> int:
     value = meta.get(key)
-    if not isinstance(value, str) or not value.isdigit() or int(value) < minimum:
-        raise ValueError(f"metadata {key!r} must be an integer >= {minimum}, got {value!r}")
+    if (
+        not isinstance(value, str)
+        or not value.isascii()
+        or not value.isdigit()
+        or len(value) > 20
+        or not minimum <= int(value) <= maximum
+    ):
+        raise ValueError(
+            f"metadata {key!r} must be an integer in {minimum}..{maximum}, got {value!r}"
+        )
     return int(value)
 
 
 def read_header(path: str | os.PathLike[str]) -> SnapshotFileInfo:
     """Validate a snapshot file's header and size without reading its rows."""
     p = Path(path)
+    with open(p, "rb") as f:
+        return _read_header(f, p)
+
+
+def _read_header(f: BinaryIO, p: Path) -> SnapshotFileInfo:
+    size = os.fstat(f.fileno()).st_size
+    return _parse_stream(f, size, p)
+
+
+def _parse_stream(f: IO[bytes], size: int, p: Path) -> SnapshotFileInfo:
     try:
-        size = p.stat().st_size
-        with open(p, "rb") as f:
-            head = f.read(8)
-            if len(head) < 8:
-                raise ValueError("shorter than a safetensors header")
-            (n,) = struct.unpack("<Q", head)
-            if n > min(_MAX_HEADER, size - 8):
-                raise ValueError(f"header length {n} does not fit a file of {size} bytes")
-            doc = json.loads(f.read(n))
-        info = _parse(doc, data_offset=8 + n)
-        if 8 + n + info.data_bytes != size:
+        header = parse_safetensors_header(f, size, p)
+        info = _parse(header)
+        if info.data_offset + info.data_bytes != size:
             raise ValueError(
-                f"expected {info.data_bytes} bytes of rows, file holds {size - 8 - n} "
+                f"expected {info.data_bytes} bytes of rows, file holds {size - info.data_offset} "
                 "(truncated or padded)"
             )
     except WeightFormatError as e:
-        raise WeightFormatError(f"{p}: {e}") from None
-    except (ValueError, UnicodeDecodeError, struct.error, KeyError, TypeError) as e:
+        reason = str(e).removeprefix(f"{p}: ")
+        raise WeightFormatError(f"{p}: not a valid rlx_lm session snapshot: {reason}") from None
+    except (ValueError, OverflowError) as e:
         raise WeightFormatError(f"{p}: not a valid rlx_lm session snapshot: {e}") from None
     return info
 
 
-def _parse(doc: Any, data_offset: int) -> SnapshotFileInfo:
-    if not isinstance(doc, dict) or not isinstance(doc.get("__metadata__"), dict):
-        raise ValueError("no __metadata__ in the header")
-    meta = doc["__metadata__"]
+def _parse(header: SafetensorsHeader) -> SnapshotFileInfo:
+    meta = header.metadata
     if meta.get("format") != FORMAT:
         raise ValueError(f"format is {meta.get('format')!r}, not {FORMAT!r} (a foreign file)")
     if meta.get("version") != FORMAT_VERSION:
         raise ValueError(f"unsupported snapshot version {meta.get('version')!r}")
-    n_layers = _positive(meta, "n_layers")
-    n_kv_heads = _positive(meta, "n_kv_heads")
-    head_dim = _positive(meta, "head_dim")
-    max_seq = _positive(meta, "max_seq")
-    if max_seq > _MAX_SEQ:
-        raise ValueError(f"max_seq={max_seq} is beyond any supported context ({_MAX_SEQ})")
+    n_layers = _bounded(meta, "n_layers", KV_MAX_LAYERS)
+    n_kv_heads = _bounded(meta, "n_kv_heads", KV_MAX_KV_HEADS)
+    head_dim = _bounded(meta, "head_dim", KV_MAX_HEAD_DIM)
+    max_seq = _bounded(meta, "max_seq", KV_MAX_SEQ)
     dtype = meta.get("dtype")
     if dtype not in _DTYPES:
         raise ValueError(f"unsupported dtype {dtype!r}")
-    tokens = json.loads(meta.get("tokens", ""))
+    if len(header.tensors) != 2 * n_layers:  # before anything is built per layer
+        raise ValueError(
+            f"{len(header.tensors)} tensors for the declared {n_layers} layers "
+            f"(expected {2 * n_layers})"
+        )
+    try:
+        tokens = json.loads(meta.get("tokens", ""))
+    except RecursionError:
+        raise ValueError("tokens nest too deeply") from None
     if not isinstance(tokens, list) or not all(
-        isinstance(t, int) and not isinstance(t, bool) and t >= 0 for t in tokens
+        isinstance(t, int) and not isinstance(t, bool) and 0 <= t <= MAX_TOKEN_ID for t in tokens
     ):
-        raise ValueError("tokens must be a list of non-negative integers")
+        raise ValueError(f"tokens must be a list of integers in 0..{MAX_TOKEN_ID}")
     if len(tokens) > max_seq:
         raise ValueError(f"{len(tokens)} tokens exceed max_seq={max_seq}")
     fp_text = meta.get("fingerprint")
@@ -330,20 +503,20 @@ def _parse(doc: Any, data_offset: int) -> SnapshotFileInfo:
     fingerprint = None if fp_text == "null" else ModelFingerprint.from_json(fp_text)
     st_dtype, itemsize = _DTYPES[dtype]
     size = n_kv_heads * len(tokens) * head_dim * itemsize
-    expected_names = {f"layers.{i}.{h}" for i in range(n_layers) for h in ("keys", "values")}
-    if set(doc) - {"__metadata__"} != expected_names:
-        raise ValueError("tensor names do not match the declared number of layers")
+    shape = (n_kv_heads, len(tokens), head_dim)
     offset = 0
     for layer in range(n_layers):
         for half in ("keys", "values"):
-            t = doc[f"layers.{layer}.{half}"]
-            want = {
-                "dtype": st_dtype,
-                "shape": [n_kv_heads, len(tokens), head_dim],
-                "data_offsets": [offset, offset + size],
-            }
-            if t != want:
-                raise ValueError(f"tensor layers.{layer}.{half} is {t}, expected {want}")
+            name = f"layers.{layer}.{half}"
+            found = header.tensors.get(name)
+            if found is None:
+                raise ValueError(f"tensor {name} is missing")
+            want = (st_dtype, shape)
+            if found != want or header.offsets[name] != (offset, offset + size):
+                raise ValueError(
+                    f"tensor {name} is {found} at {header.offsets[name]}, expected {want} at "
+                    f"{(offset, offset + size)}"
+                )
             offset += size
     return SnapshotFileInfo(
         tuple(tokens),
@@ -353,6 +526,6 @@ def _parse(doc: Any, data_offset: int) -> SnapshotFileInfo:
         head_dim,
         dtype,
         max_seq,
-        data_offset,
+        header.data_offset,
         offset,
     )

@@ -16,11 +16,14 @@ character, by re-decoding a short window and holding back text ending in U+FFFD.
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from rlx_lm.errors import UnsupportedError, WeightFormatError
+from rlx_lm.errors import ChatTemplateError, UnsupportedError, WeightFormatError
+
+if TYPE_CHECKING:
+    from rlx_lm.chat_template import ChatTemplate, ChatTemplates
 
 __all__ = ["IncrementalDetokenizer", "Tokenizer"]
 
@@ -46,6 +49,31 @@ _PRE_SPLITS = {
 # llama.cpp token types (gguf.TokenType).
 _NORMAL, _UNKNOWN, _CONTROL, _USER_DEFINED, _UNUSED, _BYTE = 1, 2, 3, 4, 5, 6
 
+#: The GGUF metadata arrays a tokenizer is built from.
+GGUF_TOKENIZER_ARRAYS = (
+    "tokenizer.ggml.tokens",
+    "tokenizer.ggml.scores",
+    "tokenizer.ggml.token_type",
+    "tokenizer.ggml.merges",
+)
+# Token texts llama.cpp treats as end of generation whenever the vocabulary has them.
+_EOG_TEXTS = (
+    "<|eot_id|>",
+    "<|eom_id|>",
+    "<|im_end|>",
+    "<|end|>",
+    "<end_of_turn>",
+    "<|endoftext|>",
+    "<|end_of_text|>",
+    "<EOT>",
+    "_<EOT>",
+    "<\uff5cend\u2581of\u2581sentence\uff5c>",  # DeepSeek's, with full-width bars
+    "<|END_OF_TURN_TOKEN|>",
+    "<end_of_utterance>",
+    "<|return|>",
+    "<|call|>",
+)
+
 
 class Tokenizer:
     """A `tokenizers.Tokenizer` with the model's BOS/EOS ids and an incremental decoder."""
@@ -56,12 +84,22 @@ class Tokenizer:
         *,
         bos_id: int | None = None,
         eos_ids: Iterable[int] = (),
+        eot_ids: Iterable[int] = (),
         source: str = "",
+        chat_templates: ChatTemplates | None = None,
+        special_tokens: Mapping[str, str] | None = None,
+        add_bos: bool | None = None,
     ) -> None:
         self.inner = inner
         self.bos_id = bos_id
         self.eos_ids = frozenset(int(t) for t in eos_ids)
         self.source = source
+        self._eot_ids = frozenset(int(t) for t in eot_ids)
+        self._chat_templates = chat_templates
+        self._special_tokens = dict(special_tokens or {})
+        self._add_bos = add_bos
+        self._template_stops: frozenset[int] | None = None
+        self._stop_cache: tuple[frozenset[int], frozenset[int]] | None = None
 
     # ------------------------------------------------------------------ loading
 
@@ -95,13 +133,19 @@ class Tokenizer:
 
     @classmethod
     def from_dir(cls, directory: str | Path) -> Tokenizer:
-        """Load ``tokenizer.json`` from a model directory, with BOS/EOS from its config files."""
+        """Load ``tokenizer.json`` from a model directory, with BOS/EOS from its config files.
+
+        The chat template comes from ``chat_template.jinja`` or ``tokenizer_config.json``.
+        """
+        from rlx_lm.chat_template import ChatTemplates, templates_from_tokenizer_config
+
         d = Path(directory)
         tj = d / "tokenizer.json"
         if not tj.is_file():
             raise WeightFormatError(f"{d}: no tokenizer.json in the model directory")
         tok = cls.from_file(tj)
         meta: dict[str, Any] = {}
+        tok_config: dict[str, Any] = {}
         for name in ("config.json", "tokenizer_config.json", "generation_config.json"):
             f = d / name
             if f.is_file():
@@ -111,6 +155,8 @@ class Tokenizer:
                     continue
                 if isinstance(data, dict):
                     meta.update({k: v for k, v in data.items() if v is not None})
+                    if name == "tokenizer_config.json":
+                        tok_config = data
         tok.bos_id = _token_id(meta.get("bos_token_id"), meta.get("bos_token"), tok.inner)
         eos = meta.get("eos_token_id")
         ids: list[int] = []
@@ -120,26 +166,55 @@ class Tokenizer:
             one = _token_id(eos, meta.get("eos_token"), tok.inner)
             ids = [one] if one is not None else []
         tok.eos_ids = frozenset(ids)
+        for key in ("bos_token", "eos_token", "unk_token", "pad_token"):
+            text = _token_text(tok_config.get(key))
+            if text is not None:
+                tok._special_tokens[key] = text
+        try:
+            tok._chat_templates = templates_from_tokenizer_config(
+                tok_config, where=str(d), jinja_file=d / "chat_template.jinja"
+            )
+        except ChatTemplateError as exc:
+            tok._chat_templates = ChatTemplates(error=str(exc))
         return tok
 
     @classmethod
     def from_gguf(cls, path: str | Path) -> Tokenizer:
-        """Rebuild the tokenizer a GGUF file embeds (``gpt2`` BPE or ``llama`` SentencePiece)."""
-        from rlx_lm.runners.gguf_loader import open_gguf
+        """Rebuild the tokenizer a GGUF file embeds (``gpt2`` BPE or ``llama`` SentencePiece).
 
-        g = open_gguf(path)
-        model = g.field("tokenizer.ggml.model")
-        tokens = g.field("tokenizer.ggml.tokens")
+        The header is read once, through the bounds-checked walker (`rlx_lm._headers`).
+        """
+        from rlx_lm._headers import read_gguf_header
+        from rlx_lm.chat_template import ChatTemplates, templates_from_gguf_metadata
+
+        header = read_gguf_header(Path(path), arrays=GGUF_TOKENIZER_ARRAYS)
+        meta, arrays = header.metadata, header.arrays
+        model = meta.get("tokenizer.ggml.model")
+        tokens: list[str] = arrays.get("tokenizer.ggml.tokens") or []
         if model is None or not tokens:
             raise WeightFormatError(f"{path}: the GGUF file embeds no tokenizer")
-        types = g.field("tokenizer.ggml.token_type") or [_NORMAL] * len(tokens)
+        if not isinstance(tokens, list):
+            raise WeightFormatError(f"{path}: tokenizer.ggml.tokens must be an array of strings")
+        n = len(tokens)
+        types = _int_list(arrays.get("tokenizer.ggml.token_type"), n, path, "token_type")
+        if types is None:
+            types = [_NORMAL] * n
         if model == "gpt2":
-            merges = g.field("tokenizer.ggml.merges") or []
-            inner = _gpt2_tokenizer(tokens, merges, types, str(g.field("tokenizer.ggml.pre") or ""))
+            merges = arrays.get("tokenizer.ggml.merges") or []
+            if not isinstance(merges, list):
+                raise WeightFormatError(f"{path}: tokenizer.ggml.merges must be strings")
+            inner = _gpt2_tokenizer(
+                tokens, merges, types, str(meta.get("tokenizer.ggml.pre") or "")
+            )
             default_bos = False
         elif model == "llama":
-            scores = g.field("tokenizer.ggml.scores") or [0.0] * len(tokens)
-            space_prefix = g.field("tokenizer.ggml.add_space_prefix")
+            raw_scores = arrays.get("tokenizer.ggml.scores")
+            scores = [0.0] * n if raw_scores is None else [float(x) for x in raw_scores]
+            if len(scores) < n:
+                raise WeightFormatError(
+                    f"{path}: tokenizer.ggml.scores has fewer items than tokens"
+                )
+            space_prefix = meta.get("tokenizer.ggml.add_space_prefix")
             inner = _spm_tokenizer(
                 tokens,
                 scores,
@@ -151,23 +226,55 @@ class Tokenizer:
             raise UnsupportedError(
                 f"{path}: tokenizer model {model!r} is not supported (supported: gpt2, llama)"
             )
-        bos = g.field("tokenizer.ggml.bos_token_id")
-        eos = g.field("tokenizer.ggml.eos_token_id")
-        eot = g.field("tokenizer.ggml.eot_token_id")
-        add_bos = g.field("tokenizer.ggml.add_bos_token")
+        bos = _token_index(meta.get("tokenizer.ggml.bos_token_id"), n)
+        eos = _token_index(meta.get("tokenizer.ggml.eos_token_id"), n)
+        eots = [
+            t
+            for t in (
+                _token_index(meta.get("tokenizer.ggml.eot_token_id"), n),
+                _token_index(meta.get("tokenizer.ggml.eom_token_id"), n),
+            )
+            if t is not None
+        ]
+        eots += [
+            i
+            for i, (t, ty) in enumerate(zip(tokens, types, strict=False))
+            if ty == _CONTROL and t in _EOG_TEXTS
+        ]
+        add_bos = meta.get("tokenizer.ggml.add_bos_token")
         add_bos = default_bos if add_bos is None else bool(add_bos)
         if add_bos and bos is not None:
             from tokenizers.processors import TemplateProcessing
 
-            bos_tok = tokens[int(bos)]
+            bos_tok = tokens[bos]
             inner.post_processor = TemplateProcessing(
                 single=f"{bos_tok} $A",
                 pair=f"{bos_tok} $A $B",
-                special_tokens=[(bos_tok, int(bos))],
+                special_tokens=[(bos_tok, bos)],
             )
-        eos_ids = [int(t) for t in (eos, eot) if t is not None]
+        special: dict[str, str] = {}
+        for key, field in (
+            ("bos_token", "bos"),
+            ("eos_token", "eos"),
+            ("unk_token", "unknown"),
+            ("pad_token", "padding"),
+        ):
+            idx = _token_index(meta.get(f"tokenizer.ggml.{field}_token_id"), n)
+            if idx is not None:
+                special[key] = tokens[idx]
+        try:
+            templates = templates_from_gguf_metadata(meta, where=str(path))
+        except ChatTemplateError as exc:
+            templates = ChatTemplates(error=str(exc))
         return cls(
-            inner, bos_id=None if bos is None else int(bos), eos_ids=eos_ids, source=str(path)
+            inner,
+            bos_id=bos,
+            eos_ids=[t for t in (eos,) if t is not None],
+            eot_ids=eots,
+            source=str(path),
+            chat_templates=templates,
+            special_tokens=special,
+            add_bos=add_bos and bos is not None,
         )
 
     # --------------------------------------------------------------------- use
@@ -186,8 +293,143 @@ class Tokenizer:
         return str(self.inner.decode(list(ids), skip_special_tokens=skip_special_tokens))
 
     def is_eos(self, token: int) -> bool:
-        """Whether ``token`` ends generation."""
-        return token in self.eos_ids
+        """Whether ``token`` ends generation: EOS or an end-of-turn token (`stop_token_ids`)."""
+        return token in self.stop_token_ids
+
+    # -------------------------------------------------------------------- chat
+
+    @property
+    def stop_token_ids(self) -> frozenset[int]:
+        """Ids that end generation: EOS, end-of-turn tokens, and the chat template's marker.
+
+        End-of-turn tokens are GGUF ``tokenizer.ggml.eot_token_id`` / ``eom_token_id``, the
+        control tokens llama.cpp treats as end of generation (``<|im_end|>``,
+        ``<|eot_id|>``, ``<end_of_turn>``, ...), and the special token the default chat
+        template writes right after an assistant message.
+        """
+        if self._template_stops is None:
+            self._template_stops = self._template_stop_ids()
+        cached = self._stop_cache
+        if cached is None or cached[0] is not self.eos_ids:
+            cached = (self.eos_ids, self.eos_ids | self._eot_ids | self._template_stops)
+            self._stop_cache = cached
+        return cached[1]
+
+    @property
+    def chat_templates(self) -> ChatTemplates:
+        """The model's chat templates (empty when it ships none)."""
+        from rlx_lm.chat_template import ChatTemplates
+
+        if self._chat_templates is None:
+            self._chat_templates = ChatTemplates()
+        return self._chat_templates
+
+    @property
+    def chat_template(self) -> ChatTemplate | None:
+        """The default chat template, or None when the model has none."""
+        templates = self.chat_templates
+        return templates.select() if templates.has_default() else None
+
+    @property
+    def special_tokens(self) -> dict[str, str]:
+        """``bos_token``, ``eos_token``, ... as text, the variables templates read."""
+        return dict(self._special_tokens)
+
+    def set_chat_template(self, template: str | Path | ChatTemplate) -> None:
+        """Use ``template`` (Jinja text, a file, or a `ChatTemplate`) as the default one."""
+        from rlx_lm.chat_template import ChatTemplate
+
+        if isinstance(template, Path):
+            template = ChatTemplate.from_file(template)
+        elif isinstance(template, str):
+            template = ChatTemplate(template)
+        self._chat_templates = self.chat_templates.with_default(template)
+        self._template_stops = None
+        self._stop_cache = None
+
+    def apply_chat_template(
+        self,
+        messages: Sequence[Mapping[str, Any]],
+        add_generation_prompt: bool = True,
+        tokenize: bool = True,
+        *,
+        tools: Sequence[Mapping[str, Any]] | None = None,
+        chat_template: str | Path | ChatTemplate | None = None,
+        **kwargs: Any,
+    ) -> list[int] | str:
+        """Render ``messages`` with the chat template; token ids when ``tokenize`` else text.
+
+        As Hugging Face's method: ``chat_template`` names one of the model's templates
+        (``"tool_use"``) or is template text (or a `Path` to a file, or a `ChatTemplate`);
+        None picks the model's (``tool_use`` when ``tools`` are given and it has one).
+        ``documents``, ``continue_final_message`` and any other keyword reach the template.
+        The text is tokenized without adding special tokens, except that a BOS the
+        tokenizer would add is put first when the template did not write it (as llama.cpp
+        does), so the prompt never lacks, nor doubles, its BOS.
+        """
+        template = self._resolve_template(chat_template, tools=tools is not None)
+        documents = kwargs.pop("documents", None)
+        continue_final = bool(kwargs.pop("continue_final_message", False))
+        text = template.render(
+            messages,
+            add_generation_prompt=add_generation_prompt,
+            continue_final_message=continue_final,
+            tools=tools,
+            documents=documents,
+            special_tokens=self._special_tokens,
+            **kwargs,
+        )
+        if not tokenize:
+            return text
+        ids = self.encode(text, add_special_tokens=False)
+        if self._adds_bos() and self.bos_id is not None and (not ids or ids[0] != self.bos_id):
+            ids.insert(0, self.bos_id)
+        return ids
+
+    def _resolve_template(
+        self, chat_template: str | Path | ChatTemplate | None, *, tools: bool
+    ) -> ChatTemplate:
+        from rlx_lm.chat_template import ChatTemplate
+
+        if isinstance(chat_template, ChatTemplate):
+            return chat_template
+        if isinstance(chat_template, Path):
+            return ChatTemplate.from_file(chat_template)
+        templates = self.chat_templates
+        if chat_template is None:
+            return templates.select(tools=tools)
+        if chat_template in templates.names():
+            return templates.select(chat_template)
+        return ChatTemplate(chat_template)
+
+    def _adds_bos(self) -> bool:
+        if self._add_bos is None:
+            ids = self.encode("a", add_special_tokens=True)
+            self._add_bos = bool(ids) and self.bos_id is not None and ids[0] == self.bos_id
+        return self._add_bos
+
+    def _template_stop_ids(self) -> frozenset[int]:
+        """The special token the default template writes right after an assistant turn."""
+        templates = self._chat_templates
+        if templates is None or not templates.has_default():
+            return frozenset()
+        try:
+            tail = templates.select().end_of_turn_text(self._special_tokens).lstrip()
+        except ChatTemplateError:
+            return frozenset()
+        if not tail:
+            return frozenset()
+        best: tuple[int, int] | None = None
+        for tid, added in self._added_tokens().items():
+            if added and tail.startswith(added) and (best is None or len(added) > best[0]):
+                best = (len(added), tid)
+        return frozenset() if best is None else frozenset((best[1],))
+
+    def _added_tokens(self) -> dict[int, str]:
+        getter = getattr(self.inner, "get_added_tokens_decoder", None)
+        if getter is None:
+            return {}
+        return {int(i): str(t.content) for i, t in getter().items()}
 
     def detokenizer(self, context: Sequence[int] = ()) -> IncrementalDetokenizer:
         """A streaming decoder; ``context`` (the prompt's tail) fixes spacing of the first piece."""
@@ -222,6 +464,33 @@ class IncrementalDetokenizer:
         after = self._tok.decode(self._ids[self._prefix :])
         self._prefix = self._read = len(self._ids)
         return after[len(before) :] if len(after) > len(before) else ""
+
+
+def _token_text(token: Any) -> str | None:
+    if isinstance(token, dict):
+        token = token.get("content")
+    return token if isinstance(token, str) else None
+
+
+def _token_index(value: Any, n: int) -> int | None:
+    """A GGUF token id field, or None when absent or outside the vocabulary."""
+    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value < n:
+        return None
+    return int(value)
+
+
+def _int_list(value: Any, n: int, path: str | Path, what: str) -> list[int] | None:
+    if value is None:
+        return None
+    if (
+        isinstance(value, list)
+        or getattr(value, "dtype", None) is None
+        or value.dtype.kind not in "iu"
+    ):
+        raise WeightFormatError(f"{path}: tokenizer.ggml.{what} must be an integer array")
+    if len(value) < n:
+        raise WeightFormatError(f"{path}: tokenizer.ggml.{what} has fewer items than tokens")
+    return [int(x) for x in value[:n].tolist()]
 
 
 def _token_id(value: Any, token: Any, inner: Any) -> int | None:

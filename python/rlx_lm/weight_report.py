@@ -9,7 +9,6 @@ looping; the tests use it as the reference the walker must agree with.
 
 from __future__ import annotations
 
-import json
 import os
 import re
 import zipfile
@@ -23,11 +22,12 @@ import numpy as np
 
 from rlx_lm._headers import (
     fail,
+    load_json,
     parse_safetensors_header,
     read_gguf_header,
     read_safetensors_header,
+    read_safetensors_index,
 )
-from rlx_lm.errors import WeightFormatError
 from rlx_lm.weights import WeightFormat
 
 __all__ = ["WeightReport", "architecture_of", "inspect"]
@@ -182,16 +182,11 @@ def _read_config(directory: Path, required: bool) -> dict[str, Any] | None:
         if required:
             raise fail(directory, "directory has no config.json")
         return None
-    try:
-        with open(config, "rb") as f:
-            raw = f.read(16_000_001)
-        if len(raw) > 16_000_000:
-            raise fail(config, "config.json is larger than 16 MB")
-        value = json.loads(raw.decode("utf-8"))
-    except (UnicodeDecodeError, ValueError) as exc:
-        if isinstance(exc, WeightFormatError):
-            raise
-        raise fail(config, f"config.json is not valid JSON: {exc}") from None
+    with open(config, "rb") as f:
+        raw = f.read(16_000_001)
+    if len(raw) > 16_000_000:
+        raise fail(config, "config.json is larger than 16 MB")
+    value = load_json(raw, config, "config.json")
     if not isinstance(value, dict):
         raise fail(config, "config.json must hold a JSON object")
     return value
@@ -231,19 +226,7 @@ def _safetensors_report(
 
 
 def _index_shards(directory: Path) -> tuple[Path, ...] | None:
-    index = directory / "model.safetensors.index.json"
-    if not index.is_file():
-        return None
-    try:
-        weight_map = json.loads(index.read_text("utf-8")).get("weight_map")
-    except (UnicodeDecodeError, ValueError, AttributeError) as exc:
-        raise fail(index, f"not a valid safetensors index: {exc}") from None
-    if not isinstance(weight_map, dict) or not all(isinstance(v, str) for v in weight_map.values()):
-        raise fail(index, "safetensors index has no weight_map of file names")
-    names = sorted(set(weight_map.values()))
-    if any(Path(n).name != n for n in names):
-        raise fail(index, "safetensors index names a file outside its directory")
-    return tuple(directory / n for n in names)
+    return read_safetensors_index(directory)
 
 
 def _inspect_safetensors(p: Path) -> WeightReport:
@@ -350,9 +333,10 @@ def _dduf_arch(zf: zipfile.ZipFile, info: zipfile.ZipInfo, p: Path) -> str | Non
     if info.file_size > 16_000_000:
         raise fail(p, f"DDUF member {info.filename!r} is too large for a config")
     try:
-        value = json.loads(zf.read(info).decode("utf-8"))
-    except (UnicodeDecodeError, ValueError, zipfile.BadZipFile) as exc:
-        raise fail(p, f"DDUF member {info.filename!r} is not valid JSON: {exc}") from None
+        raw = zf.read(info)
+    except (zipfile.BadZipFile, EOFError, ValueError) as exc:
+        raise fail(p, f"DDUF member {info.filename!r} is unreadable: {exc}") from None
+    value = load_json(raw, p / info.filename, f"DDUF member {info.filename!r}")
     if not isinstance(value, dict):
         return None
     return _str_or_none(value.get("model_type")) or _str_or_none(value.get("_class_name"))

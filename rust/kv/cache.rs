@@ -6,8 +6,15 @@ use ndarray::{ArrayView3, Axis};
 
 use crate::kv::dtype::{convert_f32_to_f16, Dtype};
 use crate::kv::slab::{Claim, Half, Slab};
-use crate::kv::snapshot::KvSnapshot;
+use crate::kv::snapshot::{KvSnapshot, MAX_SEQ_LIMIT};
 use crate::{CoreError, CoreResult};
+
+/// Most layers a cache (and so a snapshot file) may have.
+pub const MAX_LAYERS: usize = 1 << 12;
+/// Most key/value heads per layer.
+pub const MAX_KV_HEADS: usize = 1 << 12;
+/// Most elements per head.
+pub const MAX_HEAD_DIM: usize = 1 << 16;
 
 /// Shape and storage of a cache: what must match for a snapshot to fit.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -27,9 +34,9 @@ impl Geometry {
     /// (so sizes computed from them cannot overflow).
     pub fn validate(&self) -> CoreResult<()> {
         for (field, value, max) in [
-            ("n_layers", self.n_layers, 1 << 12),
-            ("n_kv_heads", self.n_kv_heads, 1 << 12),
-            ("head_dim", self.head_dim, 1 << 16),
+            ("n_layers", self.n_layers, MAX_LAYERS),
+            ("n_kv_heads", self.n_kv_heads, MAX_KV_HEADS),
+            ("head_dim", self.head_dim, MAX_HEAD_DIM),
         ] {
             if value == 0 || value > max {
                 return Err(CoreError::option(
@@ -84,8 +91,11 @@ impl KvCache {
     /// An empty cache. Memory is allocated per layer on first append.
     pub fn new(geometry: Geometry, max_seq: usize) -> CoreResult<Self> {
         geometry.validate()?;
-        if max_seq == 0 {
-            return Err(CoreError::option("max_seq", "must be at least 1"));
+        if max_seq == 0 || max_seq > MAX_SEQ_LIMIT {
+            return Err(CoreError::option(
+                "max_seq",
+                format!("must be between 1 and {MAX_SEQ_LIMIT}, got {max_seq}"),
+            ));
         }
         // Refuse absurd sizes now rather than at the first append (the
         // validated dimensions keep the constant factor from overflowing).

@@ -14,9 +14,10 @@ pub const BLOCK_TOKENS: usize = 16;
 const STATE_MAGIC: &[u8; 8] = b"RLXKVSN1";
 const STATE_HEADER: usize = 8 + 6 * 8;
 
-/// Largest capacity a snapshot read from outside may ask for (16M tokens):
-/// storage is reserved up front, so a hostile header must not pick it freely.
-const MAX_SEQ_LIMIT: usize = 1 << 24;
+/// Largest capacity a cache may have, and so a snapshot read from outside
+/// (16M tokens): storage is reserved up front, so a hostile header must not
+/// pick it freely, and a cache must not hold what no file could give back.
+pub const MAX_SEQ_LIMIT: usize = 1 << 24;
 
 /// The first `len` tokens of every layer of a cache, frozen.
 ///
@@ -101,6 +102,22 @@ impl KvSnapshot {
         Ok(claim.as_ref().map(|c| c.share(c.len())))
     }
 
+    /// The first `len` tokens of this snapshot, sharing its rows (no copy).
+    pub fn prefix(&self, len: usize) -> CoreResult<Self> {
+        if len > self.len {
+            return Err(CoreError::option(
+                "len",
+                format!("{len} is longer than the snapshot's {} tokens", self.len),
+            ));
+        }
+        let layers = self
+            .layers
+            .iter()
+            .map(|c| c.as_ref().filter(|_| len > 0).map(|c| c.share(len)))
+            .collect();
+        Ok(Self::from_claims(self.geometry, self.max_seq, len, layers))
+    }
+
     /// The storage this snapshot pins, per layer, in whole blocks.
     pub fn storage(&self) -> Vec<StorageUse> {
         let g = self.geometry;
@@ -145,7 +162,7 @@ impl KvSnapshot {
         geometry
             .validate()
             .map_err(|e| CoreError::Format(format!("snapshot geometry: {e}")))?;
-        if max_seq == 0 || len > max_seq || max_seq > MAX_SEQ_LIMIT.max(len) {
+        if max_seq == 0 || len > max_seq || max_seq > MAX_SEQ_LIMIT {
             return Err(CoreError::Format(format!(
                 "snapshot of {len} tokens cannot come from a cache of max_seq={max_seq}"
             )));
@@ -265,7 +282,7 @@ impl KvSnapshot {
 }
 
 fn io_error(e: std::io::Error) -> CoreError {
-    CoreError::Format(format!("could not write snapshot data: {e}"))
+    CoreError::Io(format!("could not write snapshot data: {e}"))
 }
 
 fn check_little_endian() -> CoreResult<()> {

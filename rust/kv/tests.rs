@@ -376,3 +376,43 @@ fn hostile_sizes_are_errors_not_panics() {
         );
     }
 }
+
+#[test]
+fn capacity_beyond_what_a_snapshot_file_can_hold_is_refused() {
+    // A cache whose snapshot no loader would accept cannot be made.
+    let g = geometry(1, Dtype::F32);
+    assert!(KvCache::new(g, MAX_SEQ_LIMIT).is_ok());
+    assert!(matches!(
+        KvCache::new(g, MAX_SEQ_LIMIT + 1),
+        Err(CoreError::InvalidOption { .. })
+    ));
+}
+
+#[test]
+fn prefix_shares_rows_and_counts_fewer_blocks() {
+    let mut c = KvCache::new(geometry(2, Dtype::F32), 64).unwrap();
+    for layer in 0..2 {
+        c.append(layer, rows(1.0, 0, 40).view(), rows(2.0, 0, 40).view())
+            .unwrap();
+    }
+    let full = c.snapshot().unwrap();
+    let head = full.prefix(17).unwrap();
+    assert_eq!(head.len(), 17);
+    assert_eq!(head.max_seq(), full.max_seq());
+    let (a, b) = (full.storage(), head.storage());
+    assert_eq!(a.len(), 2);
+    for (x, y) in a.iter().zip(&b) {
+        assert_eq!(x.slab, y.slab, "the prefix shares the snapshot's storage");
+        assert_eq!((x.blocks, y.blocks), (3, 2));
+    }
+    let want: Vec<f32> = read(full.claim_layer(1).unwrap(), Half::Values)
+        .chunks(40 * D)
+        .flat_map(|head_rows| head_rows[..17 * D].to_vec())
+        .collect();
+    assert_eq!(read(head.claim_layer(1).unwrap(), Half::Values), want);
+    assert!(full.prefix(0).unwrap().is_empty());
+    assert!(matches!(
+        full.prefix(41),
+        Err(CoreError::InvalidOption { .. })
+    ));
+}

@@ -2,6 +2,7 @@
 //! `python/rlx_lm/errors.py` (they co-inherit builtins, which
 //! `create_exception!` cannot express, so they are imported).
 
+use pyo3::exceptions::{PyOSError, PyTypeError};
 use pyo3::prelude::*;
 
 use crate::CoreError;
@@ -30,6 +31,9 @@ pub fn to_py(err: CoreError) -> PyErr {
         CoreError::SnapshotMismatch(_) => SnapshotMismatchError::new_err(msg),
         CoreError::Format(_) => WeightFormatError::new_err(msg),
         CoreError::Unsupported(_) => UnsupportedError::new_err(msg),
+        CoreError::Dtype(_) => DtypeError::new_err(msg),
+        CoreError::Type(_) => PyTypeError::new_err(msg),
+        CoreError::Io(_) => PyOSError::new_err(msg),
     }
 }
 

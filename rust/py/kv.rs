@@ -1,7 +1,7 @@
 //! `rlx_lm.KvCache` and `rlx_lm.KvSnapshot`: the core cache with numpy views.
 
-use std::fs::{File, OpenOptions};
-use std::io::{BufWriter, Seek, SeekFrom, Write};
+use std::fs::File;
+use std::io::{BufWriter, Read, Write};
 use std::sync::Arc;
 
 use numpy::npyffi::{self, PY_ARRAY_API};
@@ -9,13 +9,12 @@ use numpy::{
     PyArray3, PyArrayDescr, PyArrayDescrMethods, PyArrayMethods, PyReadonlyArray3, PyUntypedArray,
     PyUntypedArrayMethods,
 };
-use pyo3::exceptions::PyOSError;
 use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyTuple};
 
-use super::errors::{DtypeError, IntoPyResult, ShapeError};
+use super::errors::IntoPyResult;
 use crate::kv::{self, Claim, Dtype, Geometry, Half};
-use crate::CoreError;
+use crate::{CoreError, CoreResult};
 
 /// Keeps the rows a numpy view shows alive and unchanged (its `base`).
 #[pyclass(frozen, module = "rlx_lm._core", name = "_KvRows")]
@@ -46,22 +45,25 @@ fn index(value: i64, field: &str) -> PyResult<usize> {
 /// Borrow a 3-D float32 array (any strides) with typed errors.
 fn f32_rows<'py>(obj: &Bound<'py, PyAny>, what: &str) -> PyResult<PyReadonlyArray3<'py, f32>> {
     let Ok(untyped) = obj.cast::<PyUntypedArray>() else {
-        return Err(DtypeError::new_err(format!(
+        return Err(CoreError::Dtype(format!(
             "{what} must be a numpy float32 array of shape [n_kv_heads, n_new, head_dim]; \
              convert with np.asarray(x, dtype=np.float32)"
-        )));
+        )))
+        .py();
     };
     if untyped.ndim() != 3 {
-        return Err(ShapeError::new_err(format!(
+        return Err(CoreError::Shape(format!(
             "{what} must be 3-D [n_kv_heads, n_new, head_dim], got shape {:?}",
             untyped.shape()
-        )));
+        )))
+        .py();
     }
     let Ok(arr) = obj.cast::<PyArray3<f32>>() else {
-        return Err(DtypeError::new_err(format!(
+        return Err(CoreError::Dtype(format!(
             "{what} must have dtype float32, got {}; convert with x.astype(np.float32)",
             untyped.dtype()
-        )));
+        )))
+        .py();
     };
     Ok(arr.readonly())
 }
@@ -187,10 +189,11 @@ impl PyKvCache {
     /// Replace the contents with a snapshot's; copies nothing.
     fn restore(&mut self, snapshot: &Bound<'_, PyAny>) -> PyResult<()> {
         let Ok(snap) = snapshot.cast::<PyKvSnapshot>() else {
-            return Err(pyo3::exceptions::PyTypeError::new_err(format!(
+            return Err(CoreError::Type(format!(
                 "restore needs a KvSnapshot, got {}",
                 snapshot.get_type().name()?
-            )));
+            )))
+            .py();
         };
         self.inner.restore(&snap.get().inner).py()
     }
@@ -325,27 +328,33 @@ impl PyKvSnapshot {
             .collect()
     }
 
-    /// Append the raw tensors (layer-major, keys then values) to the file at `path`.
-    fn _write_data(&self, py: Python<'_>, path: std::path::PathBuf) -> PyResult<()> {
-        let inner = Arc::clone(&self.inner);
-        py.detach(move || -> PyResult<()> {
-            let file = OpenOptions::new()
-                .append(true)
-                .open(&path)
-                .map_err(|e| PyOSError::new_err(format!("{}: {e}", path.display())))?;
-            let mut out = BufWriter::with_capacity(1 << 20, file);
-            inner.write_data(&mut out).py()?;
-            out.flush()
-                .map_err(|e| PyOSError::new_err(format!("{}: {e}", path.display())))
+    /// The first `n` tokens, sharing these rows (no copy).
+    fn prefix(&self, n: i64) -> PyResult<Self> {
+        Ok(Self {
+            inner: Arc::new(self.inner.prefix(index(n, "n")?).py()?),
         })
     }
 
-    /// Read tensors written by `_write_data` from `path` at byte `offset`.
+    /// Write the raw tensors (layer-major, keys then values) at byte `offset`
+    /// of the open file `fd` (the caller keeps it open during the call).
+    fn _write_data(&self, py: Python<'_>, fd: i32, offset: u64) -> PyResult<()> {
+        let file = dup_fd(fd).py()?;
+        let inner = Arc::clone(&self.inner);
+        py.detach(move || -> CoreResult<()> {
+            let mut out = BufWriter::with_capacity(1 << 20, At { file, pos: offset });
+            inner.write_data(&mut out)?;
+            out.flush().map_err(|e| CoreError::Io(e.to_string()))
+        })
+        .py()
+    }
+
+    /// Read tensors written by `_write_data` from the open file `fd` at byte
+    /// `offset` (the caller keeps it open during the call).
     #[staticmethod]
     #[allow(clippy::too_many_arguments)]
     fn _read_data(
         py: Python<'_>,
-        path: std::path::PathBuf,
+        fd: i32,
         offset: u64,
         n_layers: i64,
         n_kv_heads: i64,
@@ -361,13 +370,12 @@ impl PyKvSnapshot {
             dtype: parse_dtype(dtype)?,
         };
         let (max_seq, len) = (index(max_seq, "max_seq")?, index(len, "len")?);
-        let snap = py.detach(move || -> PyResult<kv::KvSnapshot> {
-            let mut file = File::open(&path)
-                .map_err(|e| PyOSError::new_err(format!("{}: {e}", path.display())))?;
-            file.seek(SeekFrom::Start(offset))
-                .map_err(|e| PyOSError::new_err(format!("{}: {e}", path.display())))?;
-            kv::KvSnapshot::read_data(geometry, max_seq, len, &mut file).py()
-        })?;
+        let file = dup_fd(fd).py()?;
+        let snap = py
+            .detach(move || {
+                kv::KvSnapshot::read_data(geometry, max_seq, len, &mut At { file, pos: offset })
+            })
+            .py()?;
         Ok(Self {
             inner: Arc::new(snap),
         })
@@ -414,4 +422,80 @@ pub fn _kv_snapshot_from_state(state: &[u8]) -> PyResult<PyKvSnapshot> {
     Ok(PyKvSnapshot {
         inner: Arc::new(kv::KvSnapshot::from_state(state).py()?),
     })
+}
+
+/// A duplicate of the caller's open file descriptor, so a detached read or
+/// write never depends on the Python file object (which may be closed by
+/// another thread meanwhile) and the file is the one the caller opened.
+#[cfg(unix)]
+fn dup_fd(fd: i32) -> CoreResult<File> {
+    use std::os::fd::BorrowedFd;
+    if fd < 0 {
+        return Err(CoreError::option(
+            "fd",
+            format!("must be an open file descriptor, got {fd}"),
+        ));
+    }
+    // SAFETY: the descriptor is only duplicated here, while the caller (holding
+    // the GIL) keeps its file open; a closed descriptor makes dup fail (EBADF).
+    let borrowed = unsafe { BorrowedFd::borrow_raw(fd) };
+    borrowed
+        .try_clone_to_owned()
+        .map(File::from)
+        .map_err(|e| CoreError::Io(format!("file descriptor {fd}: {e}")))
+}
+
+#[cfg(not(unix))]
+fn dup_fd(_fd: i32) -> CoreResult<File> {
+    Err(CoreError::Io(
+        "snapshot files are read and written through file descriptors on unix only".into(),
+    ))
+}
+
+/// Positioned reads and writes (pread/pwrite): the shared file offset is never used.
+struct At {
+    file: File,
+    pos: u64,
+}
+
+#[cfg(unix)]
+impl Read for At {
+    fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+        use std::os::unix::fs::FileExt;
+        let n = self.file.read_at(buf, self.pos)?;
+        self.pos += n as u64;
+        Ok(n)
+    }
+}
+
+#[cfg(unix)]
+impl Write for At {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        use std::os::unix::fs::FileExt;
+        let n = self.file.write_at(buf, self.pos)?;
+        self.pos += n as u64;
+        Ok(n)
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+#[cfg(not(unix))]
+impl Read for At {
+    fn read(&mut self, _buf: &mut [u8]) -> std::io::Result<usize> {
+        Err(std::io::Error::other("unsupported platform"))
+    }
+}
+
+#[cfg(not(unix))]
+impl Write for At {
+    fn write(&mut self, _buf: &[u8]) -> std::io::Result<usize> {
+        Err(std::io::Error::other("unsupported platform"))
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
 }

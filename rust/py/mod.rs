@@ -28,6 +28,12 @@ mod _core {
     fn init(m: &Bound<'_, PyModule>) -> PyResult<()> {
         m.add("__version__", env!("CARGO_PKG_VERSION"))?;
         m.add("build_profile", super::build_profile())?;
+        // Limits and granularities defined once, in the core, for Python to read.
+        m.add("KV_BLOCK_TOKENS", crate::kv::BLOCK_TOKENS)?;
+        m.add("KV_MAX_SEQ", crate::kv::MAX_SEQ_LIMIT)?;
+        m.add("KV_MAX_LAYERS", crate::kv::MAX_LAYERS)?;
+        m.add("KV_MAX_KV_HEADS", crate::kv::MAX_KV_HEADS)?;
+        m.add("KV_MAX_HEAD_DIM", crate::kv::MAX_HEAD_DIM)?;
         Ok(())
     }
 }

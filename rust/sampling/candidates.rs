@@ -28,9 +28,15 @@ pub enum Order {
 }
 
 /// Descending logit, then ascending id: the one ranking every stage uses.
+///
+/// `-0.0` and `+0.0` are equal here, as in the argmax (`>`), so a tie between
+/// them goes to the lower id on every path (`+ 0.0` turns `-0.0` into `+0.0`;
+/// logits are never NaN).
 #[inline]
 pub fn by_rank(a: &Cand, b: &Cand) -> Ordering {
-    b.logit.total_cmp(&a.logit).then(a.id.cmp(&b.id))
+    (b.logit + 0.0)
+        .total_cmp(&(a.logit + 0.0))
+        .then(a.id.cmp(&b.id))
 }
 
 /// The row before any truncation: every finite entry is a candidate with
@@ -45,6 +51,19 @@ pub struct Dense<'a> {
     pub argmax: usize,
     /// `max` may be out of date after an edit lowered it.
     pub stale: bool,
+}
+
+/// `l + d` for a logit edit: a finite result never overflows to `+-inf`
+/// (it saturates at the float32 range), so only a `-inf` bias or a `-inf`
+/// logit bans a token, and no edit makes a `+inf` logit.
+#[inline]
+pub fn edit_add(l: f32, d: f32) -> f32 {
+    let v = l + d;
+    if v.is_infinite() && l.is_finite() && d.is_finite() {
+        v.clamp(f32::MIN, f32::MAX)
+    } else {
+        v
+    }
 }
 
 /// In-place edits of a dense row that keep its maximum up to date.
@@ -170,6 +189,10 @@ impl<'a> Work<'a> {
 
     /// In-place edits of the dense row (the caller's row is copied first).
     /// `None` once the work is sparse.
+    ///
+    /// A pending scale (an edit after the temperature, in a custom order) is
+    /// applied to the copy first, so that edits work on the values the
+    /// stages see and never divide by a tiny scale.
     pub fn patcher(&mut self) -> Option<Patcher<'_>> {
         let d = self.dense.as_mut()?;
         if let RowRef::Borrowed(src) = d.row {
@@ -177,6 +200,17 @@ impl<'a> Work<'a> {
             v.clear();
             v.extend_from_slice(src);
             d.row = RowRef::Owned(v);
+        }
+        if d.scale != 1.0 {
+            if let RowRef::Owned(v) = &mut d.row {
+                for x in v.iter_mut() {
+                    *x *= d.scale;
+                }
+            }
+            d.max *= d.scale;
+            d.scale = 1.0;
+            // Distinct values may round together: find the first maximum again.
+            d.stale = true;
         }
         match &mut d.row {
             RowRef::Owned(v) => Some(Patcher {

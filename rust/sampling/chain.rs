@@ -263,7 +263,7 @@ impl SamplerChain {
             top_k,
             bias,
             max_bias_token,
-            mu: 2.0 * knobs.mirostat_tau,
+            mu: bounded_mu(2.0 * knobs.mirostat_tau as f64, 0.0),
             knobs,
             stages,
             selector,
@@ -365,7 +365,9 @@ impl SamplerChain {
     fn learn(&mut self, token: u32, s: Option<&[(u32, f32)]>) {
         if let Some(s) = s {
             if let Ok(i) = s.binary_search_by_key(&token, |&(t, _)| t) {
-                self.mu -= self.knobs.mirostat_eta * (s[i].1 - self.knobs.mirostat_tau);
+                let k = &self.knobs;
+                let step = k.mirostat_eta as f64 * (s[i].1 as f64 - k.mirostat_tau as f64);
+                self.mu = bounded_mu(self.mu as f64 - step, self.mu);
             }
         }
         self.step += 1;
@@ -387,7 +389,7 @@ impl SamplerChain {
     /// tokens come out again).
     pub fn reset(&mut self) {
         self.step = 0;
-        self.mu = 2.0 * self.knobs.mirostat_tau;
+        self.mu = bounded_mu(2.0 * self.knobs.mirostat_tau as f64, 0.0);
         self.pending = None;
     }
 
@@ -683,6 +685,11 @@ impl SamplerChain {
             }
         }
         work.refresh()?;
+        if work.dense.is_none() && work.cands.is_empty() {
+            // No stage empties the set (each keeps min_keep >= 1); a guard,
+            // not a path: an error rather than a panic in the draw.
+            return Err(CoreError::AllBanned);
+        }
         let u = uniform.unwrap_or_else(|| dist::uniform(k.seed, sequence, step, Stream::Draw));
         let (chosen, surprises) = match self.selector {
             Selector::Argmax | Selector::Dist => {
@@ -770,6 +777,17 @@ impl SamplerChain {
             surprises,
             logprobs,
         })
+    }
+}
+
+/// Mirostat's `mu` as float32: finite whatever the surprises and knobs (an
+/// update that overflows saturates at the float32 range, which already keeps
+/// only the best token or every token; a NaN update, `0 * inf`, is dropped).
+fn bounded_mu(mu: f64, previous: f32) -> f32 {
+    if mu.is_nan() {
+        previous
+    } else {
+        mu.clamp(-f32::MAX as f64, f32::MAX as f64) as f32
     }
 }
 

@@ -12,7 +12,7 @@
 //! and then taking the top-k, with no copy and no pass over the window to patch
 //! it.
 
-use super::candidates::{top_k_sparse, Cand};
+use super::candidates::{edit_add, top_k_sparse, Cand};
 use super::dense;
 use super::dry::Dry;
 use super::knobs::Knobs;
@@ -93,13 +93,13 @@ impl Edits<'_> {
             match s {
                 Stage::LogitBias => {
                     if let Ok(i) = self.bias.binary_search_by_key(&id, |&(t, _)| t) {
-                        l += self.bias[i].1;
+                        l = edit_add(l, self.bias[i].1);
                     }
                 }
                 Stage::Penalties => l = self.penalties.penalize(l, self.counts.count(id)),
                 Stage::Dry => {
                     if let Ok(i) = self.dry_lengths.binary_search_by_key(&id, |&(t, _)| t) {
-                        l -= self.dry.penalty(self.dry_lengths[i].1);
+                        l = edit_add(l, -self.dry.penalty(self.dry_lengths[i].1));
                     }
                 }
                 _ => {}

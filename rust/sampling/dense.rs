@@ -24,6 +24,37 @@ fn madd<const FMA: bool>(a: f32, b: f32, c: f32) -> f32 {
     }
 }
 
+/// Largest `|max * scale|` for which the kernels subtract the maximum with a
+/// fused multiply-add. The fused `x * scale - ms` is the exact product minus
+/// `ms = fl(max * scale)`, so the maximum's own term is `exp(r)` with
+/// `|r| <= ulp(ms) / 2`: at most 2^-12 here, a mass within 0.025% of 1. Above
+/// it (|logit| / T beyond a few thousand) `r` grows with the scale until it
+/// leaves the exponential's domain, so the kernels take their unfused build
+/// instead: `fl(x * scale) - ms`, which is never positive (rounding is
+/// monotonic), the same values the candidates carry. The test sits outside
+/// the inner loops.
+pub const FUSED_LIMIT: f32 = 4096.0;
+
+/// Whether a kernel over `(max, scale)` must take its unfused build.
+#[inline(always)]
+fn unfused(max: f32, scale: f32) -> bool {
+    let ms = (max * scale).abs();
+    ms.is_nan() || ms > FUSED_LIMIT
+}
+
+/// `x * scale - max * scale` as the kernels compute it for `(max, scale)`
+/// (in f64, before the exponential): what log-probabilities must subtract so
+/// that they agree with the kernels' sums.
+#[inline]
+pub fn scaled_gap(x: f32, max: f32, scale: f32) -> f64 {
+    let ms = max * scale;
+    if unfused(max, scale) {
+        (x * scale - ms) as f64
+    } else {
+        x as f64 * scale as f64 - ms as f64
+    }
+}
+
 /// `exp(z)` for `z <= 0` with about 2e-7 relative error down to `-86.5`;
 /// `z < -87` (and `-inf`) gives exactly 0 (between the two, `exp(-86.5)`).
 /// Branch-free so that loops over it vectorise.
@@ -183,6 +214,9 @@ dispatch! {
 
 #[inline(always)]
 fn exp_sum_generic<const FMA: bool>(row: &[f32], max: f32, scale: f32) -> f64 {
+    if FMA && unfused(max, scale) {
+        return exp_sum_generic::<false>(row, max, scale);
+    }
     let ms = max * scale;
     let mut total = 0.0f64;
     for block in row.chunks(BLOCK) {
@@ -405,6 +439,9 @@ fn exp_sum_gather_generic<const FMA: bool, const WIDE: bool>(
     thr: f32,
     out: &mut Gathered,
 ) -> f64 {
+    if FMA && unfused(max, scale) {
+        return exp_sum_gather_generic::<false, WIDE>(row, max, scale, thr, out);
+    }
     let thr = if thr >= f32::MIN { thr } else { f32::MIN };
     let ms = max * scale;
     let mut total = 0.0f64;
@@ -456,6 +493,9 @@ fn exp_store_generic<const FMA: bool>(
     scale: f32,
     out: &mut Vec<f32>,
 ) -> f64 {
+    if FMA && unfused(max, scale) {
+        return exp_store_generic::<false>(row, max, scale, out);
+    }
     let ms = max * scale;
     if out.len() != row.len() {
         out.clear();
@@ -523,6 +563,9 @@ dispatch! {
 
 #[inline(always)]
 fn entropy_sums_generic<const FMA: bool>(row: &[f32], max: f32, scale: f32) -> (f64, f64) {
+    if FMA && unfused(max, scale) {
+        return entropy_sums_generic::<false>(row, max, scale);
+    }
     // Accumulated in f64: with a peaked row S is 1 + tiny, and the entropy
     // ln S - sum(e*z)/S would lose its digits to float32 rounding.
     let ms = max * scale;
@@ -887,6 +930,8 @@ pub fn top_k(
         for c in out.iter_mut() {
             c.logit *= scale;
         }
+        // Far below the maximum a scaled logit can round to -inf: mass 0.
+        out.retain(|c| c.logit > f32::NEG_INFINITY);
     }
     debug_assert!(out.windows(2).all(|w| by_rank(&w[0], &w[1]).is_le()));
 }

@@ -54,10 +54,10 @@ pub(crate) fn dense_logprobs(
         };
     }
     let ln_s = dense::exp_sum(row, max, scale).ln();
-    // In f64 on both sides: rounding `max * scale` to f32 alone would shift
-    // every log-probability when the scale is large.
-    let ms = max as f64 * scale as f64;
-    let lp = |l: f32| l as f64 * scale as f64 - ms - ln_s;
+    // The same gap to the maximum as the sum's kernel subtracted, so that the
+    // token's term is part of `ln_s` and the result is at most 0 (the fast
+    // exponential's 2e-7 may leave it a hair above: clamped).
+    let lp = |l: f32| (dense::scaled_gap(l, max, scale) - ln_s).min(0.0);
     let mut top = Vec::new();
     if top_n > 0 {
         dense::top_k(row, 1.0, max, top_n, false, delta, &mut top);
@@ -85,7 +85,7 @@ pub(crate) fn final_logprobs(
         .map(|c| (c.logit as f64 - max).exp())
         .sum::<f64>()
         .ln();
-    let lp = |l: f32| l as f64 - max - ln_s;
+    let lp = |l: f32| (l as f64 - max - ln_s).min(0.0);
     let logprob = work
         .cands
         .iter()

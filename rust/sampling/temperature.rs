@@ -1,10 +1,17 @@
 //! Temperature: plain (divide every logit by `t`) and dynamic (a temperature
 //! chosen from the normalised entropy of the current distribution).
 
-use super::candidates::{softmax, Work};
+use super::candidates::{softmax, Cand, Order, Work};
 use super::dense;
 
 /// Divide every logit by `t`; `t <= 0` keeps only the best-ranked candidate.
+///
+/// A temperature so small that the largest scaled logit overflows float32
+/// (or `1 / t` does) is the limit `t -> 0`: every candidate not tied with the
+/// maximum has probability exactly 0 there (distinct float32 values that
+/// large differ by more than 2^-24 of the maximum, times `1 / t`), so only the
+/// candidates tied at the maximum are kept, with equal mass, as `+inf`
+/// logits share theirs. No scaled logit is ever `+inf` or NaN.
 pub fn apply(work: &mut Work<'_>, t: f32) {
     if t <= 0.0 {
         let best = work.best();
@@ -16,13 +23,62 @@ pub fn apply(work: &mut Work<'_>, t: f32) {
     }
     let s = 1.0 / t;
     match &mut work.dense {
-        Some(d) => d.scale *= s,
+        Some(d) => {
+            let scale = d.scale * s;
+            if s.is_finite() && (d.max * scale).is_finite() && scale > 0.0 {
+                d.scale = scale;
+                return;
+            }
+        }
         None => {
-            for c in &mut work.cands {
-                c.logit *= s;
+            let max = work.max_logit();
+            if s.is_finite() && (max * s).is_finite() {
+                let mut banned = false;
+                for c in &mut work.cands {
+                    c.logit *= s;
+                    banned |= c.logit == f32::NEG_INFINITY;
+                }
+                if banned {
+                    // Far below the maximum: probability 0, as a ban.
+                    work.cands.retain(|c| c.logit > f32::NEG_INFINITY);
+                }
+                return;
             }
         }
     }
+    keep_ties_at_max(work);
+}
+
+/// Keep only the candidates tied with the maximum, each with logit 0.
+fn keep_ties_at_max(work: &mut Work<'_>) {
+    let max = match &work.dense {
+        Some(d) => d.max,
+        None => work.max_logit(),
+    };
+    let mut kept = std::mem::take(&mut work.spare_cands);
+    kept.clear();
+    match &work.dense {
+        Some(d) => {
+            let row = d.row.as_slice();
+            kept.extend(
+                row.iter()
+                    .enumerate()
+                    .filter(|&(_, &v)| v == max)
+                    .map(|(i, _)| Cand {
+                        id: i as u32,
+                        logit: 0.0,
+                    }),
+            );
+        }
+        None => kept.extend(work.cands.iter().filter(|c| c.logit == max).map(|c| Cand {
+            id: c.id,
+            logit: 0.0,
+        })),
+    }
+    kept.sort_unstable_by_key(|c| c.id);
+    work.release_dense();
+    work.spare_cands = std::mem::replace(&mut work.cands, kept);
+    work.order = Order::Id;
 }
 
 /// Entropy (nats) of the current softmax and the number of candidates.

@@ -214,6 +214,10 @@ fn boundary_in(
     None
 }
 
+/// Widenings of the top-p gather before it takes the whole row (doubling
+/// from 8 nats, 40 of them span every float32 gap).
+const MAX_WIDENINGS: i32 = 48;
+
 /// The narrowest gather width kept between calls: a peaked row has only a
 /// few entries within this of its maximum, so a wider gather costs it little
 /// and spares a second pass when a flatter row follows.
@@ -281,11 +285,15 @@ pub fn apply(
             }
             first = false;
             let mass = dense::exp_store(&g.logits, ms, 1.0, &mut weights);
-            if (mass >= target && g.len() >= min_keep) || thr < f32::MIN {
+            // Bounded whatever the row: after `MAX_WIDENINGS` the gather
+            // takes every finite entry (`thr = -inf`), and then stops.
+            if (mass >= target && g.len() >= min_keep) || thr < f32::MIN || misses > MAX_WIDENINGS {
                 break;
             }
             misses += 1;
-            *delta += if misses <= 4 {
+            *delta += if misses == MAX_WIDENINGS {
+                f32::INFINITY
+            } else if misses <= 4 {
                 // Each shortfall makes the next estimate bolder.
                 widening(&g.logits, &weights, thr, target - mass, *delta) * 1.5f32.powi(misses - 1)
             } else {

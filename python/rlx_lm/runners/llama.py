@@ -9,9 +9,7 @@ cache, greedy ``generate`` on the cached pair, session export/restore and prefix
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Callable, Iterator, Mapping, Sequence
-from contextlib import contextmanager
-from contextvars import ContextVar
+from collections.abc import Callable, Mapping, Sequence
 from os import PathLike
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -20,7 +18,7 @@ import numpy as np
 import numpy.typing as npt
 
 from rlx_lm._core import KvCache, argmax
-from rlx_lm.builder import KvDtype
+from rlx_lm.config import KvDtype
 from rlx_lm.errors import (
     CapacityError,
     InvalidOptionError,
@@ -30,6 +28,7 @@ from rlx_lm.errors import (
     UnsupportedError,
     WeightFormatError,
 )
+from rlx_lm.progress import current_load_progress, load_progress
 from rlx_lm.registry import match_architectures, register_model
 from rlx_lm.runners.gguf_loader import open_gguf
 from rlx_lm.runners.llama_config import LLAMA_ARCHITECTURES, LlamaConfig
@@ -89,7 +88,9 @@ class LlamaRunner:
         self._progress: ProgressCallback | None = None
         self._phase_callback: Callable[[str], None] | None = None
         self._stats_source: Any = None
-        self.fingerprint = ModelFingerprint(FAMILY, cfg.geometry, _model_id(cfg, weights))
+        self.fingerprint = ModelFingerprint(
+            FAMILY, cfg.geometry, _model_id(cfg, weights), kv_dtype=kv_dtype
+        )
 
     def __repr__(self) -> str:
         c = self.cfg
@@ -308,25 +309,6 @@ def _model_id(cfg: LlamaConfig, w: LlamaWeights) -> str:
     return h.hexdigest()[:16]
 
 
-_LOAD_PROGRESS: ContextVar[ProgressCallback | None] = ContextVar(
-    "rlx_lm_load_progress", default=None
-)
-
-
-@contextmanager
-def load_progress(callback: ProgressCallback | None) -> Iterator[None]:
-    """Within this block, Llama loads report ``(blocks_done, blocks_total)`` to ``callback``.
-
-    Lets a caller that builds through `LmRunnerBuilder` (which takes no callback) show
-    progress; the setting is per thread/task (a context variable).
-    """
-    token = _LOAD_PROGRESS.set(callback)
-    try:
-        yield
-    finally:
-        _LOAD_PROGRESS.reset(token)
-
-
 def load_llama(
     path: str | PathLike[str],
     *,
@@ -349,7 +331,7 @@ def load_llama(
     p = Path(path)
     if not p.exists():
         raise WeightFormatError(f"{p}: no such file or directory")
-    progress = on_progress or _LOAD_PROGRESS.get()
+    progress = on_progress or current_load_progress()
     if p.is_file() and _is_gguf(p):
         g = open_gguf(p)
         cfg = _explicit_config(config) or g.config()

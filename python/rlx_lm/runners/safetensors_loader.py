@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import re
 from collections.abc import Callable
 from pathlib import Path
@@ -11,6 +10,12 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
+from rlx_lm._headers import (
+    SAFETENSORS_INDEX,
+    load_json,
+    read_safetensors_header,
+    read_safetensors_index,
+)
 from rlx_lm.errors import UnsupportedError, WeightFormatError
 from rlx_lm.runners.linear import DenseMatrix, Matrix
 from rlx_lm.runners.llama_config import LlamaConfig
@@ -48,19 +53,16 @@ _TOP_NAMES = {
 }
 _LAYER_RE = re.compile(r"^model\.layers\.(\d+)\.(.+)$")
 
-# A header larger than this is refused before it is read (real headers are a few MB at most).
-_MAX_HEADER = 256 * 1024 * 1024
-
 
 def read_config_json(path: Path) -> dict[str, Any]:
     """Parse a ``config.json``, raising WeightFormatError with the path on failure."""
     try:
-        data = json.loads(path.read_text(encoding="utf-8"))
+        data = load_json(path.read_bytes(), path, "config.json")
     except FileNotFoundError:
         raise WeightFormatError(
             f"{path}: no config.json (needed for safetensors weights)"
         ) from None
-    except (OSError, ValueError) as exc:
+    except OSError as exc:
         raise WeightFormatError(f"{path}: unreadable config.json: {exc}") from None
     if not isinstance(data, dict):
         raise WeightFormatError(f"{path}: config.json is not a JSON object")
@@ -72,26 +74,13 @@ class _StFile:
 
     def __init__(self, path: Path) -> None:
         self.path = path
-        size = path.stat().st_size
-        with path.open("rb") as fh:
-            head = fh.read(8)
-            if len(head) < 8:
-                raise WeightFormatError(f"{path}: too short to be safetensors")
-            n = int.from_bytes(head, "little")
-            if n > min(size - 8, _MAX_HEADER):
-                raise WeightFormatError(
-                    f"{path}: safetensors header claims {n} bytes but the file has {size}"
-                )
-            try:
-                header = json.loads(fh.read(n))
-            except ValueError as exc:
-                raise WeightFormatError(f"{path}: corrupt safetensors header: {exc}") from None
-        if not isinstance(header, dict):
-            raise WeightFormatError(f"{path}: safetensors header is not a JSON object")
-        header.pop("__metadata__", None)
-        self.header: dict[str, Any] = header
-        self.base = 8 + n
-        self.size = size
+        parsed = read_safetensors_header(path)  # the one bounds-checked reader
+        self.header: dict[str, Any] = {
+            name: {"dtype": dtype, "shape": list(shape), "data_offsets": list(parsed.offsets[name])}
+            for name, (dtype, shape) in parsed.tensors.items()
+        }
+        self.base = parsed.data_offset
+        self.size = parsed.file_size
         self._map: np.memmap[Any, np.dtype[np.uint8]] | None = None
 
     def tensor(self, name: str) -> npt.NDArray[np.float32]:
@@ -136,14 +125,10 @@ class SafetensorsCheckpoint:
     def locate(cls, path: Path) -> tuple[SafetensorsCheckpoint, Path | None]:
         """The weight files of ``path`` (a file or a directory) and the config.json beside them."""
         if path.is_dir():
-            index = path / "model.safetensors.index.json"
-            if index.is_file():
-                try:
-                    wmap = json.loads(index.read_text(encoding="utf-8"))["weight_map"]
-                    names = sorted(set(wmap.values()))
-                except (OSError, ValueError, KeyError, TypeError) as exc:
-                    raise WeightFormatError(f"{index}: unreadable shard index: {exc}") from None
-                files = [path / n for n in names]
+            index = path / SAFETENSORS_INDEX
+            shards = read_safetensors_index(path)  # names confined to the directory
+            if shards is not None:
+                files = list(shards)
                 missing = [str(f) for f in files if not f.is_file()]
                 if missing:
                     raise WeightFormatError(f"{index}: shard files missing: {', '.join(missing)}")

@@ -1,0 +1,491 @@
+"""The OpenAI-compatible HTTP app: Starlette routes over one `BatchScheduler`.
+
+``create_app(runner, tokenizer, config=ServerConfig(...))`` returns an ASGI app with
+
+* ``POST /v1/chat/completions`` and ``POST /v1/completions`` (JSON, or server-sent
+  events in OpenAI's chunk format ending with ``data: [DONE]`` when ``stream`` is true);
+* ``GET /v1/models`` (and ``/v1/models/{id}``), ``GET /health``, ``GET /metrics``.
+
+The model runs on the scheduler's thread; the event loop only parses, submits and
+forwards events. Errors are OpenAI's error JSON: 400 for a bad field (``param`` names
+it), 404 for an unknown model, 413 for a body over ``max_body_bytes``, 503 with
+``Retry-After`` when the queue is full or the server is shutting down, 500 when the
+runner fails (that request alone). A stream that fails after it started gets one
+``data: {"error": ...}`` event, then ``[DONE]``. A client that disconnects cancels its
+request; the scheduler frees the slot at its next step.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import asynccontextmanager
+from typing import Any
+
+from starlette.applications import Starlette
+from starlette.exceptions import HTTPException
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response, StreamingResponse
+from starlette.routing import Route
+
+from rlx_lm.errors import CapacityError, InvalidOptionError
+from rlx_lm.generation import TokenLogprob
+from rlx_lm.runner import LmCore
+from rlx_lm.server import protocol as proto
+from rlx_lm.server.config import ServerConfig
+from rlx_lm.server.protocol import ParsedRequest, ProtocolError, error_body
+from rlx_lm.server.scheduler import (
+    BatchScheduler,
+    Chunk,
+    Event,
+    Finish,
+    QueueFullError,
+    RequestHandle,
+    ShuttingDownError,
+)
+from rlx_lm.tokenizer import Tokenizer
+
+__all__ = ["create_app"]
+
+log = logging.getLogger("rlx_lm.server")
+
+_SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
+
+
+def _error(
+    status: int,
+    message: str,
+    param: str | None = None,
+    *,
+    type_: str | None = None,
+    code: Any = None,
+    headers: dict[str, str] | None = None,
+) -> JSONResponse:
+    kind = type_ or (
+        "invalid_request_error"
+        if status < 500
+        else "server_error"
+        if status != 503
+        else "overloaded"
+    )
+    return JSONResponse(error_body(message, param, kind, code), status_code=status, headers=headers)
+
+
+def _option_error(exc: Exception, prompt_field: str) -> JSONResponse:
+    text = str(exc)
+    field, _, rest = text.partition(":")
+    if isinstance(exc, CapacityError):
+        return _error(400, rest.strip() or text, prompt_field, code="context_length_exceeded")
+    if field == "prompt":
+        field = prompt_field
+    return _error(400, text, field if rest else None)
+
+
+class _Stream:
+    """Events of one HTTP request (all its prompts), moved from the scheduler thread."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        self.loop = loop
+        self.queue: asyncio.Queue[tuple[int, Event]] = asyncio.Queue()
+        self.handles: list[RequestHandle] = []
+
+    def sink(self, k: int) -> Callable[[Event], None]:
+        def put(event: Event) -> None:
+            self.loop.call_soon_threadsafe(self.queue.put_nowait, (k, event))
+
+        return put
+
+    def cancel(self) -> None:
+        for h in self.handles:
+            h.cancel()
+
+
+class _App:
+    def __init__(
+        self, runner: LmCore, tokenizer: Tokenizer, config: ServerConfig, scheduler: BatchScheduler
+    ) -> None:
+        self.runner = runner
+        self.tokenizer = tokenizer
+        self.config = config
+        self.scheduler = scheduler
+        self.metrics = scheduler.metrics
+        self.created = proto.now()
+        self.limits = proto.Limits(
+            model_name=config.model_name,
+            vocab_size=scheduler.vocab_size,
+            max_tokens=config.max_tokens,
+            max_n=min(config.max_n, config.max_batch),
+            max_top_logprobs=config.max_top_logprobs,
+        )
+
+    # ----------------------------------------------------------- small routes
+
+    async def health(self, request: Request) -> Response:
+        if self.scheduler.closing:
+            return JSONResponse({"status": "shutting_down"}, status_code=503)
+        return JSONResponse({"status": "ok"})
+
+    def _model_card(self) -> dict[str, Any]:
+        return {
+            "id": self.config.model_name,
+            "object": "model",
+            "created": self.created,
+            "owned_by": "rlx-lm",
+            "max_model_len": self.scheduler.max_context,
+        }
+
+    async def models(self, request: Request) -> Response:
+        return JSONResponse({"object": "list", "data": [self._model_card()]})
+
+    async def model(self, request: Request) -> Response:
+        name = request.path_params["model"]
+        if name != self.config.model_name:
+            return _error(
+                404, f"The model `{name}` does not exist", "model", code="model_not_found"
+            )
+        return JSONResponse(self._model_card())
+
+    async def metrics_text(self, request: Request) -> Response:
+        return Response(self.metrics.render(), media_type="text/plain; version=0.0.4")
+
+    # ------------------------------------------------------------ generation
+
+    async def chat(self, request: Request) -> Response:
+        return await self._generate(request, "chat")
+
+    async def completions(self, request: Request) -> Response:
+        return await self._generate(request, "completion")
+
+    async def _generate(self, request: Request, kind: str) -> Response:
+        endpoint = request.url.path
+        response = await self._answer(request, kind)
+        self.metrics.observe_request(endpoint, response.status_code)
+        return response
+
+    async def _body(self, request: Request) -> Any:
+        size = request.headers.get("content-length")
+        if size is not None and size.isdigit() and int(size) > self.config.max_body_bytes:
+            raise ProtocolError(
+                f"the request body is over {self.config.max_body_bytes} bytes", status=413
+            )
+        raw = await request.body()
+        if len(raw) > self.config.max_body_bytes:
+            raise ProtocolError(
+                f"the request body is over {self.config.max_body_bytes} bytes", status=413
+            )
+        try:
+            return json.loads(raw)
+        except ValueError as exc:
+            raise ProtocolError(f"the request body is not valid JSON: {exc}") from None
+
+    async def _answer(self, request: Request, kind: str) -> Response:
+        prompt_field = "messages" if kind == "chat" else "prompt"
+        try:
+            body = await self._body(request)
+            if kind == "chat":
+                parsed = proto.parse_chat(body, self.tokenizer, self.limits)
+            else:
+                parsed = proto.parse_completion(body, self.tokenizer, self.limits)
+        except ProtocolError as exc:
+            return _error(exc.status, exc.message, exc.param, type_=None, code=exc.code)
+        stream = _Stream(asyncio.get_running_loop())
+        try:
+            for k, req in enumerate(parsed.requests):
+                stream.handles.append(self.scheduler.submit(req, stream.sink(k)))
+        except (InvalidOptionError, CapacityError) as exc:
+            stream.cancel()
+            return _option_error(exc, prompt_field)
+        except QueueFullError as exc:
+            stream.cancel()
+            return _error(
+                503,
+                f"the server is busy: {exc}; retry after {exc.retry_after} s",
+                headers={"Retry-After": str(exc.retry_after)},
+            )
+        except ShuttingDownError as exc:
+            stream.cancel()
+            return _error(503, str(exc), headers={"Retry-After": str(self.config.retry_after)})
+        try:
+            if parsed.stream:
+                return await self._stream(request, kind, parsed, stream)
+            return await self._collect(request, kind, parsed, stream)
+        except BaseException:
+            stream.cancel()
+            raise
+
+    # ---------------------------------------------------------- non-streaming
+
+    async def _collect(
+        self, request: Request, kind: str, parsed: ParsedRequest, stream: _Stream
+    ) -> Response:
+        n = parsed.requests[0].n
+        total = n * len(parsed.requests)
+        texts = [""] * total
+        lps: list[list[TokenLogprob]] = [[] for _ in range(total)]
+        finishes: list[Finish | None] = [None] * total
+        watcher = asyncio.create_task(_on_disconnect(request, stream.cancel))
+        try:
+            left = total
+            while left:
+                k, ev = await stream.queue.get()
+                i = k * n + ev.index
+                if isinstance(ev, Chunk):
+                    texts[i] += ev.text
+                    lps[i].extend(ev.logprobs)
+                else:
+                    finishes[i] = ev
+                    left -= 1
+        finally:
+            watcher.cancel()
+        failed = next((f for f in finishes if f is not None and f.reason == "error"), None)
+        if failed is not None:
+            return _error(failed.status, failed.error or "generation failed")
+        if any(f is not None and f.reason == "cancelled" for f in finishes):
+            if self.scheduler.closing:
+                return _error(503, "the server shut down before the request finished")
+            return _error(499, "the request was cancelled", type_="cancelled")
+        usage = self._usage(parsed, stream, finishes)
+        choices = []
+        for i in range(total):
+            f = finishes[i]
+            assert f is not None
+            reason = proto.finish_reason(f.reason)
+            if kind == "chat":
+                choices.append(
+                    {
+                        "index": i,
+                        "message": {"role": "assistant", "content": texts[i]},
+                        "logprobs": (
+                            {"content": proto.chat_logprobs(self.tokenizer, lps[i])}
+                            if parsed.logprobs
+                            else None
+                        ),
+                        "finish_reason": reason,
+                    }
+                )
+            else:
+                choices.append(
+                    {
+                        "index": i,
+                        "text": texts[i],
+                        "logprobs": (
+                            proto.completion_logprobs(self.tokenizer, lps[i], 0)
+                            if parsed.logprobs
+                            else None
+                        ),
+                        "finish_reason": reason,
+                    }
+                )
+        body = {
+            "id": proto.new_id("chatcmpl" if kind == "chat" else "cmpl"),
+            "object": "chat.completion" if kind == "chat" else "text_completion",
+            "created": proto.now(),
+            "model": parsed.model,
+            "system_fingerprint": None,
+            "choices": choices,
+            "usage": usage,
+        }
+        return JSONResponse(body)
+
+    @staticmethod
+    def _usage(
+        parsed: ParsedRequest, stream: _Stream, finishes: list[Finish | None]
+    ) -> dict[str, Any]:
+        prompt = sum(h.prompt_tokens for h in stream.handles)
+        cached = sum(h.reused_tokens for h in stream.handles)
+        completion = sum(f.completion_tokens for f in finishes if f is not None)
+        return {
+            "prompt_tokens": prompt,
+            "completion_tokens": completion,
+            "total_tokens": prompt + completion,
+            "prompt_tokens_details": {"cached_tokens": cached},
+        }
+
+    # -------------------------------------------------------------- streaming
+
+    async def _stream(
+        self, request: Request, kind: str, parsed: ParsedRequest, stream: _Stream
+    ) -> Response:
+        # Wait for the first event: a request that fails in prefill still gets a status.
+        first = await _first_event(request, stream)
+        if first is None:
+            return _error(499, "the client went away", type_="cancelled")
+        _, ev0 = first
+        if isinstance(ev0, Finish) and ev0.reason == "error":
+            stream.cancel()
+            return _error(ev0.status, ev0.error or "generation failed")
+        return StreamingResponse(
+            self._events(kind, parsed, stream, first),
+            media_type="text/event-stream",
+            headers=_SSE_HEADERS,
+        )
+
+    async def _events(
+        self, kind: str, parsed: ParsedRequest, stream: _Stream, first: tuple[int, Event]
+    ) -> AsyncIterator[str]:
+        n = parsed.requests[0].n
+        total = n * len(parsed.requests)
+        rid = proto.new_id("chatcmpl" if kind == "chat" else "cmpl")
+        created = proto.now()
+        obj = "chat.completion.chunk" if kind == "chat" else "text_completion"
+        offsets = [0] * total
+        finishes: list[Finish | None] = [None] * total
+
+        def frame(choices: list[dict[str, Any]], usage: Any = None) -> str:
+            body: dict[str, Any] = {
+                "id": rid,
+                "object": obj,
+                "created": created,
+                "model": parsed.model,
+                "system_fingerprint": None,
+                "choices": choices,
+            }
+            if parsed.include_usage:
+                body["usage"] = usage
+            return f"data: {json.dumps(body, separators=(',', ':'))}\n\n"
+
+        def choice(
+            i: int, text: str | None, lps: tuple[TokenLogprob, ...], reason: Any
+        ) -> dict[str, Any]:
+            if kind == "chat":
+                delta: dict[str, Any] = {} if text is None else {"content": text}
+                lp = (
+                    {"content": proto.chat_logprobs(self.tokenizer, lps)}
+                    if parsed.logprobs and text is not None
+                    else None
+                )
+                return {"index": i, "delta": delta, "logprobs": lp, "finish_reason": reason}
+            lpc = (
+                proto.completion_logprobs(self.tokenizer, lps, offsets[i])
+                if parsed.logprobs and text is not None
+                else None
+            )
+            return {"index": i, "text": text or "", "logprobs": lpc, "finish_reason": reason}
+
+        try:
+            if kind == "chat":
+                for i in range(total):
+                    yield frame(
+                        [
+                            {
+                                "index": i,
+                                "delta": {"role": "assistant", "content": ""},
+                                "logprobs": None,
+                                "finish_reason": None,
+                            }
+                        ]
+                    )
+            left = total
+            pending: tuple[int, Event] | None = first
+            error: Finish | None = None
+            while left:
+                if pending is not None:
+                    k, ev = pending
+                    pending = None
+                else:
+                    k, ev = await stream.queue.get()
+                i = k * n + ev.index
+                if isinstance(ev, Chunk):
+                    if ev.text or ev.logprobs:
+                        yield frame([choice(i, ev.text, ev.logprobs, None)])
+                    offsets[i] += len(ev.text)
+                    continue
+                finishes[i] = ev
+                left -= 1
+                if ev.reason == "error":
+                    error = ev
+                    stream.cancel()
+                    continue
+                yield frame([choice(i, None, (), proto.finish_reason(ev.reason))])
+            if error is not None:
+                kind_ = "invalid_request_error" if error.status < 500 else "server_error"
+                body = error_body(error.error or "generation failed", None, kind_)
+                yield f"data: {json.dumps(body)}\n\n"
+            elif parsed.include_usage:
+                yield frame([], self._usage(parsed, stream, finishes))
+            yield "data: [DONE]\n\n"
+        finally:
+            stream.cancel()  # a client that went away: free the slots at the next step
+
+    # ------------------------------------------------------------ not found
+
+    async def not_found(self, request: Request, exc: Exception) -> Response:
+        status = getattr(exc, "status_code", 404)
+        detail = getattr(exc, "detail", "Not Found")
+        return _error(status, f"{request.method} {request.url.path}: {detail}")
+
+    async def internal(self, request: Request, exc: Exception) -> Response:
+        log.exception("unhandled error on %s", request.url.path, exc_info=exc)
+        return _error(500, f"internal server error: {type(exc).__name__}")
+
+
+async def _on_disconnect(request: Request, then: Callable[[], None]) -> None:
+    while True:
+        message = await request.receive()
+        if message["type"] == "http.disconnect":
+            then()
+            return
+
+
+async def _first_event(request: Request, stream: _Stream) -> tuple[int, Event] | None:
+    get = asyncio.ensure_future(stream.queue.get())
+    gone = asyncio.ensure_future(_on_disconnect(request, stream.cancel))
+    try:
+        done, _ = await asyncio.wait({get, gone}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        gone.cancel()
+    if get in done:
+        return get.result()
+    get.cancel()
+    return None
+
+
+def create_app(
+    runner: LmCore,
+    tokenizer: Tokenizer,
+    *,
+    config: ServerConfig | None = None,
+    scheduler: BatchScheduler | None = None,
+    stop_token_ids: tuple[int, ...] | None = None,
+) -> Starlette:
+    """The OpenAI-compatible ASGI app serving ``runner`` (see the module docstring).
+
+    ``scheduler`` defaults to a new `BatchScheduler` over ``runner``; it starts with the
+    app's lifespan (or at the first request when the host runs no lifespan) and closes
+    at shutdown, giving in-flight requests ``config.shutdown_timeout`` seconds.
+    ``stop_token_ids`` end a turn like EOS does; by default the tokenizer's end-of-turn
+    ids when it has them (``Tokenizer.stop_token_ids``).
+    """
+    config = config if config is not None else ServerConfig()
+    if stop_token_ids is None:
+        stop_token_ids = tuple(getattr(tokenizer, "stop_token_ids", ()) or ())
+    if scheduler is None:
+        scheduler = BatchScheduler(runner, tokenizer, config, stop_token_ids=stop_token_ids)
+    app_state = _App(runner, tokenizer, config, scheduler)
+
+    @asynccontextmanager
+    async def lifespan(app: Starlette) -> AsyncIterator[None]:
+        scheduler.start()
+        try:
+            yield
+        finally:
+            await asyncio.to_thread(scheduler.close)
+
+    routes = [
+        Route("/v1/chat/completions", app_state.chat, methods=["POST"]),
+        Route("/v1/completions", app_state.completions, methods=["POST"]),
+        Route("/v1/models", app_state.models, methods=["GET"]),
+        Route("/v1/models/{model:path}", app_state.model, methods=["GET"]),
+        Route("/health", app_state.health, methods=["GET"]),
+        Route("/metrics", app_state.metrics_text, methods=["GET"]),
+    ]
+    handlers: dict[Any, Callable[[Request, Exception], Awaitable[Response]]] = {
+        HTTPException: app_state.not_found,
+        Exception: app_state.internal,
+    }
+    app = Starlette(routes=routes, exception_handlers=handlers, lifespan=lifespan)
+    app.state.scheduler = scheduler
+    app.state.config = config
+    return app

@@ -1,0 +1,74 @@
+"""Server limits and names, in one frozen value shared by the scheduler and the app."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from rlx_lm.errors import InvalidOptionError
+
+__all__ = ["ServerConfig"]
+
+
+def _positive(name: str, value: object, *, allow_zero: bool = False) -> None:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise InvalidOptionError(f"{name}: must be an integer, got {type(value).__name__}")
+    low = 0 if allow_zero else 1
+    if value < low:
+        raise InvalidOptionError(f"{name}: must be >= {low}, got {value}")
+
+
+@dataclass(frozen=True)
+class ServerConfig:
+    """Limits of one server (one runner).
+
+    * ``max_batch``: sequences decoded together at most (a request with ``n`` choices
+      takes ``n``); the rest wait in the queue.
+    * ``max_queue``: requests waiting beyond the running batch; one more is refused with
+      503 and ``Retry-After: retry_after`` seconds.
+    * ``max_context``: prompt plus generated tokens of one sequence. None takes the
+      runner's ``max_seq`` when it has one, else 2048; a value above ``max_seq`` is
+      lowered to it. A sequence that reaches it ends with ``finish_reason="length"``;
+      a prompt that leaves no room is a 400 (``context_length_exceeded``).
+    * ``max_tokens``: the largest ``max_tokens`` a request may ask for; a request that
+      asks for none generates until a stop, EOS or the context limit.
+    * ``prompt_cache_bytes``: byte budget of the shared prefix cache (0 turns it off).
+    * ``max_body_bytes``: largest request body accepted (413 beyond).
+    * ``shutdown_timeout``: seconds in-flight requests get to finish on shutdown before
+      they are cancelled.
+    """
+
+    model_name: str = "rlx-lm"
+    max_batch: int = 16
+    max_queue: int = 64
+    max_context: int | None = None
+    max_tokens: int = 4096
+    max_n: int = 16
+    max_top_logprobs: int = 20
+    prompt_cache_bytes: int = 256 * 1024 * 1024
+    max_body_bytes: int = 8 * 1024 * 1024
+    retry_after: int = 1
+    shutdown_timeout: float = 10.0
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.model_name, str) or not self.model_name:
+            raise InvalidOptionError("model_name: must be a non-empty string")
+        for name in ("max_batch", "max_tokens", "max_n", "max_body_bytes"):
+            _positive(name, getattr(self, name))
+        for name in ("max_queue", "max_top_logprobs", "prompt_cache_bytes", "retry_after"):
+            _positive(name, getattr(self, name), allow_zero=True)
+        if self.max_context is not None:
+            _positive("max_context", self.max_context)
+            if self.max_context < 2:
+                raise InvalidOptionError("max_context: must be >= 2 (a prompt and one token)")
+        if not self.shutdown_timeout >= 0:
+            raise InvalidOptionError(
+                f"shutdown_timeout: must be >= 0 seconds, got {self.shutdown_timeout}"
+            )
+
+    def context_for(self, runner: object) -> int:
+        """The context limit that applies to ``runner`` (see the class docstring)."""
+        cap = getattr(runner, "max_seq", None)
+        cap = cap if isinstance(cap, int) and not isinstance(cap, bool) and cap > 0 else None
+        if self.max_context is None:
+            return cap if cap is not None else 2048
+        return min(self.max_context, cap) if cap is not None else self.max_context

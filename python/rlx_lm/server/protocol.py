@@ -1,0 +1,779 @@
+"""The OpenAI wire format: request bodies in, `GenerationRequest` out, and response shapes.
+
+A body is checked field by field; the first bad one raises `ProtocolError` naming it
+(``param``), which the app returns as OpenAI's error JSON with status 400. A field this
+server does not know is an error too: nothing is silently ignored, except the fields
+listed in `IGNORED_FIELDS`, which OpenAI defines for its own bookkeeping and which change
+nothing about the text.
+
+Sampling knobs, by the names OpenAI, llama-server and vLLM accept (body name ->
+`SampleOpts` field):
+
+==============================================  =========================================
+``temperature`` (default 1.0, as OpenAI)        ``temperature``
+``top_p``, ``min_p``, ``typical_p``             the same
+``top_k`` (0 or -1: off)                        ``top_k``
+``frequency_penalty``, ``presence_penalty``     the same, in [-2, 2] as OpenAI
+``repeat_penalty`` / ``repetition_penalty``     ``repetition_penalty``
+``repeat_last_n`` (-1: whole history)           ``repetition_window``
+``logit_bias`` ({"id": bias} or [[id, bias]])   ``logit_bias``; bias in [-100, 100] or
+                                                ``false`` (ban, as llama-server)
+``dry_multiplier``, ``dry_base``,               the same; breakers are token ids or
+``dry_allowed_length``, ``dry_max_ngram``,      strings (every token of the string)
+``dry_sequence_breakers``
+``xtc_probability``, ``xtc_threshold``          ``xtc_prob``, ``xtc_threshold``
+``top_n_sigma``, ``min_keep``                   the same
+``mirostat`` (0, 1, 2), ``mirostat_tau``,       the same
+``mirostat_eta``, ``mirostat_m``
+``dynatemp_range``, ``dynatemp_exponent``       ``dynamic_temp`` = temperature +- range
+``seed`` (-1: random, as llama-server)          ``seed``
+``samplers`` (llama-server's stage list or      the chain's custom order; logit_bias runs
+letters ``"dkypmxts"``)                         first unless listed
+==============================================  =========================================
+
+Generation: ``max_tokens`` / ``max_completion_tokens`` / ``n_predict``, ``n``, ``stop``
+(a string or up to 16), ``stop_token_ids``, ``ignore_eos``, ``logprobs`` and
+``top_logprobs``, ``stream`` and ``stream_options.include_usage``, ``cache_prompt``
+(false skips the prefix-cache lookup). Chat also takes ``messages``, ``tools`` (handed
+to the chat template; calls are not parsed out of the text), ``tool_choice``
+(``"none"``/``"auto"``), ``response_format`` (``{"type": "text"}`` only),
+``chat_template_kwargs`` and ``add_generation_prompt``. Completions takes ``prompt`` (a
+string, a token list, or a list of either), ``echo`` (false only), ``suffix`` (null
+only) and ``best_of`` (equal to ``n`` only).
+"""
+
+from __future__ import annotations
+
+import math
+import time
+import uuid
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from rlx_lm.errors import InvalidOptionError
+from rlx_lm.generation import TokenLogprob
+from rlx_lm.sample_opts import MirostatMode, SampleOpts
+from rlx_lm.server.scheduler import GenerationRequest
+from rlx_lm.tokenizer import Tokenizer
+
+__all__ = [
+    "IGNORED_FIELDS",
+    "ParsedRequest",
+    "ProtocolError",
+    "error_body",
+    "parse_chat",
+    "parse_completion",
+]
+
+IGNORED_FIELDS = frozenset({"user", "store", "metadata", "service_tier", "parallel_tool_calls"})
+"""OpenAI fields accepted and ignored: they label or route a request and change no token."""
+
+_MAX_STOPS = 16
+
+# body name -> (SampleOpts field, kind, range check or None)
+_Check = Callable[[float], str | None]
+
+
+def _between(lo: float, hi: float, *, lo_open: bool = False) -> _Check:
+    def check(v: float) -> str | None:
+        ok = (lo < v if lo_open else lo <= v) and v <= hi
+        return None if ok else f"must be in {'(' if lo_open else '['}{lo}, {hi}], got {v}"
+
+    return check
+
+
+def _at_least(lo: float) -> _Check:
+    return lambda v: None if v >= lo else f"must be >= {lo}, got {v}"
+
+
+_FLOAT_KNOBS: dict[str, tuple[str, _Check | None]] = {
+    "temperature": ("temperature", _between(0, 2)),
+    "top_p": ("top_p", _between(0, 1, lo_open=True)),
+    "min_p": ("min_p", _between(0, 1)),
+    "typical_p": ("typical_p", _between(0, 1, lo_open=True)),
+    "frequency_penalty": ("frequency_penalty", _between(-2, 2)),
+    "presence_penalty": ("presence_penalty", _between(-2, 2)),
+    "repeat_penalty": ("repetition_penalty", None),
+    "repetition_penalty": ("repetition_penalty", None),
+    "dry_multiplier": ("dry_multiplier", None),
+    "dry_base": ("dry_base", None),
+    "xtc_probability": ("xtc_prob", None),
+    "xtc_threshold": ("xtc_threshold", None),
+    "top_n_sigma": ("top_n_sigma", None),
+    "mirostat_tau": ("mirostat_tau", None),
+    "mirostat_eta": ("mirostat_eta", None),
+    "dynatemp_exponent": ("dynamic_temp_exponent", None),
+}
+_INT_KNOBS: dict[str, str] = {
+    "dry_allowed_length": "dry_allowed_length",
+    "dry_max_ngram": "dry_max_ngram",
+    "mirostat_m": "mirostat_m",
+    "min_keep": "min_keep",
+}
+_OTHER_KNOBS = frozenset(
+    {
+        "top_k",
+        "repeat_last_n",
+        "logit_bias",
+        "dry_sequence_breakers",
+        "mirostat",
+        "dynatemp_range",
+        "seed",
+        "samplers",
+    }
+)
+_COMMON = frozenset(
+    {
+        "model",
+        "stream",
+        "stream_options",
+        "n",
+        "max_tokens",
+        "n_predict",
+        "stop",
+        "stop_token_ids",
+        "ignore_eos",
+        "cache_prompt",
+        *_FLOAT_KNOBS,
+        *_INT_KNOBS,
+        *_OTHER_KNOBS,
+        *IGNORED_FIELDS,
+    }
+)
+CHAT_FIELDS = _COMMON | {
+    "messages",
+    "logprobs",
+    "top_logprobs",
+    "max_completion_tokens",
+    "tools",
+    "tool_choice",
+    "response_format",
+    "chat_template_kwargs",
+    "add_generation_prompt",
+}
+COMPLETION_FIELDS = _COMMON | {"prompt", "logprobs", "echo", "suffix", "best_of"}
+
+# llama-server's sampler names and letters -> the chain's stage names
+_SAMPLER_NAMES = {
+    "penalties": "penalties",
+    "dry": "dry",
+    "top_n_sigma": "top_n_sigma",
+    "top_k": "top_k",
+    "typ_p": "typical",
+    "typical_p": "typical",
+    "typical": "typical",
+    "top_p": "top_p",
+    "min_p": "min_p",
+    "xtc": "xtc",
+    "temperature": "temperature",
+    "temp": "temperature",
+    "logit_bias": "logit_bias",
+}
+_SAMPLER_LETTERS = {
+    "d": "dry",
+    "k": "top_k",
+    "y": "typical",
+    "p": "top_p",
+    "m": "min_p",
+    "x": "xtc",
+    "t": "temperature",
+    "s": "top_n_sigma",
+}
+
+
+class ProtocolError(Exception):
+    """A request the server refuses: HTTP ``status``, OpenAI ``type``, ``param`` and ``code``."""
+
+    def __init__(
+        self,
+        message: str,
+        param: str | None = None,
+        *,
+        status: int = 400,
+        type_: str = "invalid_request_error",
+        code: str | None = None,
+    ) -> None:
+        super().__init__(message)
+        self.message = message
+        self.param = param
+        self.status = status
+        self.type = type_
+        self.code = code
+
+
+def error_body(
+    message: str, param: str | None = None, type_: str = "invalid_request_error", code: Any = None
+) -> dict[str, Any]:
+    """OpenAI's error object: ``{"error": {"message", "type", "param", "code"}}``."""
+    return {"error": {"message": message, "type": type_, "param": param, "code": code}}
+
+
+@dataclass
+class ParsedRequest:
+    """A checked request: one `GenerationRequest` per prompt and how to answer."""
+
+    requests: list[GenerationRequest]
+    stream: bool = False
+    include_usage: bool = False
+    logprobs: bool = False
+    model: str = ""
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+# ------------------------------------------------------------------ fields
+
+
+def _present(body: Mapping[str, Any], name: str) -> bool:
+    return body.get(name) is not None
+
+
+def _bool(body: Mapping[str, Any], name: str, default: bool) -> bool:
+    v = body.get(name)
+    if v is None:
+        return default
+    if not isinstance(v, bool):
+        raise ProtocolError(f"{name}: must be a boolean, got {type(v).__name__}", name)
+    return v
+
+
+def _int(
+    body: Mapping[str, Any], name: str, default: int | None, lo: int | None = None
+) -> int | None:
+    v = body.get(name)
+    if v is None:
+        return default
+    if isinstance(v, float) and v.is_integer():
+        v = int(v)
+    if isinstance(v, bool) or not isinstance(v, int):
+        raise ProtocolError(f"{name}: must be an integer, got {type(v).__name__}", name)
+    if lo is not None and v < lo:
+        raise ProtocolError(f"{name}: must be >= {lo}, got {v}", name)
+    return v
+
+
+def _float(body: Mapping[str, Any], name: str) -> float | None:
+    v = body.get(name)
+    if v is None:
+        return None
+    if isinstance(v, bool) or not isinstance(v, (int, float)):
+        raise ProtocolError(f"{name}: must be a number, got {type(v).__name__}", name)
+    f = float(v)
+    if not math.isfinite(f):
+        raise ProtocolError(f"{name}: must be a finite number, got {v}", name)
+    return f
+
+
+def _check_fields(body: Mapping[str, Any], allowed: frozenset[str], route: str) -> None:
+    unknown = sorted(k for k in body if k not in allowed)
+    if unknown:
+        raise ProtocolError(
+            f"{unknown[0]}: unknown or unsupported field for {route}"
+            + (f" (also: {', '.join(unknown[1:])})" if len(unknown) > 1 else ""),
+            unknown[0],
+        )
+
+
+def _token_list(value: Any, name: str, vocab: int) -> list[int]:
+    if not isinstance(value, list) or not all(
+        isinstance(t, int) and not isinstance(t, bool) for t in value
+    ):
+        raise ProtocolError(f"{name}: must be a list of token ids", name)
+    bad = next((t for t in value if not 0 <= t < vocab), None)
+    if bad is not None:
+        raise ProtocolError(f"{name}: token {bad} is outside the vocabulary 0..{vocab - 1}", name)
+    return list(value)
+
+
+# ------------------------------------------------------------------ sampling
+
+
+def sample_opts(body: Mapping[str, Any], tokenizer: Tokenizer, vocab: int) -> SampleOpts:
+    """The `SampleOpts` a body asks for (see the module docstring for the names)."""
+    kw: dict[str, Any] = {"temperature": 1.0}
+    source: dict[str, str] = {"temperature": "temperature"}  # SampleOpts field -> body name
+    for name, (target, check) in _FLOAT_KNOBS.items():
+        v = _float(body, name)
+        if v is None:
+            continue
+        if check is not None and (why := check(v)) is not None:
+            raise ProtocolError(f"{name}: {why}", name)
+        if target in kw and source.get(target) != "temperature" and kw[target] != v:
+            raise ProtocolError(
+                f"{name}: conflicts with {source[target]} (both set {target}, differently)", name
+            )
+        kw[target], source[target] = v, name
+    for name, target in _INT_KNOBS.items():
+        iv = _int(body, name, None)
+        if iv is not None:
+            kw[target], source[target] = iv, name
+    top_k = _int(body, "top_k", None)
+    if top_k is not None:
+        if top_k < -1:
+            raise ProtocolError(f"top_k: must be >= -1 (0 or -1: off), got {top_k}", "top_k")
+        kw["top_k"], source["top_k"] = (None if top_k <= 0 else top_k), "top_k"
+    window = _int(body, "repeat_last_n", None)
+    if window is not None:
+        if window == 0 or window < -1:
+            raise ProtocolError(
+                f"repeat_last_n: must be >= 1, or -1 for the whole history, got {window}",
+                "repeat_last_n",
+            )
+        kw["repetition_window"], source["repetition_window"] = window, "repeat_last_n"
+    mirostat = _int(body, "mirostat", None)
+    if mirostat is not None:
+        if mirostat not in (0, 1, 2):
+            raise ProtocolError(f"mirostat: must be 0, 1 or 2, got {mirostat}", "mirostat")
+        kw["mirostat"], source["mirostat"] = MirostatMode(mirostat), "mirostat"
+    seed = _int(body, "seed", None)
+    if seed is not None:
+        if seed == -1:
+            seed = None
+        elif not 0 <= seed < 2**64:
+            raise ProtocolError(f"seed: must be in 0..2**64 (or -1: random), got {seed}", "seed")
+        kw["seed"], source["seed"] = seed, "seed"
+    dyn = _float(body, "dynatemp_range")
+    if dyn is not None and dyn != 0:
+        if dyn < 0:
+            raise ProtocolError(f"dynatemp_range: must be >= 0, got {dyn}", "dynatemp_range")
+        t = float(kw["temperature"])
+        kw["dynamic_temp"], kw["temperature"] = (max(0.0, t - dyn), t + dyn), 0.0
+        source["dynamic_temp"] = "dynatemp_range"
+    if _present(body, "logit_bias"):
+        kw["logit_bias"], source["logit_bias"] = (
+            _logit_bias(body["logit_bias"], vocab),
+            "logit_bias",
+        )
+    if _present(body, "dry_sequence_breakers"):
+        kw["dry_sequence_breakers"] = _breakers(body["dry_sequence_breakers"], tokenizer, vocab)
+        source["dry_sequence_breakers"] = "dry_sequence_breakers"
+    try:
+        return SampleOpts(**kw)
+    except InvalidOptionError as exc:
+        target = str(exc).split(":", 1)[0]
+        name = source.get(target, target)
+        raise ProtocolError(f"{name}: {str(exc).split(':', 1)[-1].strip()}", name) from None
+
+
+def _logit_bias(value: Any, vocab: int) -> dict[int, float]:
+    name = "logit_bias"
+    if isinstance(value, Mapping):
+        items = list(value.items())
+    elif isinstance(value, list) and all(isinstance(p, list) and len(p) == 2 for p in value):
+        items = [(p[0], p[1]) for p in value]
+    else:
+        raise ProtocolError(f"{name}: must map token ids to biases", name)
+    out: dict[int, float] = {}
+    for key, bias in items:
+        try:
+            tok = int(key) if not isinstance(key, bool) else None
+        except (TypeError, ValueError):
+            tok = None
+        if tok is None or isinstance(key, float) or not 0 <= tok < vocab:
+            raise ProtocolError(f"{name}: {key!r} is not a token id in 0..{vocab - 1}", name)
+        if bias is False:
+            out[tok] = -math.inf
+            continue
+        if isinstance(bias, bool) or not isinstance(bias, (int, float)) or not math.isfinite(bias):
+            raise ProtocolError(f"{name}: the bias of token {tok} must be a number", name)
+        if not -100 <= bias <= 100:
+            raise ProtocolError(
+                f"{name}: the bias of token {tok} must be in [-100, 100], got {bias}", name
+            )
+        out[tok] = float(bias)
+    return out
+
+
+def _breakers(value: Any, tokenizer: Tokenizer, vocab: int) -> tuple[int, ...]:
+    name = "dry_sequence_breakers"
+    if not isinstance(value, list):
+        raise ProtocolError(f"{name}: must be a list of strings or token ids", name)
+    out: list[int] = []
+    for item in value:
+        if isinstance(item, str):
+            out += tokenizer.encode(item, add_special_tokens=False)
+        elif isinstance(item, int) and not isinstance(item, bool) and 0 <= item < vocab:
+            out.append(item)
+        else:
+            raise ProtocolError(f"{name}: {item!r} is neither a string nor a token id", name)
+    return tuple(dict.fromkeys(out))
+
+
+def _samplers(value: Any, opts: SampleOpts) -> tuple[str, ...] | None:
+    name = "samplers"
+    if value is None:
+        return None
+    if isinstance(value, str):
+        stages = []
+        for ch in value:
+            if ch not in _SAMPLER_LETTERS:
+                raise ProtocolError(
+                    f"{name}: unknown sampler letter {ch!r} (letters: {''.join(_SAMPLER_LETTERS)})",
+                    name,
+                )
+            stages.append(_SAMPLER_LETTERS[ch])
+    elif isinstance(value, list) and all(isinstance(v, str) for v in value):
+        stages = []
+        for v in value:
+            if v not in _SAMPLER_NAMES:
+                raise ProtocolError(
+                    f"{name}: unknown sampler {v!r} (known: {', '.join(_SAMPLER_NAMES)})", name
+                )
+            stages.append(_SAMPLER_NAMES[v])
+    else:
+        raise ProtocolError(f"{name}: must be a list of sampler names or a string of letters", name)
+    if len(set(stages)) != len(stages):
+        raise ProtocolError(f"{name}: a sampler is listed twice", name)
+    if "logit_bias" not in stages:
+        stages.insert(0, "logit_bias")
+    order = tuple(stages)
+    try:
+        opts.into_chain(list(order))
+    except InvalidOptionError as exc:
+        raise ProtocolError(f"{name}: {str(exc).split(':', 1)[-1].strip()}", name) from None
+    return order
+
+
+# ------------------------------------------------------------------ common
+
+
+def _stops(body: Mapping[str, Any]) -> tuple[str, ...]:
+    v = body.get("stop")
+    if v is None:
+        return ()
+    if isinstance(v, str):
+        v = [v]
+    if not isinstance(v, list) or not all(isinstance(s, str) for s in v):
+        raise ProtocolError("stop: must be a string or a list of strings", "stop")
+    if len(v) > _MAX_STOPS:
+        raise ProtocolError(f"stop: at most {_MAX_STOPS} stop strings, got {len(v)}", "stop")
+    return tuple(s for s in v if s)
+
+
+def _max_tokens(body: Mapping[str, Any], names: Sequence[str], cap: int) -> int | None:
+    chosen: tuple[str, int] | None = None
+    for name in names:
+        v = _int(body, name, None)
+        if v is None:
+            continue
+        if name == "n_predict" and v == -1:
+            continue  # llama-server: -1 = until a stop
+        if v < 0 or (v == 0 and name != "n_predict"):
+            raise ProtocolError(f"{name}: must be >= 1, got {v}", name)
+        if v > cap:
+            raise ProtocolError(f"{name}: must be <= {cap} on this server, got {v}", name)
+        if chosen is not None and chosen[1] != v:
+            raise ProtocolError(f"{name}: conflicts with {chosen[0]}", name)
+        chosen = (name, v)
+    return None if chosen is None else chosen[1]
+
+
+def _model(body: Mapping[str, Any], served: str, aliases: frozenset[str]) -> str:
+    model = body.get("model")
+    if model is None:
+        return served
+    if not isinstance(model, str):
+        raise ProtocolError("model: must be a string", "model")
+    if model != served and model not in aliases:
+        raise ProtocolError(
+            f"The model `{model}` does not exist (this server serves `{served}`)",
+            "model",
+            status=404,
+            code="model_not_found",
+        )
+    return served
+
+
+@dataclass(frozen=True)
+class Limits:
+    """What the protocol layer needs to know of the server."""
+
+    model_name: str
+    vocab_size: int
+    max_tokens: int
+    max_n: int
+    max_top_logprobs: int
+    aliases: frozenset[str] = frozenset()
+
+
+def _common(
+    body: Mapping[str, Any], tokenizer: Tokenizer, limits: Limits, max_names: Sequence[str]
+) -> tuple[dict[str, Any], ParsedRequest]:
+    model = _model(body, limits.model_name, limits.aliases)
+    stream = _bool(body, "stream", False)
+    include_usage = False
+    so = body.get("stream_options")
+    if so is not None:
+        if not stream:
+            raise ProtocolError("stream_options: only allowed with stream=true", "stream_options")
+        if not isinstance(so, Mapping) or set(so) - {"include_usage"}:
+            raise ProtocolError(
+                "stream_options: must be an object with include_usage only", "stream_options"
+            )
+        include_usage = _bool(so, "include_usage", False)
+    n = _int(body, "n", 1, lo=1)
+    assert n is not None
+    if n > limits.max_n:
+        raise ProtocolError(f"n: must be <= {limits.max_n} on this server, got {n}", "n")
+    opts = sample_opts(body, tokenizer, limits.vocab_size)
+    order = _samplers(body.get("samplers"), opts)
+    stop_ids = (
+        frozenset(_token_list(body["stop_token_ids"], "stop_token_ids", limits.vocab_size))
+        if _present(body, "stop_token_ids")
+        else frozenset()
+    )
+    kw: dict[str, Any] = {
+        "opts": opts,
+        "max_tokens": _max_tokens(body, max_names, limits.max_tokens),
+        "n": n,
+        "stop": _stops(body),
+        "stop_token_ids": stop_ids,
+        "ignore_eos": _bool(body, "ignore_eos", False),
+        "order": order,
+        "use_cache": _bool(body, "cache_prompt", True),
+    }
+    return kw, ParsedRequest([], stream=stream, include_usage=include_usage, model=model)
+
+
+# ------------------------------------------------------------------ chat
+
+
+def _messages(value: Any) -> list[dict[str, Any]]:
+    name = "messages"
+    if not isinstance(value, list) or not value:
+        raise ProtocolError(f"{name}: must be a non-empty list of messages", name)
+    out = []
+    for i, m in enumerate(value):
+        where = f"{name}[{i}]"
+        if not isinstance(m, Mapping):
+            raise ProtocolError(f"{where}: must be an object", where)
+        role = m.get("role")
+        if role not in ("system", "developer", "user", "assistant", "tool"):
+            raise ProtocolError(
+                f"{where}.role: must be system, developer, user, assistant or tool, got {role!r}",
+                f"{where}.role",
+            )
+        content = m.get("content")
+        if isinstance(content, list):
+            parts = []
+            for j, part in enumerate(content):
+                if not isinstance(part, Mapping) or part.get("type") != "text":
+                    raise ProtocolError(
+                        f"{where}.content[{j}]: only text parts are supported",
+                        f"{where}.content[{j}]",
+                    )
+                text = part.get("text")
+                if not isinstance(text, str):
+                    raise ProtocolError(
+                        f"{where}.content[{j}].text: must be a string", f"{where}.content[{j}]"
+                    )
+                parts.append(text)
+            content = "".join(parts)
+        elif content is None:
+            if role != "assistant" or not m.get("tool_calls"):
+                raise ProtocolError(f"{where}.content: is required", f"{where}.content")
+        elif not isinstance(content, str):
+            raise ProtocolError(
+                f"{where}.content: must be a string or a list of text parts", f"{where}.content"
+            )
+        msg = {k: v for k, v in m.items() if k not in ("role", "content")}
+        allowed = {"name", "tool_calls", "tool_call_id"}
+        extra = sorted(set(msg) - allowed)
+        if extra:
+            raise ProtocolError(f"{where}.{extra[0]}: unknown message field", f"{where}.{extra[0]}")
+        msg["role"] = "system" if role == "developer" else role
+        msg["content"] = content
+        out.append(msg)
+    return out
+
+
+def render_chat(
+    tokenizer: Tokenizer,
+    messages: list[dict[str, Any]],
+    *,
+    tools: list[Any] | None = None,
+    add_generation_prompt: bool = True,
+    template_kwargs: Mapping[str, Any] | None = None,
+) -> list[int]:
+    """The prompt tokens of a chat: the model's chat template when it has one.
+
+    A tokenizer without a template gets a plain transcript, one ``Role: content`` line
+    per message and a final ``Assistant:`` (the bundled model has no template).
+    """
+    apply = getattr(tokenizer, "apply_chat_template", None)
+    has_template = callable(apply) and getattr(tokenizer, "chat_template", True) is not None
+    if has_template:
+        assert callable(apply)
+        kw: dict[str, Any] = dict(template_kwargs or {})
+        if tools:
+            kw["tools"] = tools
+        try:
+            out = apply(messages, add_generation_prompt=add_generation_prompt, tokenize=True, **kw)
+        except LookupError:
+            out = None  # no template after all: fall through to the transcript
+        except Exception as exc:
+            raise ProtocolError(f"messages: the chat template failed: {exc}", "messages") from None
+        if out is not None:
+            if isinstance(out, str):
+                return tokenizer.encode(out, add_special_tokens=False)
+            return [int(t) for t in out]
+    if tools:
+        raise ProtocolError("tools: this model has no chat template to render tools", "tools")
+    lines = [f"{m['role'].capitalize()}: {m['content'] or ''}" for m in messages]
+    if add_generation_prompt:
+        lines.append("Assistant:")
+    return tokenizer.encode("\n".join(lines))
+
+
+def parse_chat(body: Any, tokenizer: Tokenizer, limits: Limits) -> ParsedRequest:
+    """Check a ``/v1/chat/completions`` body."""
+    if not isinstance(body, Mapping):
+        raise ProtocolError("the request body must be a JSON object")
+    _check_fields(body, CHAT_FIELDS, "/v1/chat/completions")
+    messages = _messages(body.get("messages"))
+    kw, parsed = _common(
+        body, tokenizer, limits, ("max_tokens", "max_completion_tokens", "n_predict")
+    )
+    logprobs = _bool(body, "logprobs", False)
+    top = _int(body, "top_logprobs", None, lo=0)
+    if top is not None:
+        if not logprobs:
+            raise ProtocolError("top_logprobs: needs logprobs=true", "top_logprobs")
+        if top > limits.max_top_logprobs:
+            raise ProtocolError(
+                f"top_logprobs: must be <= {limits.max_top_logprobs}, got {top}", "top_logprobs"
+            )
+    kw["logprobs"] = (top or 0) if logprobs else None
+    tools = body.get("tools")
+    if tools is not None and not isinstance(tools, list):
+        raise ProtocolError("tools: must be a list", "tools")
+    choice = body.get("tool_choice")
+    if choice is not None and choice not in ("none", "auto"):
+        raise ProtocolError(
+            "tool_choice: only 'none' and 'auto' are supported (calls are not parsed)",
+            "tool_choice",
+        )
+    if choice == "none":
+        tools = None
+    rf = body.get("response_format")
+    if rf is not None and (not isinstance(rf, Mapping) or dict(rf) != {"type": "text"}):
+        raise ProtocolError(
+            "response_format: only {'type': 'text'} is supported", "response_format"
+        )
+    tk = body.get("chat_template_kwargs")
+    if tk is not None and not isinstance(tk, Mapping):
+        raise ProtocolError("chat_template_kwargs: must be an object", "chat_template_kwargs")
+    prompt = render_chat(
+        tokenizer,
+        messages,
+        tools=tools,
+        add_generation_prompt=_bool(body, "add_generation_prompt", True),
+        template_kwargs=tk,
+    )
+    parsed.requests = [GenerationRequest(prompt=tuple(prompt), **kw)]
+    parsed.logprobs = logprobs
+    return parsed
+
+
+# ------------------------------------------------------------------ completions
+
+
+def _prompts(value: Any, tokenizer: Tokenizer, vocab: int) -> list[list[int]]:
+    name = "prompt"
+    if isinstance(value, str):
+        return [tokenizer.encode(value)]
+    if isinstance(value, list) and value:
+        if all(isinstance(p, str) for p in value):
+            return [tokenizer.encode(p) for p in value]
+        if all(isinstance(t, int) and not isinstance(t, bool) for t in value):
+            return [_token_list(value, name, vocab)]
+        if all(isinstance(p, list) for p in value):
+            return [_token_list(p, name, vocab) for p in value]
+    raise ProtocolError(
+        f"{name}: must be a string, a list of strings, a token list or a list of token lists",
+        name,
+    )
+
+
+def parse_completion(body: Any, tokenizer: Tokenizer, limits: Limits) -> ParsedRequest:
+    """Check a ``/v1/completions`` body."""
+    if not isinstance(body, Mapping):
+        raise ProtocolError("the request body must be a JSON object")
+    _check_fields(body, COMPLETION_FIELDS, "/v1/completions")
+    if "prompt" not in body:
+        raise ProtocolError("prompt: is required", "prompt")
+    prompts = _prompts(body["prompt"], tokenizer, limits.vocab_size)
+    for p in prompts:
+        if not p:
+            raise ProtocolError("prompt: encodes to no tokens", "prompt")
+    kw, parsed = _common(body, tokenizer, limits, ("max_tokens", "n_predict"))
+    if "max_tokens" not in body and "n_predict" not in body:
+        kw["max_tokens"] = min(16, limits.max_tokens)  # OpenAI's default for completions
+    lp = _int(body, "logprobs", None, lo=0)
+    if lp is not None and lp > limits.max_top_logprobs:
+        raise ProtocolError(f"logprobs: must be <= {limits.max_top_logprobs}, got {lp}", "logprobs")
+    kw["logprobs"] = lp
+    if _bool(body, "echo", False):
+        raise ProtocolError("echo: echoing the prompt is not supported", "echo")
+    if body.get("suffix") is not None:
+        raise ProtocolError("suffix: insertion is not supported", "suffix")
+    best_of = _int(body, "best_of", None, lo=1)
+    if best_of is not None and best_of != kw["n"]:
+        raise ProtocolError("best_of: only best_of equal to n is supported", "best_of")
+    parsed.requests = [GenerationRequest(prompt=tuple(p), **kw) for p in prompts]
+    parsed.logprobs = lp is not None
+    return parsed
+
+
+# ------------------------------------------------------------------ responses
+
+
+def new_id(prefix: str) -> str:
+    """An id like OpenAI's: ``chatcmpl-...`` or ``cmpl-...``."""
+    return f"{prefix}-{uuid.uuid4().hex[:24]}"
+
+
+def now() -> int:
+    """Seconds since the epoch, for ``created``."""
+    return int(time.time())
+
+
+def token_text(tokenizer: Tokenizer, token: int) -> str:
+    """One token's text, special tokens included."""
+    return tokenizer.decode([token], skip_special_tokens=False)
+
+
+def chat_logprobs(tokenizer: Tokenizer, lps: Sequence[TokenLogprob]) -> list[dict[str, Any]]:
+    """``choice.logprobs.content`` entries for the chat API."""
+
+    def entry(tok: int, lp: float) -> dict[str, Any]:
+        text = token_text(tokenizer, tok)
+        return {"token": text, "logprob": lp, "bytes": list(text.encode("utf-8"))}
+
+    return [
+        {**entry(x.token, x.logprob), "top_logprobs": [entry(t, p) for t, p in x.top]} for x in lps
+    ]
+
+
+def completion_logprobs(
+    tokenizer: Tokenizer, lps: Sequence[TokenLogprob], offset: int
+) -> dict[str, Any]:
+    """The legacy ``choice.logprobs`` object of the completions API."""
+    tokens, offsets = [], []
+    pos = offset
+    for x in lps:
+        t = token_text(tokenizer, x.token)
+        tokens.append(t)
+        offsets.append(pos)
+        pos += len(t)
+    return {
+        "tokens": tokens,
+        "token_logprobs": [x.logprob for x in lps],
+        "top_logprobs": [{token_text(tokenizer, t): p for t, p in x.top} for x in lps],
+        "text_offset": offsets,
+    }
+
+
+def finish_reason(reason: str) -> str | None:
+    """The OpenAI ``finish_reason``: the context limit reports ``length``, as vLLM does."""
+    return {"stop": "stop", "length": "length", "context": "length"}.get(reason)

@@ -1,0 +1,224 @@
+"""Hostile input to the sampler chain (issue 16): one regression test per trigger.
+
+Each test names the trigger it pins. Hangs are run in a child process with a
+timeout, so that a regression fails the test instead of hanging the suite (the
+hang held the GIL and ignored Ctrl-C).
+"""
+
+from __future__ import annotations
+
+import math
+import subprocess
+import sys
+import textwrap
+from typing import Any
+
+import numpy as np
+import pytest
+
+from rlx_lm import InvalidLogitsError, MirostatMode, SampleOpts, argmax
+
+F32_MIN = float(np.finfo(np.float32).min)
+
+
+def run_bounded(code: str, timeout: float = 60.0) -> str:
+    """Run `code` in a fresh interpreter; fail (not hang) if it does not finish."""
+    try:
+        out = subprocess.run(
+            [sys.executable, "-c", textwrap.dedent(code)],
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+            check=False,
+        )
+    except subprocess.TimeoutExpired:
+        pytest.fail(f"did not finish within {timeout} s:\n{code}")
+    assert out.returncode == 0, out.stderr
+    return out.stdout
+
+
+def test_top_p_returns_when_the_scaled_maximum_overflows_float32() -> None:
+    # [3e38, 1, 2] / 0.7 overflows float32; at T = 1e-40 so does 1 / T.
+    # Both used to loop forever inside top-p with the GIL held.
+    out = run_bounded(
+        """
+        import numpy as np
+        from rlx_lm import SampleOpts
+        row = np.array([3e38, 1, 2], np.float32)
+        for t in (0.7, 1e-40):
+            for seed in range(20):
+                chain = SampleOpts(temperature=t, top_p=0.9, seed=seed).into_chain()
+                print(chain.sample(row), chain.sample(np.array([1, 5, 2], np.float32)))
+        """
+    )
+    assert set(out.split()) == {"0", "1"}
+    assert out.split()[::2] == ["0"] * 40
+    assert out.split()[1::2] == ["1"] * 40
+
+
+@pytest.mark.parametrize("t", [1e-40, 1e-38, 1e-30, 1e-20])
+@pytest.mark.parametrize(
+    "kw", [{}, {"top_p": 0.5}, {"top_k": 3}, {"min_p": 0.1}, {"typical_p": 0.5}]
+)
+def test_a_temperature_so_small_it_is_greedy_is_greedy(t: float, kw: dict[str, Any]) -> None:
+    rng = np.random.default_rng(3)
+    for seed in range(10):
+        row = rng.normal(size=50).astype(np.float32) * 3
+        chain = SampleOpts(temperature=t, seed=seed, **kw).into_chain()
+        assert chain.sample(row) == argmax(row)
+
+
+def test_a_vanishing_temperature_shares_the_mass_of_tokens_tied_at_the_maximum() -> None:
+    # The limit of softmax(l / T) as T -> 0, as +inf logits share theirs.
+    row = np.array([1.0, 7.0, 7.0, 3.0], np.float32)
+    seen = {
+        SampleOpts(temperature=1e-40, top_p=0.9, seed=s).into_chain().sample(row) for s in range(64)
+    }
+    assert seen == {1, 2}
+    r = (
+        SampleOpts(temperature=1e-40, seed=1)
+        .into_chain()
+        .sample_with_logprobs(row, None, 4, mode="final")
+    )
+    assert r.logprob == pytest.approx(-math.log(2))
+    assert [t for t, _ in r.top] == [1, 2]
+
+
+@pytest.mark.parametrize(
+    "kw",
+    [
+        {"top_p": 0.9},
+        {"typical_p": 0.5},
+        {"xtc_prob": 1.0, "xtc_threshold": 0.1},
+        {"top_n_sigma": 1.0},
+        {"min_p": 0.2},
+        {"mirostat": MirostatMode.V2},
+        {"mirostat": MirostatMode.V1},
+        {},
+    ],
+)
+def test_rows_masked_with_the_float32_minimum_do_not_panic(kw: dict[str, Any]) -> None:
+    # finfo(float32).min / 0.7 is -inf: a row of such masks used to panic
+    # (PanicException, which `except Exception` does not catch) in the draw.
+    all_masked = np.full(10, F32_MIN, np.float32)
+    partly = all_masked.copy()
+    partly[[2, 7]] = [1.0, 1.5]
+    for seed in range(16):
+        chain = SampleOpts(temperature=0.7, seed=seed, **kw).into_chain()
+        assert 0 <= chain.sample(all_masked) < 10
+        assert chain.sample(partly) in (2, 7)
+        r = chain.sample_with_logprobs(partly, None, 3, mode="final")
+        assert r.token in (2, 7)
+        assert r.logprob <= 0
+        assert math.isfinite(r.logprob)
+
+
+SCALES = [10.0**e for e in range(-30, 39, 4)] + [3e38]
+
+
+@pytest.mark.parametrize("scale", SCALES)
+@pytest.mark.parametrize("t", [0.7, 1.0, 1.5])
+def test_log_probabilities_are_at_most_zero_and_masses_sane_at_every_scale(
+    scale: float, t: float
+) -> None:
+    # |logit| / T above about 1e5 used to give log-probabilities above 0 or
+    # NaN: the fused multiply-add residual left the fast exponential's domain.
+    rng = np.random.default_rng(int(math.log10(scale) + 40))
+    with np.errstate(over="ignore"):
+        row = (rng.uniform(-1, 1, 300) * scale).astype(np.float32)
+    row = np.where(np.isfinite(row), row, np.float32(F32_MIN)).astype(np.float32)
+    for kw in ({}, {"top_p": 0.9}, {"top_k": 20}, {"min_p": 0.05}):
+        chain = SampleOpts(temperature=t, seed=7, **kw).into_chain()
+        for mode in ("raw", "final"):
+            r = chain.sample_with_logprobs(row, None, 300, mode=mode)
+            lps = np.array([lp for _, lp in r.top])
+            assert math.isfinite(r.logprob), (mode, r)
+            assert r.logprob <= 0, (mode, r)
+            assert np.all(lps <= 0), (mode, r.top[:3])
+            assert not np.any(np.isnan(lps)), (mode, r.top[:3])
+            mass = float(np.exp(lps).sum())
+            assert mass == pytest.approx(1.0, abs=1e-4), (mode, mass)
+            # The best-ranked token of a distribution is never less likely than another.
+            assert lps[0] == lps.max()
+
+
+@pytest.mark.parametrize("scale", [1e5, 1e7, 1e9, 1e20, 1e37])
+def test_tokens_at_large_scales_come_from_the_right_place(scale: float) -> None:
+    # A row where one token is ahead by a margin that is many ulps wide at
+    # every scale: it must hold all the mass (it used to lose it to the
+    # residual's garbage exponential).
+    row = (np.array([0.5, 1.0, 0.25, -1.0, 0.9]) * scale).astype(np.float32)
+    for t in (0.7, 1.3):
+        for kw in ({}, {"top_p": 0.95}, {"top_k": 3}):
+            tokens = {
+                SampleOpts(temperature=t, seed=s, **kw).into_chain().sample(row) for s in range(16)
+            }
+            assert tokens == {1}, (t, kw, tokens)
+
+
+def test_mirostat_mu_stays_finite() -> None:
+    # Huge learning rates and surprises used to drive mu to inf and then NaN.
+    row = np.array([3e38, 0, -3e38, 1e30, -1e30], np.float32)
+    for mode in (MirostatMode.V1, MirostatMode.V2):
+        for eta, tau in ((3e38, 3e38), (3e38, 0.0), (1e30, 5.0), (0.0, 3e38)):
+            chain = SampleOpts(
+                mirostat=mode, mirostat_eta=eta, mirostat_tau=tau, seed=1
+            ).into_chain()
+            for step in range(12):
+                tok = chain.sample(row if step % 2 else -row)
+                chain.accept(tok)
+                mu = chain.mu
+                assert mu is not None
+                assert math.isfinite(mu), (mode, eta, tau, step, mu)
+
+
+@pytest.mark.parametrize(
+    ("kw", "order"),
+    [
+        ({"top_k": 1, "temperature": 1.0}, None),
+        ({"top_k": 1, "temperature": 1.0}, "llama.cpp"),
+        ({"top_k": 5, "temperature": 0.0}, "llama.cpp"),
+        ({"top_p": 1e-6, "temperature": 1.0}, None),
+        ({"top_p": 1e-6, "temperature": 1.0, "logit_bias": {2: -1.0}}, None),
+        ({"mirostat": MirostatMode.V2, "mirostat_tau": 0.0}, None),
+    ],
+)
+def test_signed_zero_ties_break_as_the_argmax_breaks_them(
+    kw: dict[str, Any], order: str | None
+) -> None:
+    # -0.0 and +0.0 are equal; the ranked paths used to put +0.0 first.
+    for row in ([-0.0, 0.0, -1.0], [0.0, -0.0, -1.0], [-3.0, -0.0, -0.0, 0.0]):
+        r = np.array(row, np.float32)
+        best = argmax(r)
+        assert SampleOpts(seed=1, **kw).into_chain(order).sample(r) == best, (row, kw)
+
+
+def test_a_large_dry_penalty_pushes_a_token_down_but_does_not_ban_it() -> None:
+    # multiplier * base^n used to overflow to inf: the token was banned, and
+    # a row with no other token raised "every logit is -inf".
+    history = [0, 1, 2, 0, 1, 2, 0, 1]
+    opts = SampleOpts(temperature=1.0, dry_multiplier=3e38, dry_base=4.0, seed=1)
+    row = np.array([-5.0, -math.inf, 1.0, -math.inf], np.float32)
+    # Token 2 extends the repeat: penalised to the bottom, still sampleable.
+    chain = opts.into_chain()
+    assert chain.sample(row, history) == 0
+    only = np.array([-math.inf, -math.inf, 1.0, -math.inf], np.float32)
+    assert chain.sample(only, history) == 2
+    for order in (None, "llama.cpp", "hf"):
+        c = SampleOpts(temperature=1.0, dry_multiplier=3e38, top_k=2, seed=1).into_chain(order)
+        assert c.sample(only, history) == 2
+
+
+def test_a_large_logit_bias_saturates_instead_of_making_infinity() -> None:
+    row = np.array([3e38, 3e38, 0.0], np.float32)
+    for kw in ({"temperature": 1.0}, {"temperature": 0.5, "top_p": 0.9}, {"top_k": 2}):
+        chain = SampleOpts(logit_bias={0: 3e38, 2: -3e38}, seed=3, **kw).into_chain()
+        r = chain.sample_with_logprobs(row, None, 3, mode="penalized")
+        assert r.token in (0, 1)
+        assert all(math.isfinite(lp) and lp <= 0 for _, lp in r.top[:2]), r
+
+
+def test_every_logit_banned_is_still_a_typed_error() -> None:
+    chain = SampleOpts(temperature=0.7, top_p=0.9, seed=1).into_chain()
+    with pytest.raises(InvalidLogitsError):
+        chain.sample(np.full(5, -np.inf, np.float32))

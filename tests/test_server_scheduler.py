@@ -1,0 +1,213 @@
+"""`BatchScheduler` on its own (no HTTP): batch independence, any runner, cancel and close."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+import pytest
+
+import rlx_lm
+from rlx_lm import SampleOpts
+from rlx_lm.server import (
+    BatchScheduler,
+    GenerationRequest,
+    QueueFullError,
+    ServerConfig,
+    ShuttingDownError,
+)
+from rlx_lm.session import SessionSnapshot
+
+PROMPT = "It is a truth universally acknowledged"
+
+
+@pytest.fixture(scope="module")
+def model() -> tuple[Any, Any]:
+    return rlx_lm.load_default(max_seq=256)
+
+
+def fresh(model: tuple[Any, Any]) -> Any:
+    runner, _ = model
+    return type(runner)(runner.cfg, runner.weights, max_seq=256)
+
+
+def request(tok: Any, seed: int, n_tokens: int = 12, **kw: Any) -> GenerationRequest:
+    opts = SampleOpts(temperature=1.0, top_p=0.9, seed=seed)
+    return GenerationRequest(tuple(tok.encode(PROMPT)), opts, max_tokens=n_tokens, **kw)
+
+
+def test_a_seeded_request_draws_the_same_tokens_alone_or_among_31_others(
+    model: tuple[Any, Any],
+) -> None:
+    _, tok = model
+    with BatchScheduler(fresh(model), tok, ServerConfig(max_batch=32)) as sched:
+        alone = sched.generate(request(tok, seed=42), timeout=120)[0]
+        results: dict[int, Any] = {}
+        barrier = threading.Barrier(32)
+
+        def go(i: int) -> None:
+            barrier.wait()
+            # the others: other seeds, other lengths, other knobs
+            req = (
+                request(tok, seed=42)
+                if i == 0
+                else request(tok, seed=1000 + i, n_tokens=4 + i % 9, logprobs=i % 3 or None)
+            )
+            results[i] = sched.generate(req, timeout=300)[0]
+
+        threads = [threading.Thread(target=go, args=(i,)) for i in range(32)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(300)
+        assert len(results) == 32
+        sizes = sched.metrics.batch_size
+        assert sizes.count > 0
+        assert sizes.counts[0] < sizes.count  # some steps ran more than one sequence
+    assert results[0].tokens == alone.tokens
+    assert results[0].text == alone.text
+    assert alone.finish_reason == "length"
+    assert all(r.finish_reason == "length" for r in results.values())
+
+
+def test_choices_match_the_library_generate(model: tuple[Any, Any]) -> None:
+    runner, tok = model
+    opts = SampleOpts(temperature=0.8, min_p=0.05, presence_penalty=0.5, seed=9)
+    want = rlx_lm.generate(runner, tok, PROMPT, opts=opts, max_tokens=16)
+    with BatchScheduler(fresh(model), tok) as sched:
+        got = sched.generate(
+            GenerationRequest(tuple(tok.encode(PROMPT)), opts, max_tokens=16), timeout=60
+        )[0]
+    assert got.tokens == want.tokens
+    assert got.text == want.text
+
+
+class PredictOnly:
+    """A runner with nothing but the core: no cached pair, no sessions."""
+
+    def __init__(self, inner: Any) -> None:
+        self.inner = inner
+        self.family = inner.family
+        self.vocab_size = inner.vocab_size
+        self.max_seq = inner.max_seq
+
+    def predict_logits(self, ids: Sequence[int], /) -> npt.NDArray[np.float32]:
+        return self.inner.predict_logits(ids)  # type: ignore[no-any-return]
+
+
+class CountingBatch:
+    """A runner with its own decode_batch that records the batch sizes it is given."""
+
+    def __init__(self, inner: Any) -> None:
+        self.inner = inner
+        self.family = inner.family
+        self.vocab_size = inner.vocab_size
+        self.max_seq = inner.max_seq
+        self.sizes: list[int] = []
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.inner, name)
+
+    def decode_batch(
+        self, sessions: Sequence[SessionSnapshot], tokens: Sequence[int], /
+    ) -> tuple[npt.NDArray[np.float32], list[SessionSnapshot]]:
+        self.sizes.append(len(tokens))
+        rows, out = [], []
+        for s, t in zip(sessions, tokens, strict=True):
+            self.inner.restore_session(s)
+            rows.append(self.inner.decode_logits(t))
+            out.append(self.inner.export_session())
+        return np.stack(rows).astype(np.float32), out
+
+
+def test_any_runner_predict_only_gives_the_same_tokens(model: tuple[Any, Any]) -> None:
+    _, tok = model
+    req = request(tok, seed=3, n_tokens=6, n=2)
+    with BatchScheduler(fresh(model), tok) as full:
+        want = full.generate(req, timeout=60)
+    with BatchScheduler(PredictOnly(fresh(model)), tok) as bare:
+        assert bare.prompt_cache is None
+        got = bare.generate(req, timeout=120)
+    assert [c.tokens for c in got] == [c.tokens for c in want]
+
+
+def test_the_runners_own_decode_batch_is_given_the_whole_batch(model: tuple[Any, Any]) -> None:
+    _, tok = model
+    runner = CountingBatch(fresh(model))
+    with BatchScheduler(runner, tok, ServerConfig(max_batch=8)) as sched:
+        out = sched.generate(request(tok, seed=1, n_tokens=5, n=4), timeout=60)
+    assert all(c.finish_reason == "length" for c in out)
+    assert runner.sizes == [4, 4, 4, 4]  # 5 tokens: 4 decode steps of all four choices
+
+
+def test_cancel_frees_the_slot_and_close_refuses_new_work(model: tuple[Any, Any]) -> None:
+    _, tok = model
+    sched = BatchScheduler(fresh(model), tok, ServerConfig(max_batch=1, max_queue=1)).start()
+    events: list[Any] = []
+    long = sched.submit(request(tok, seed=1, n_tokens=200, ignore_eos=True), events.append)
+    deadline = time.monotonic() + 30
+    while sched.running == 0 and time.monotonic() < deadline:
+        time.sleep(0.005)
+    queued: list[Any] = []
+    sched.submit(request(tok, seed=2, n_tokens=2), queued.append)
+    with pytest.raises(QueueFullError) as full:
+        sched.submit(request(tok, seed=3, n_tokens=2), lambda e: None)
+    assert full.value.retry_after == 1
+    long.cancel()
+    while len(queued) < 2 and time.monotonic() < deadline:
+        time.sleep(0.005)
+    finish = events[-1]
+    assert finish.reason == "cancelled"
+    assert finish.completion_tokens < 200
+    assert queued[-1].reason == "length"  # the queued request ran in the freed slot
+    sched.close(timeout=5)
+    with pytest.raises(ShuttingDownError):
+        sched.submit(request(tok, seed=4), lambda e: None)
+
+
+def test_close_cancels_what_does_not_finish_in_time(model: tuple[Any, Any]) -> None:
+    _, tok = model
+    sched = BatchScheduler(fresh(model), tok).start()
+    events: list[Any] = []
+    sched.submit(request(tok, seed=1, n_tokens=200, ignore_eos=True), events.append)
+    deadline = time.monotonic() + 30
+    while not events and time.monotonic() < deadline:
+        time.sleep(0.005)
+    sched.close(timeout=0.2)
+    assert events[-1].reason == "cancelled"
+    assert events[-1].error == "the server shut down"
+
+
+def test_a_broken_sink_cancels_only_its_request(model: tuple[Any, Any]) -> None:
+    _, tok = model
+
+    def broken(event: Any) -> None:
+        raise RuntimeError("client gone")
+
+    with BatchScheduler(fresh(model), tok) as sched:
+        sched.submit(request(tok, seed=1, n_tokens=50), broken)
+        ok = sched.generate(request(tok, seed=2, n_tokens=8), timeout=60)[0]
+        assert ok.finish_reason == "length"
+        assert sched.metrics.finished["cancelled"] == 1
+
+
+def test_validation_names_the_field(model: tuple[Any, Any]) -> None:
+    _, tok = model
+    sched = BatchScheduler(fresh(model), tok, ServerConfig(max_tokens=10))
+    bad = [
+        (GenerationRequest(()), "prompt"),
+        (GenerationRequest((1, 10**6)), "prompt"),
+        (GenerationRequest((1,), max_tokens=11), "max_tokens"),
+        (GenerationRequest((1,), n=99), "n"),
+        (GenerationRequest((1,), logprobs=99), "logprobs"),
+        (GenerationRequest((1,) * 256), "prompt"),
+        (GenerationRequest((1,), SampleOpts(top_p=0.5), order=("top_k",)), "order"),
+    ]
+    for req, field in bad:
+        with pytest.raises(ValueError, match=field):
+            sched.submit(req, lambda e: None)
+    sched.close()

@@ -185,6 +185,8 @@ class KvCache:
         """Replace the contents with a snapshot's; copies nothing."""
     def len(self) -> int:
         """Tokens every layer holds."""
+    def __len__(self) -> int:
+        """``len(cache)``: tokens every layer holds."""
     def layer_len(self, layer: int) -> int:
         """Tokens held by one layer (differs from `len()` only mid forward pass)."""
     @property
@@ -212,6 +214,8 @@ class KvSnapshot:
 
     def len(self) -> int:
         """Tokens held."""
+    def __len__(self) -> int:
+        """``len(snapshot)``: tokens held."""
     def keys(self, layer: int) -> npt.NDArray[Any]:
         """The keys of one layer as a read-only view `[n_kv_heads, len, head_dim]`."""
     def values(self, layer: int) -> npt.NDArray[Any]:

@@ -31,7 +31,15 @@ from rlx_lm._core import SamplerChain
 from rlx_lm.errors import InvalidOptionError, RlxError, SnapshotMismatchError
 from rlx_lm.host_driven import HostDriven
 from rlx_lm.prompt_cache import PromptCache
-from rlx_lm.runner import LmCore, as_logits, supports_host_driven, supports_prompt_cache
+from rlx_lm.runner import (
+    LmCore,
+    LmRunner,
+    as_logits,
+    supports_generate,
+    supports_host_driven,
+    supports_prompt_cache,
+    with_defaults,
+)
 from rlx_lm.sample_opts import SampleOpts
 from rlx_lm.tokenizer import Tokenizer
 
@@ -413,10 +421,13 @@ def load_model(
     *,
     on_event: EventCallback | None = None,
     **builder: Any,
-) -> tuple[LmCore, Tokenizer]:
+) -> tuple[LmRunner, Tokenizer]:
     """Build the runner for ``path`` through the family registry and load its tokenizer.
 
     ``builder`` names `LmRunnerBuilder` setters and their values (``max_seq=512``, ...).
+    The runner is what the family's loader built when it has its own ``generate`` (the
+    reference family's does), else that runner wrapped by `with_defaults`: an `LmRunner`
+    either way, so ``runner.generate(...)`` type-checks in the caller's code.
     """
     from rlx_lm.builder import LmRunnerBuilder
     from rlx_lm.progress import load_progress
@@ -429,6 +440,7 @@ def load_model(
             raise InvalidOptionError(f"LmRunnerBuilder has no setting {name!r}")
         b = setter(value)
     with load_progress(lambda done, total: _emit(on_event, "load", done, total, str(path))):
-        runner = b.build()
+        built = b.build()
     tokenizer = Tokenizer.load(b.resolved_weights())
+    runner: LmRunner = built if supports_generate(built) else with_defaults(built)
     return runner, tokenizer

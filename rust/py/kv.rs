@@ -203,6 +203,11 @@ impl PyKvCache {
         self.inner.len()
     }
 
+    /// `len(cache)`: tokens every layer holds.
+    fn __len__(&self) -> usize {
+        self.inner.len()
+    }
+
     /// Tokens held by one layer (differs from `len()` only mid forward pass).
     fn layer_len(&self, layer: i64) -> PyResult<usize> {
         self.inner.layer_len(index(layer, "layer")?).py()
@@ -268,6 +273,11 @@ pub struct PyKvSnapshot {
 impl PyKvSnapshot {
     /// Tokens held.
     fn len(&self) -> usize {
+        self.inner.len()
+    }
+
+    /// `len(snapshot)`: tokens held.
+    fn __len__(&self) -> usize {
         self.inner.len()
     }
 

@@ -25,6 +25,7 @@ lint:
 	$(VENV)/bin/ruff check $(PYPATHS)
 	$(VENV)/bin/ruff format --check $(PYPATHS)
 	$(PY) -m mypy --strict python/rlx_lm tests/typing/third_party_runner.py benches
+	$(PY) -m mypy.stubtest rlx_lm._core
 	cargo fmt --check
 	cargo clippy --all-targets -- -D warnings
 	cargo clippy --all-targets --features python -- -D warnings

@@ -37,6 +37,8 @@ pub enum CoreError {
     Type(String),
     /// The operating system refused a read or write (a full disk, a closed file).
     Io(String),
+    /// Memory or threads for a result could not be had.
+    OutOfMemory(String),
 }
 
 impl CoreError {
@@ -71,7 +73,8 @@ impl fmt::Display for CoreError {
             | Self::Unsupported(msg)
             | Self::Dtype(msg)
             | Self::Type(msg)
-            | Self::Io(msg) => f.write_str(msg),
+            | Self::Io(msg)
+            | Self::OutOfMemory(msg) => f.write_str(msg),
             Self::Capacity { needed, capacity } => write!(
                 f,
                 "capacity exceeded: {needed} tokens needed, capacity is {capacity}"

@@ -127,7 +127,7 @@ def test_stop_strings_and_context_size_flags(
     assert "stop: stop" in err
     assert main(["generate", str(model), "-p", "hello", "-n", "8", "-c", "4"]) == 2
     assert "max_seq=4" in capsys.readouterr().err
-    assert main(["generate", str(model), "-p", "hello", "-n", "-1"]) == 2
+    assert main(["generate", str(model), "-p", "hello", "-n", "-2"]) == 2
 
 
 def test_packed_and_unpacked_generate_the_same_text(

@@ -84,13 +84,42 @@ def gguf_weight(raw: np.ndarray, qtype: T, rows: int, cols: int) -> np.ndarray:
     return np.asarray(dequantize(raw, qtype), dtype=np.float32).reshape(rows, cols)
 
 
-def assert_within_f32_accumulation(got: np.ndarray, x: np.ndarray, w: np.ndarray) -> None:
-    """|got - x @ w.T| <= (k/8 + 4 + k%8) * 2^-24 * (|x| @ |w|.T): the float32 bound of the
-    kernels' accumulation (eight lanes, k/8 fused steps each, then the lanes and the tail)."""
+#: Bytes of a block holding its codes, for formats whose weights are ``scale * code - offset``:
+#: with them zeroed, gguf dequantises a block to ``-offset``.
+CODE_BYTES = {
+    T.Q4_1: slice(4, 20),
+    T.Q5_1: slice(4, 24),
+    T.Q2_K: slice(16, 80),
+    T.Q4_K: slice(16, 144),
+    T.Q5_K: slice(16, 176),
+}
+
+
+def weight_offsets(raw: np.ndarray, qtype: T, rows: int, cols: int) -> np.ndarray:
+    """``|offset|`` of every weight (zeros for symmetric formats)."""
+    if qtype not in CODE_BYTES:
+        return np.zeros((rows, cols), np.float32)
+    size = gguf.GGML_QUANT_SIZES[qtype][1]
+    zeroed = raw.copy().reshape(rows, -1, size)
+    zeroed[:, :, CODE_BYTES[qtype]] = 0
+    return np.abs(gguf_weight(zeroed.reshape(rows, -1), qtype, rows, cols))
+
+
+def assert_within_f32_accumulation(
+    got: np.ndarray, x: np.ndarray, w: np.ndarray, off: np.ndarray, qtype: T
+) -> None:
+    """|got - x @ w.T| <= 2^-24 (c1 |x| @ (|w| + |off|).T + c2 |x| @ |off|.T): the float32
+    bound of the kernels' sums (rust/quant/kernel.rs: a group's eight-lane sum, its scaling,
+    the sum over groups and lanes; float formats k/8 steps, the lanes and the tail)."""
     x64, w64 = x.astype(np.float64), w.astype(np.float64)
     want = x64 @ w64.T
     k = w.shape[1]
-    tol = (k // 8 + 4 + k % 8) * 2.0**-24 * (np.abs(x64) @ np.abs(w64).T) + 1e-30
+    values = gguf.GGML_QUANT_SIZES[qtype][0]
+    g = 16 if qtype in (T.Q2_K, T.Q3_K, T.Q6_K) else max(8, min(values, 32))
+    c1 = k // 8 + 4 + k % 8 if values == 1 else g // 8 + k // g + 6
+    c2 = c1 + g + k // g + 2
+    ax, aoff = np.abs(x64), off.astype(np.float64)
+    tol = 2.0**-24 * (c1 * (ax @ (np.abs(w64) + aoff).T) + c2 * (ax @ aoff.T)) + 1e-30
     err = np.abs(got.astype(np.float64) - want)
     assert (err <= tol).all(), f"worst error {err.max()} over bound {tol[err > tol].min()}"
 
@@ -113,11 +142,12 @@ def test_matmul_is_x_times_the_dequantised_weight(qtype: T) -> None:
     for rows, cols in shapes:
         raw = random_blocks(qtype, rows, cols, seed=rows + cols)
         w = gguf_weight(raw, qtype, rows, cols)
+        off = weight_offsets(raw, qtype, rows, cols)
         for n in (1, 3, 8, 11):
             x = np.random.default_rng(n).standard_normal((n, cols)).astype(np.float32)
             got = quant_matmul(raw, int(qtype), cols, x)
             assert got.shape == (n, rows)
-            assert_within_f32_accumulation(got, x, w)
+            assert_within_f32_accumulation(got, x, w, off, qtype)
 
 
 @settings(max_examples=40, deadline=None)
@@ -172,9 +202,9 @@ def test_bad_input_raises_typed_errors() -> None:
         quant_matmul(raw, int(T.Q8_0), 64, np.zeros((1, 32), np.float32))
     with pytest.raises(ShapeError, match="do not hold"):
         quant_matmul(np.ascontiguousarray(raw[:, :34]), int(T.Q8_0), 64, x)
-    with pytest.raises(ShapeError, match="raw must be C-contiguous"):
+    with pytest.raises(DtypeError, match="raw must be C-contiguous"):
         quant_matmul(raw[:, :34], int(T.Q8_0), 32, x[:, :32].copy())
-    with pytest.raises(ShapeError, match="x must be C-contiguous"):
+    with pytest.raises(DtypeError, match="x must be C-contiguous"):
         quant_matmul(raw, int(T.Q8_0), 64, np.zeros((64, 2), np.float32).T[:1])
     with pytest.raises(ShapeError, match="2-D"):
         quant_matmul(raw, int(T.Q8_0), 64, np.zeros(64, np.float32))

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import json
+import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 from hypothesis import given, settings
@@ -127,7 +129,7 @@ def test_unknown_tokenizer_model_and_missing_tokenizer_are_refused(tmp_path: Pat
 
 @pytest.mark.parametrize(
     ("pre", "digits"),
-    [("llama-bpe", ["123", "45"]), ("qwen2", ["1", "2", "3", "4", "5"]), ("default", ["12345"])],
+    [("llama-bpe", ["123", "45"]), ("qwen2", ["1", "2", "3", "4", "5"]), ("gpt-2", ["12345"])],
 )
 def test_gguf_pre_tokenizer_name_picks_the_split_rules(
     tmp_path: Path, pre: str, digits: list[str]
@@ -151,3 +153,58 @@ def test_sentencepiece_without_space_prefix(tmp_path: Path) -> None:
     assert ids[0] != SPM_TOKENS.index("▁the")
     assert ids == spm_reference_encode("the cat", SPM_TOKENS, SPM_SCORES, space_prefix=False)
     assert tok.decode(ids) == "the cat"
+
+
+def test_a_gguf_claiming_a_huge_metadata_array_is_refused_at_once(tmp_path: Path) -> None:
+    # Issue 16: 97 bytes declaring a 2^40-item string array hung Tokenizer.load (through
+    # gguf.GGUFReader) with memory growing; the bounds-checked walker refuses it up front.
+    import struct
+
+    key = b"tokenizer.ggml.tokens"
+    raw = b"GGUF" + struct.pack("<IQQ", 3, 0, 1)
+    raw += struct.pack("<Q", len(key)) + key + struct.pack("<IIQ", 9, 8, 1 << 40)
+    raw += b"\0" * (97 - len(raw))
+    assert len(raw) == 97
+    bad = tmp_path / "huge.gguf"
+    bad.write_bytes(raw)
+    t0 = time.monotonic()
+    with pytest.raises(WeightFormatError, match="claims 1099511627776 items"):
+        Tokenizer.load(bad)
+    assert time.monotonic() - t0 < 10
+
+
+@pytest.mark.parametrize(
+    ("field", "value", "match"),
+    [
+        ("tokenizer.ggml.token_type", ["x", "y"], "int32|integer array"),
+        ("tokenizer.ggml.merges", ["nospace"], "malformed merge"),
+        ("tokenizer.ggml.scores", [0.5], "fewer items|1 items for"),
+    ],
+)
+def test_malformed_tokenizer_fields_are_typed_errors(
+    tmp_path: Path, field: str, value: list[Any], match: str
+) -> None:
+    base = spm_gguf_fields() if field == "tokenizer.ggml.scores" else bpe_gguf_fields(TRAINED)
+    path = write_gguf(make_tiny(vocab=300), tmp_path / "m.gguf", tokenizer=base | {field: value})
+    with pytest.raises(WeightFormatError, match=match):
+        Tokenizer.load(path)
+
+
+def test_building_sentencepiece_is_not_quadratic_in_token_length(tmp_path: Path) -> None:
+    # Issue 16: every cut of every piece was looked up, O(len^2) per piece; a 600 000
+    # character token took minutes. Cuts are now tried only at lengths tokens have.
+    fields = spm_gguf_fields()
+    long_piece = "\u2581" + "a" * 600_000
+    fields["tokenizer.ggml.tokens"] = [*fields["tokenizer.ggml.tokens"], long_piece]
+    fields["tokenizer.ggml.scores"] = [*fields["tokenizer.ggml.scores"], -1.0]
+    fields["tokenizer.ggml.token_type"] = [*fields["tokenizer.ggml.token_type"], 1]
+    n = len(fields["tokenizer.ggml.tokens"])
+    path = write_gguf(make_tiny(vocab=n), tmp_path / "m.gguf", tokenizer=fields)
+    t0 = time.monotonic()
+    tok = Tokenizer.load(path)
+    assert time.monotonic() - t0 < 20
+    # The short vocabulary still tokenizes as llama.cpp's SPM does.
+    text = "the cat sat on the mat"
+    assert tok.encode(text, add_special_tokens=False) == spm_reference_encode(
+        text, SPM_TOKENS, SPM_SCORES
+    )

@@ -46,7 +46,7 @@ def bpe_gguf_fields(tok: Tokenizer, *, add_bos: bool = True) -> dict[str, Any]:
     types = [3 if t in (BOS, EOS) else 1 for t in tokens]
     return {
         "tokenizer.ggml.model": "gpt2",
-        "tokenizer.ggml.pre": "default",
+        "tokenizer.ggml.pre": "gpt-2",
         "tokenizer.ggml.tokens": tokens,
         "tokenizer.ggml.token_type": types,
         "tokenizer.ggml.merges": merges,

@@ -7,6 +7,26 @@ import numpy as np
 import numpy.typing as npt
 from typing_extensions import Self
 
+__all__ = [
+    "KV_BLOCK_TOKENS",
+    "KV_MAX_HEAD_DIM",
+    "KV_MAX_KV_HEADS",
+    "KV_MAX_LAYERS",
+    "KV_MAX_SEQ",
+    "KvCache",
+    "KvSnapshot",
+    "SampleResult",
+    "SamplerChain",
+    "__version__",
+    "_kv_snapshot_from_state",
+    "_sampler_chain_from_state",
+    "argmax",
+    "build_profile",
+    "quant_matmul",
+    "quant_rows",
+    "quant_simd",
+]
+
 __version__: Final[str]
 build_profile: Final[str]
 KV_BLOCK_TOKENS: Final[int]
@@ -20,7 +40,7 @@ KV_MAX_KV_HEADS: Final[int]
 KV_MAX_HEAD_DIM: Final[int]
 """Most elements per head."""
 
-def argmax(logits: npt.NDArray[np.float32], /) -> int:
+def argmax(logits: npt.NDArray[np.float32]) -> int:
     """Index of the largest logit in a float32 row (lowest index on ties)."""
 
 # --- GGUF block-quantised weights (rust/py/quant.rs) ------------------------
@@ -71,9 +91,9 @@ class SampleResult:
 class SamplerChain:
     """A sampler chain built from `SampleOpts`: stages, order and per-sequence state."""
 
-    def __init__(
-        self, opts: Any, order: str | Sequence[str] | None = None, sequence_id: int = 0
-    ) -> None: ...
+    def __new__(
+        cls, opts: Any, order: str | Sequence[str] | None = None, sequence_id: int = 0
+    ) -> Self: ...
     def sample(
         self,
         logits: npt.NDArray[np.float32],
@@ -147,7 +167,7 @@ class SamplerChain:
     def is_greedy(self) -> bool:
         """Whether the chain is a plain argmax (no RNG)."""
 
-def _sampler_chain_from_state(state: bytes, /) -> SamplerChain: ...
+def _sampler_chain_from_state(state: bytes) -> SamplerChain: ...
 
 # --- KV cache (rust/py/kv.rs) -------------------------------------------------
 
@@ -155,15 +175,15 @@ def _sampler_chain_from_state(state: bytes, /) -> SamplerChain: ...
 class KvCache:
     """Per-layer key/value cache for attention, with cheap snapshots."""
 
-    def __init__(
-        self,
+    def __new__(
+        cls,
         *,
         n_layers: int,
         n_kv_heads: int,
         head_dim: int,
         max_seq: int,
         dtype: str | np.dtype[Any] | type | None = None,
-    ) -> None: ...
+    ) -> Self: ...
     def append(
         self,
         layer: int,
@@ -258,4 +278,4 @@ class KvSnapshot:
     def __deepcopy__(self, memo: Any, /) -> KvSnapshot: ...
     def __reduce__(self) -> tuple[Any, ...]: ...
 
-def _kv_snapshot_from_state(state: bytes, /) -> KvSnapshot: ...
+def _kv_snapshot_from_state(state: bytes) -> KvSnapshot: ...

@@ -1,15 +1,18 @@
 """The ``rlx-lm`` command: ``generate`` text from a model file, ``inspect`` one, or ``serve`` it.
 
-Sampling flags keep llama.cpp's names; a flag left out keeps the `SampleOpts` default
-(greedy decoding unless a flag asks otherwise). Text streams to stdout; progress and the
-closing timing line go to stderr. Any rlx_lm error becomes one ``rlx-lm: error:`` line and
-exit status 2.
+Flags keep llama.cpp's names (``-m``, ``-p``, ``-f``, ``-n``, ``-s``, ``-e``, ``-c`` and the
+sampler flags); a sampler flag left out keeps the `SampleOpts` default (greedy decoding
+unless a flag asks otherwise). The prompt comes from ``-p``, ``-f`` or standard input. Text
+streams to stdout; progress, the seed of an unseeded run and the closing timing line go to
+stderr. Any rlx_lm error becomes one ``rlx-lm: error:`` line and exit status 2; a reader
+that closes the pipe early (``| head``) ends the run quietly with status 0.
 """
 
 from __future__ import annotations
 
 import argparse
 import os
+import secrets
 import sys
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any, TextIO
@@ -43,6 +46,70 @@ _SAMPLER_FLAGS: dict[str, tuple[str, type]] = {
     "--mirostat-lr": ("mirostat_eta", float),
     "--mirostat-ent": ("mirostat_tau", float),
 }
+
+# SampleOpts field -> one sentence for --help (the default is appended from SampleOpts()).
+_SAMPLER_HELP: dict[str, str] = {
+    "temperature": "Divide the logits by this before sampling; 0 picks the most likely token.",
+    "top_k": "Keep only the K most likely tokens; unset or 0 keeps them all.",
+    "top_p": "Keep the smallest set of tokens whose probabilities add up to P.",
+    "min_p": "Drop tokens less likely than P times the most likely one.",
+    "typical_p": "Locally typical sampling: keep tokens close to the expected surprise, mass P.",
+    "repetition_penalty": "Divide the logits of tokens seen in the last window by this.",
+    "repetition_window": "How many recent tokens the penalties look at (-1: all); unset takes "
+    "the order's default (64 under llama.cpp's and the default order, all under hf and vllm).",
+    "presence_penalty": "Subtract this from the logit of every token already seen.",
+    "frequency_penalty": "Subtract this times a token's count so far from its logit.",
+    "dry_multiplier": "Strength of the DRY penalty on repeated sequences; 0 turns DRY off.",
+    "dry_base": "Growth base of the DRY penalty with the repeated sequence's length.",
+    "dry_allowed_length": "Longest repetition DRY lets through unpenalised.",
+    "xtc_prob": "Chance per step that XTC removes the most likely tokens above the threshold.",
+    "xtc_threshold": "Probability a token needs for XTC to consider removing it.",
+    "top_n_sigma": "Keep tokens within N standard deviations of the top logit; 0 is off.",
+    "mirostat": "Mirostat sampling: 0 off, 1 Mirostat, 2 Mirostat 2.0.",
+    "mirostat_eta": "Mirostat's learning rate.",
+    "mirostat_tau": "Mirostat's target surprise (entropy) per token.",
+}
+
+_ESCAPES = {"n": "\n", "r": "\r", "t": "\t", "'": "'", '"': '"', "\\": "\\"}
+
+
+def process_escapes(text: str) -> str:
+    """llama.cpp's escapes: ``\\n \\r \\t \\' \\" \\\\`` and ``\\xNN``; others stay."""
+    out: list[str] = []
+    i = 0
+    while i < len(text):
+        c = text[i]
+        if c != "\\" or i + 1 == len(text):
+            out.append(c)
+            i += 1
+            continue
+        nxt = text[i + 1]
+        if nxt in _ESCAPES:
+            out.append(_ESCAPES[nxt])
+            i += 2
+        elif nxt == "x" and len(text) >= i + 4 and _is_hex(text[i + 2 : i + 4]):
+            out.append(chr(int(text[i + 2 : i + 4], 16)))
+            i += 4
+        else:
+            out.append(c)
+            i += 1
+    return "".join(out)
+
+
+def _is_hex(pair: str) -> bool:
+    return all(ch in "0123456789abcdefABCDEF" for ch in pair)
+
+
+class _Formatter(argparse.HelpFormatter):
+    """Shows each flag's default after its sentence, except where there is none to show."""
+
+    def _get_help_string(self, action: argparse.Action) -> str | None:
+        text = action.help or ""
+        d = action.default
+        shown = d is not None and d is not False and d is not argparse.SUPPRESS and d != []
+        if shown and "default" not in text and action.option_strings:
+            text += " (default: %(default)s)"
+        return text
 
 
 # llama.cpp's --samplers names and aliases -> our stage names.
@@ -117,29 +184,101 @@ class _Progress:
             self.shown = False
 
 
+def _add_model_args(parser: argparse.ArgumentParser, *, what: str) -> None:
+    """The model, positionally (``rlx-lm generate M``) or as ``-m/--model M`` (llama.cpp)."""
+    parser.add_argument("model", nargs="?", default=None, metavar="MODEL", help=what)
+    parser.add_argument(
+        "-m", "--model", dest="model_flag", default=None, metavar="MODEL", help=f"{what}."
+    )
+
+
+def _resolve_model(args: argparse.Namespace) -> None:
+    """Merge ``-m MODEL`` into ``args.model``; naming two different models is an error."""
+    flag = getattr(args, "model_flag", None)
+    if flag is None:
+        return
+    if args.model is not None and args.model != flag:
+        raise _usage(f"two models given: {args.model!r} and -m {flag!r}; name one")
+    args.model = flag
+
+
 def _parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="rlx-lm", description="Run Llama-family models from Python.")
+    from rlx_lm import __version__
+    from rlx_lm.sample_opts import SampleOpts
+
+    p = argparse.ArgumentParser(
+        prog="rlx-lm",
+        description="Run Llama-family models from Python.",
+        formatter_class=_Formatter,
+    )
+    p.add_argument(
+        "--version", action="version", version=f"rlx-lm {__version__}", help="Print the version."
+    )
     sub = p.add_subparsers(dest="command", required=True)
 
-    g = sub.add_parser("generate", help="generate text from a prompt")
-    g.add_argument(
-        "model",
-        nargs="?",
-        default=None,
-        help="GGUF file, safetensors file, or model directory (default: the bundled model)",
+    g = sub.add_parser("generate", help="generate text from a prompt", formatter_class=_Formatter)
+    _add_model_args(
+        g,
+        what="GGUF file, safetensors file, or model directory (default: the bundled model)",
     )
-    g.add_argument("-p", "--prompt", required=True, help="prompt text")
-    g.add_argument("-n", "--n-predict", type=int, default=128, help="tokens to generate")
-    g.add_argument("-c", "--ctx-size", type=int, default=0, help="KV capacity (0: prompt + n)")
-    g.add_argument("--seed", type=int, default=None, help="sampling seed")
-    g.add_argument("--stop", action="append", default=[], help="stop string (repeatable)")
+    g.add_argument(
+        "-p",
+        "--prompt",
+        default=None,
+        help="The prompt text; '-' reads it from standard input "
+        "(default: standard input, when neither -p nor -f is given).",
+    )
+    g.add_argument("-f", "--file", default=None, help="Read the prompt from this file, verbatim.")
+    g.add_argument(
+        "-e",
+        "--escape",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="Turn \\n, \\r, \\t, \\', \\\", \\\\ and \\xNN in the -p text into the "
+        "characters they name, as llama.cpp does (on by default; --no-escape keeps the text as "
+        "typed).",
+    )
+    g.add_argument(
+        "-n",
+        "--n-predict",
+        type=int,
+        default=128,
+        help="How many tokens to generate; -1 generates until end of text or a full context.",
+    )
+    g.add_argument(
+        "-c",
+        "--ctx-size",
+        type=int,
+        default=0,
+        help="Context size in tokens; 0 fits the prompt and -n "
+        "(with -n -1: the model's trained context).",
+    )
+    g.add_argument(
+        "-s",
+        "--seed",
+        type=int,
+        default=None,
+        help="Sampling seed, for repeatable runs; unset or -1 draws one and prints it on stderr.",
+    )
+    g.add_argument(
+        "--stop",
+        action="append",
+        default=[],
+        help="Stop before this string; repeat the flag for several.",
+    )
+    g.add_argument(
+        "-v",
+        "--verbose",
+        action="store_true",
+        help="Print the model file, context, seed and sampling options on stderr.",
+    )
     g.add_argument(
         "--packed",
         action=argparse.BooleanOptionalAction,
         default=None,
-        help="keep quantised GGUF weights packed (memory of the file size; Q4_0/Q8_0/Q4_K/Q6_K "
+        help="Keep quantised GGUF weights packed (memory of the file size; Q4_0/Q8_0/Q4_K/Q6_K "
         "multiply in Rust at 1.6-4.6x float32's time); default: packed only when float32 weights "
-        "would not fit in half the free memory",
+        "would not fit in half the free memory.",
     )
     for flag, short in (("--cache-type-k", "-ctk"), ("--cache-type-v", "-ctv")):
         g.add_argument(
@@ -147,10 +286,22 @@ def _parser() -> argparse.ArgumentParser:
             flag,
             choices=("f32", "f16"),
             default=None,
-            help="KV cache storage (keys and values must match; f16 halves the cache)",
+            help="How the KV cache stores keys and values (they must match); f16 halves it "
+            "(default: f32).",
         )
+    defaults = SampleOpts()
     for flag, (field, typ) in _SAMPLER_FLAGS.items():
-        g.add_argument(flag, dest=field, type=typ, default=None, help=f"SampleOpts.{field}")
+        default = getattr(defaults, field)
+        default = getattr(default, "value", default)  # an enum shows as its number
+        shown = "unset" if default is None else default
+        sentence = _SAMPLER_HELP.get(field, f"SampleOpts.{field}.")
+        g.add_argument(
+            flag,
+            dest=field,
+            type=typ,
+            default=None,
+            help=f"{sentence} (default: {shown})".replace("%", "%%"),
+        )
     g.add_argument(
         "--sampler-order",
         choices=("llama.cpp", "default", "hf", "vllm"),
@@ -167,7 +318,7 @@ def _parser() -> argparse.ArgumentParser:
     )
 
     i = sub.add_parser("inspect", help="describe a model file or directory")
-    i.add_argument("model")
+    _add_model_args(i, what="GGUF file, safetensors file, or model directory")
 
     _serve_parser(sub)
 
@@ -186,12 +337,11 @@ def _sampler_order(args: argparse.Namespace) -> str | list[str]:
 
 
 def _serve_parser(sub: Any) -> None:
-    s = sub.add_parser("serve", help="serve a model over an OpenAI-compatible HTTP API")
-    s.add_argument(
-        "model",
-        nargs="?",
-        default=None,
-        help="GGUF file, safetensors file, or model directory (default: the bundled model)",
+    s = sub.add_parser(
+        "serve", help="serve a model over an OpenAI-compatible HTTP API", formatter_class=_Formatter
+    )
+    _add_model_args(
+        s, what="GGUF file, safetensors file, or model directory (default: the bundled model)"
     )
     s.add_argument("--host", default="127.0.0.1", help="address to listen on")
     s.add_argument("--port", type=int, default=8080, help="port to listen on")
@@ -271,6 +421,48 @@ def _sample_opts(args: argparse.Namespace) -> SampleOpts:
     return SampleOpts(**kw)
 
 
+def _read_prompt(args: argparse.Namespace, err: TextIO) -> str:
+    """The prompt from -p (escapes processed unless --no-escape), -f, or standard input."""
+    if args.prompt is not None and args.file is not None:
+        raise _usage("give the prompt once: -p TEXT or -f FILE, not both")
+    if args.file is not None:
+        try:
+            with open(args.file, encoding="utf-8") as fh:
+                return fh.read()
+        except UnicodeDecodeError as exc:
+            msg = f"-f {args.file}: not UTF-8 text ({exc.reason} at byte {exc.start})"
+            raise _usage(msg) from None
+    if args.prompt is not None and args.prompt != "-":
+        return process_escapes(args.prompt) if args.escape else str(args.prompt)
+    stdin = sys.stdin
+    if stdin is None or stdin.closed:
+        raise _usage("no prompt: pass -p TEXT or -f FILE, or pipe the prompt into standard input")
+    if stdin.isatty():
+        err.write("rlx-lm: reading the prompt from standard input (end it with Ctrl-D)\n")
+        err.flush()
+    return stdin.read()
+
+
+def _trained_context(path: Any) -> int:
+    """The context the weights say they were trained with (GGUF header or config.json)."""
+    import json
+    from pathlib import Path
+
+    from rlx_lm._headers import read_gguf_header
+
+    p = Path(path)
+    if p.is_file() and p.suffix.lower() == ".gguf":
+        meta = read_gguf_header(p).metadata
+        value = meta.get(f"{meta.get('general.architecture')}.context_length")
+    else:
+        try:
+            cfg = json.loads(((p if p.is_dir() else p.parent) / "config.json").read_text())
+        except (OSError, ValueError):
+            cfg = {}
+        value = cfg.get("max_position_embeddings") if isinstance(cfg, dict) else None
+    return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else 4096
+
+
 def _available_memory() -> int | None:
     try:
         return int(os.sysconf("SC_AVPHYS_PAGES")) * int(os.sysconf("SC_PAGE_SIZE"))
@@ -308,21 +500,40 @@ def _generate(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
     from rlx_lm.tokenizer import Tokenizer
     from rlx_lm.weight_report import architecture_of
 
-    if args.n_predict < 0:
-        raise _usage(f"-n must be >= 0, got {args.n_predict}")
+    if args.n_predict < -1:
+        raise _usage(f"-n must be >= 0, or -1 for no limit, got {args.n_predict}")
+    if args.seed == -1:  # llama.cpp's "random seed"
+        args.seed = None
+    unseeded = args.seed is None
+    if unseeded:
+        args.seed = secrets.randbits(32)
     progress = _Progress(err)
     opts = _sample_opts(args)
     order = _sampler_order(args)
     opts.into_chain(order)  # refuse a bad order or knob before loading anything
+    prompt = _read_prompt(args, err)
     model = str(default_model_path()) if args.model is None else args.model
     builder = LmRunnerBuilder().weights(model)
-    # the concrete file (a directory of GGUFs resolves to the one it picks), its header
-    # checked by the bounded walker before anything else reads it
-    architecture_of(builder.resolved_weights(), builder.resolved_format())
-    tokenizer = Tokenizer.load(builder.resolved_weights())
-    ids = tokenizer.encode(args.prompt)
-    ctx = args.ctx_size or len(ids) + max(args.n_predict, 1)
+    # the concrete file (a directory of GGUFs resolves to the one it picks), and its header
+    # read first, so a damaged file is reported as such and not as a missing tokenizer
+    path = builder.resolved_weights()
+    architecture_of(path, builder.resolved_format())
+    tokenizer = Tokenizer.load(path)
+    ids = tokenizer.encode(prompt)
+    if args.n_predict >= 0:
+        ctx = args.ctx_size or len(ids) + max(args.n_predict, 1)
+    else:
+        ctx = args.ctx_size or _trained_context(path)
+    if len(ids) >= ctx:
+        raise _usage(f"the prompt is {len(ids)} tokens, no room left in a context of {ctx}")
+    max_tokens = args.n_predict if args.n_predict >= 0 else ctx - len(ids)
     builder = builder.max_seq(ctx)
+    if args.verbose:
+        err.write(
+            f"rlx-lm: model {path} ({builder.resolved_format()}), prompt {len(ids)} tokens, "
+            f"context {ctx}, up to {max_tokens} new tokens\n"
+            f"rlx-lm: sampling {opts}\n"
+        )
     packed = args.packed if args.packed is not None else _packed_by_memory(builder)
     if packed is not None:
         builder = builder.packed_weights(packed)
@@ -334,6 +545,10 @@ def _generate(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
     with load_progress(lambda done, total: progress.update("loading", done, total)):
         runner = builder.build()
     progress.clear()
+    if unseeded and not opts.is_greedy():
+        # greedy decoding draws nothing, so only a sampled run has a seed worth repeating
+        err.write(f"rlx-lm: seed {args.seed} (pass -s {args.seed} to repeat this run)\n")
+        err.flush()
 
     def on_event(ev: GenerationEvent) -> None:
         if ev.phase == "prefill":
@@ -347,7 +562,7 @@ def _generate(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
         ids,
         opts=opts,
         order=order,
-        max_tokens=args.n_predict,
+        max_tokens=max_tokens,
         stop=args.stop,
         on_event=on_event,
     )
@@ -369,6 +584,8 @@ def _generate(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
 def _inspect(args: argparse.Namespace, out: TextIO) -> int:
     from rlx_lm import inspect
 
+    if args.model is None:
+        raise _usage("inspect needs a model: rlx-lm inspect MODEL (or -m MODEL)")
     out.write(f"{inspect(args.model)}\n")
     return 0
 
@@ -390,17 +607,33 @@ def main(argv: Sequence[str] | None = None) -> int:
         return cli_check(argv[1:])
     args = _parser().parse_args(argv)
     try:
+        _resolve_model(args)
         if args.command == "generate":
             return _generate(args, sys.stdout, sys.stderr)
         if args.command == "serve":
             return _serve(args)
         return _inspect(args, sys.stdout)
+    except BrokenPipeError:
+        # the reader went away (`| head`): that ends the run, it is not an error
+        _silence_stdout()
+        return 0
     except (RlxError, OSError, _UsageError) as exc:
         sys.stderr.write(f"rlx-lm: error: {exc}\n")
         return 2
     except KeyboardInterrupt:
         sys.stderr.write("\n")
         return 130
+
+
+def _silence_stdout() -> None:
+    """Point stdout at /dev/null so the interpreter's last flush cannot raise again."""
+    try:
+        fd = sys.stdout.fileno()
+    except (AttributeError, ValueError, OSError):
+        return
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, fd)
+    os.close(devnull)
 
 
 if __name__ == "__main__":

@@ -3,8 +3,9 @@
 A GGUF file carries its vocabulary as ``tokenizer.ggml.*`` fields; both styles llama.cpp
 writes are rebuilt as a `tokenizers.Tokenizer`:
 
-* ``gpt2`` (byte-level BPE): tokens + merges, with the pre-tokenizer regex named by
-  ``tokenizer.ggml.pre`` (llama3 and qwen2 splits, GPT-2's otherwise).
+* ``gpt2`` (byte-level BPE): tokens + merges, with the pre-tokenizer named by
+  ``tokenizer.ggml.pre`` (every name llama.cpp knows whose regexes `rlx_lm.pre_tokenizers`
+  reproduces; an unknown name is refused, ``pre_tokenizer=`` overrides it).
 * ``llama`` (SentencePiece BPE): tokens + scores. Merges are derived from the scores the way
   Hugging Face's converter does (every split of a piece into two known pieces, ranked by the
   merged piece's score), with byte fallback to the ``<0xNN>`` tokens and a leading ``▁``.
@@ -16,6 +17,7 @@ character, by re-decoding a short window and holding back text ending in U+FFFD.
 from __future__ import annotations
 
 import json
+import warnings
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -24,27 +26,9 @@ from rlx_lm.errors import ChatTemplateError, UnsupportedError, WeightFormatError
 
 if TYPE_CHECKING:
     from rlx_lm.chat_template import ChatTemplate, ChatTemplates
+    from rlx_lm.pre_tokenizers import PreTokenizerSpec
 
 __all__ = ["IncrementalDetokenizer", "Tokenizer"]
-
-_LLAMA3_SPLIT = (
-    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}|"
-    r" ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
-)
-_QWEN2_SPLIT = (
-    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}|"
-    r" ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
-)
-# Pre-tokenizer names whose tokenizer.json sets ignore_merges (whole-word vocabulary hits win).
-_IGNORE_MERGES = ("llama3", "llama-v3", "llama-bpe", "smaug-bpe")
-_PRE_SPLITS = {
-    "llama3": _LLAMA3_SPLIT,
-    "llama-v3": _LLAMA3_SPLIT,
-    "llama-bpe": _LLAMA3_SPLIT,
-    "smaug-bpe": _LLAMA3_SPLIT,
-    "qwen2": _QWEN2_SPLIT,
-    "deepseek-r1-qwen": _QWEN2_SPLIT,
-}
 
 # llama.cpp token types (gguf.TokenType).
 _NORMAL, _UNKNOWN, _CONTROL, _USER_DEFINED, _UNUSED, _BYTE = 1, 2, 3, 4, 5, 6
@@ -57,21 +41,23 @@ GGUF_TOKENIZER_ARRAYS = (
     "tokenizer.ggml.merges",
 )
 # Token texts llama.cpp treats as end of generation whenever the vocabulary has them.
-_EOG_TEXTS = (
-    "<|eot_id|>",
-    "<|eom_id|>",
-    "<|im_end|>",
-    "<|end|>",
-    "<end_of_turn>",
-    "<|endoftext|>",
-    "<|end_of_text|>",
-    "<EOT>",
-    "_<EOT>",
-    "<\uff5cend\u2581of\u2581sentence\uff5c>",  # DeepSeek's, with full-width bars
-    "<|END_OF_TURN_TOKEN|>",
-    "<end_of_utterance>",
-    "<|return|>",
-    "<|call|>",
+_EOG_TEXTS = frozenset(
+    (
+        "<|eot_id|>",
+        "<|eom_id|>",
+        "<|im_end|>",
+        "<|end|>",
+        "<end_of_turn>",
+        "<|endoftext|>",
+        "<|end_of_text|>",
+        "<EOT>",
+        "_<EOT>",
+        "<\uff5cend\u2581of\u2581sentence\uff5c>",  # DeepSeek's, with full-width bars
+        "<|END_OF_TURN_TOKEN|>",
+        "<end_of_utterance>",
+        "<|return|>",
+        "<|call|>",
+    )
 )
 
 
@@ -104,14 +90,18 @@ class Tokenizer:
     # ------------------------------------------------------------------ loading
 
     @classmethod
-    def load(cls, path: str | Path) -> Tokenizer:
-        """The tokenizer of a model: embedded in a GGUF file, or tokenizer.json beside weights."""
+    def load(cls, path: str | Path, *, pre_tokenizer: str | None = None) -> Tokenizer:
+        """The tokenizer of a model: embedded in a GGUF file, or tokenizer.json beside weights.
+
+        ``pre_tokenizer`` names the split of a GGUF BPE vocabulary (a ``tokenizer.ggml.pre``
+        value, see `rlx_lm.pre_tokenizers`) in place of the one the file names.
+        """
         p = Path(path)
         if p.is_file() and p.suffix != ".json":
             with p.open("rb") as fh:
                 magic = fh.read(4)
             if magic == b"GGUF":
-                return cls.from_gguf(p)
+                return cls.from_gguf(p, pre_tokenizer=pre_tokenizer)
             p = p.parent
         if p.is_dir():
             return cls.from_dir(p)
@@ -179,10 +169,12 @@ class Tokenizer:
         return tok
 
     @classmethod
-    def from_gguf(cls, path: str | Path) -> Tokenizer:
+    def from_gguf(cls, path: str | Path, *, pre_tokenizer: str | None = None) -> Tokenizer:
         """Rebuild the tokenizer a GGUF file embeds (``gpt2`` BPE or ``llama`` SentencePiece).
 
-        The header is read once, through the bounds-checked walker (`rlx_lm._headers`).
+        The header is read once, through the bounds-checked walker (`rlx_lm._headers`). A BPE
+        vocabulary's ``tokenizer.ggml.pre`` must be a name `rlx_lm.pre_tokenizers` knows
+        (`UnsupportedError` otherwise), unless ``pre_tokenizer`` names one.
         """
         from rlx_lm._headers import read_gguf_header
         from rlx_lm.chat_template import ChatTemplates, templates_from_gguf_metadata
@@ -203,10 +195,9 @@ class Tokenizer:
             merges = arrays.get("tokenizer.ggml.merges") or []
             if not isinstance(merges, list):
                 raise WeightFormatError(f"{path}: tokenizer.ggml.merges must be strings")
-            inner = _gpt2_tokenizer(
-                tokens, merges, types, str(meta.get("tokenizer.ggml.pre") or "")
-            )
-            default_bos = False
+            spec = _pre_spec(meta.get("tokenizer.ggml.pre"), pre_tokenizer, path)
+            inner = _gpt2_tokenizer(tokens, merges, types, spec, path)
+            default_bos = bool(spec.add_bos)
         elif model == "llama":
             raw_scores = arrays.get("tokenizer.ggml.scores")
             scores = [0.0] * n if raw_scores is None else [float(x) for x in raw_scores]
@@ -227,6 +218,8 @@ class Tokenizer:
                 f"{path}: tokenizer model {model!r} is not supported (supported: gpt2, llama)"
             )
         bos = _token_index(meta.get("tokenizer.ggml.bos_token_id"), n)
+        if model == "gpt2" and spec.no_bos:
+            bos = None
         eos = _token_index(meta.get("tokenizer.ggml.eos_token_id"), n)
         eots = [
             t
@@ -236,11 +229,7 @@ class Tokenizer:
             )
             if t is not None
         ]
-        eots += [
-            i
-            for i, (t, ty) in enumerate(zip(tokens, types, strict=False))
-            if ty == _CONTROL and t in _EOG_TEXTS
-        ]
+        eots += [i for i, ty in enumerate(types) if ty == _CONTROL and tokens[i] in _EOG_TEXTS]
         add_bos = meta.get("tokenizer.ggml.add_bos_token")
         add_bos = default_bos if add_bos is None else bool(add_bos)
         if add_bos and bos is not None:
@@ -514,32 +503,49 @@ def _specials(tokens: Sequence[str], types: Sequence[int]) -> list[Any]:
     ]
 
 
-def _gpt2_tokenizer(
-    tokens: Sequence[str], merges: Sequence[str], types: Sequence[int], pre: str
-) -> Any:
-    from tokenizers import Regex, decoders, models, normalizers, pre_tokenizers
-    from tokenizers import Tokenizer as HfTokenizer
+def _pre_spec(named: Any, override: str | None, path: str | Path) -> PreTokenizerSpec:
+    """The pre-tokenizer of a BPE GGUF: the override, the file's name, or llama.cpp's default."""
+    from rlx_lm.pre_tokenizers import pre_tokenizer_spec
 
-    vocab = {t: i for i, t in enumerate(tokens)}
-    split = _PRE_SPLITS.get(pre)
+    if override is not None:
+        return pre_tokenizer_spec(override, where=f"pre_tokenizer={override!r}")
+    if named is None or named == "":
+        warnings.warn(
+            f"{path}: the GGUF names no pre-tokenizer (tokenizer.ggml.pre); using llama.cpp's "
+            f"'default' split, which may tokenize differently from the model's own tokenizer",
+            stacklevel=4,
+        )
+        named = "default"
+    return pre_tokenizer_spec(str(named), where=str(path))
+
+
+def _gpt2_tokenizer(
+    tokens: Sequence[str],
+    merges: Sequence[str],
+    types: Sequence[int],
+    spec: PreTokenizerSpec,
+    path: str | Path,
+) -> Any:
+    from tokenizers import Tokenizer as HfTokenizer
+    from tokenizers import decoders, models, normalizers
+
+    from rlx_lm.pre_tokenizers import pre_tokenizer_for
+
+    vocab = {t: i for i, t in enumerate(tokens)}  # a repeated token keeps its last id (llama.cpp)
     pairs = []
     for m in merges:
-        left, sep, right = m.partition(" ")
-        if not sep:
-            raise WeightFormatError(f"malformed merge {m!r} in tokenizer.ggml.merges")
-        pairs.append((left, right))
-    inner = HfTokenizer(models.BPE(vocab, pairs, ignore_merges=pre in _IGNORE_MERGES))
-    if split is _QWEN2_SPLIT:
+        # llama.cpp splits at the first space after the first character.
+        cut = m.find(" ", 1)
+        if cut < 0:
+            raise WeightFormatError(f"{path}: malformed merge {m!r} in tokenizer.ggml.merges")
+        pairs.append((m[:cut], m[cut + 1 :]))
+    try:
+        inner = HfTokenizer(models.BPE(vocab, pairs, ignore_merges=spec.ignore_merges))
+    except Exception as exc:  # the Rust builder refuses merges of unknown tokens
+        raise WeightFormatError(f"{path}: inconsistent BPE vocabulary: {exc}") from None
+    if spec.nfc:
         inner.normalizer = normalizers.NFC()
-    if split is None:
-        inner.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
-    else:
-        inner.pre_tokenizer = pre_tokenizers.Sequence(
-            [
-                pre_tokenizers.Split(Regex(split), behavior="isolated", invert=False),
-                pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
-            ]
-        )
+    inner.pre_tokenizer = pre_tokenizer_for(spec)
     inner.decoder = decoders.ByteLevel()
     inner.add_special_tokens(_specials(tokens, types))
     return inner
@@ -557,11 +563,24 @@ def _spm_tokenizer(
         for t, s, ty in zip(tokens, scores, types, strict=False)
         if ty in (_NORMAL, _USER_DEFINED) and len(t) > 1
     }
+    # Every split of a piece into two known pieces, ranked by the merged piece's score (Hugging
+    # Face's converter). Only cuts whose two sides have lengths some token has are looked up,
+    # so a piece costs O(distinct token lengths), not O(len^2): a hostile 1 MB token is cheap.
+    lengths = sorted({len(t) for t in vocab})
+    known = set(lengths)
     ranked: list[tuple[float, int, int, str, str]] = []
     for piece, score in mergeable.items():
-        for cut in range(1, len(piece)):
-            left, right = piece[:cut], piece[cut:]
-            if left in vocab and right in vocab:
+        size = len(piece)
+        for cut in lengths:
+            if cut >= size:
+                break
+            if size - cut not in known:
+                continue
+            left = piece[:cut]
+            if left not in vocab:
+                continue
+            right = piece[cut:]
+            if right in vocab:
                 ranked.append((-score, vocab[left], vocab[right], left, right))
     ranked.sort()
     unk = next((t for t, ty in zip(tokens, types, strict=False) if ty == _UNKNOWN), None)

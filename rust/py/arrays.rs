@@ -1,10 +1,19 @@
 //! Borrowing numpy inputs as slices without copying, with errors that say how
 //! to convert when the array is not what the core needs.
+//!
+//! One rule for every binding: not an array or the wrong dtype or layout
+//! (a strided view) is a `DtypeError`, the wrong rank a `ShapeError`; each
+//! error is a [`CoreError`] mapped in `errors.rs`.
 
-use numpy::{PyArray1, PyArrayMethods, PyReadonlyArray1, PyUntypedArray, PyUntypedArrayMethods};
+use numpy::ndarray::Dimension;
+use numpy::{
+    Element, PyArray, PyArrayMethods, PyReadonlyArray, PyReadonlyArray1, PyUntypedArray,
+    PyUntypedArrayMethods,
+};
 use pyo3::prelude::*;
 
-use super::errors::{DtypeError, ShapeError};
+use super::errors::IntoPyResult;
+use crate::CoreError;
 
 fn describe(obj: &Bound<'_, PyAny>) -> String {
     obj.get_type()
@@ -13,37 +22,53 @@ fn describe(obj: &Bound<'_, PyAny>) -> String {
         .unwrap_or_else(|_| "object".to_owned())
 }
 
+/// A read-only borrow of a C-contiguous `T` array of rank `D` (`dtype` names
+/// `T` for numpy), or the typed error that says what to change.
+pub fn borrow<'py, T: Element, D: Dimension>(
+    obj: &Bound<'py, PyAny>,
+    what: &str,
+    dtype: &str,
+) -> PyResult<PyReadonlyArray<'py, T, D>> {
+    let Ok(untyped) = obj.cast::<PyUntypedArray>() else {
+        return Err(CoreError::Dtype(format!(
+            "{what} must be a numpy {dtype} array, got {}; \
+             convert with np.asarray(x, dtype=np.{dtype})",
+            describe(obj)
+        )))
+        .py();
+    };
+    let ndim = D::NDIM.unwrap_or(0);
+    if untyped.ndim() != ndim {
+        return Err(CoreError::Shape(format!(
+            "{what} must be {ndim}-D, got an array of shape {:?}",
+            untyped.shape()
+        )))
+        .py();
+    }
+    let Ok(arr) = obj.cast::<PyArray<T, D>>() else {
+        return Err(CoreError::Dtype(format!(
+            "{what} must have dtype {dtype}, got {}; convert with x.astype(np.{dtype})",
+            untyped.dtype()
+        )))
+        .py();
+    };
+    if !untyped.is_c_contiguous() {
+        return Err(CoreError::Dtype(format!(
+            "{what} must be C-contiguous (got a strided view); \
+             convert with np.ascontiguousarray(x)"
+        )))
+        .py();
+    }
+    arr.try_readonly()
+        .map_err(|e| CoreError::Dtype(format!("{what} cannot be read now: {e}")))
+        .py()
+}
+
 /// Borrow a 1-D, C-contiguous float32 numpy array read-only.
 ///
 /// `what` names the argument in error messages. Any other dtype, rank or
 /// layout raises `DtypeError`/`ShapeError` naming the conversion to apply;
 /// nothing is converted silently.
 pub fn f32_row<'py>(obj: &Bound<'py, PyAny>, what: &str) -> PyResult<PyReadonlyArray1<'py, f32>> {
-    let Ok(untyped) = obj.cast::<PyUntypedArray>() else {
-        return Err(DtypeError::new_err(format!(
-            "{what} must be a numpy float32 array, got {}; \
-             convert with np.asarray(x, dtype=np.float32)",
-            describe(obj)
-        )));
-    };
-    if untyped.ndim() != 1 {
-        return Err(ShapeError::new_err(format!(
-            "{what} must be 1-D (one row of logits), got an array of shape {:?}",
-            untyped.shape()
-        )));
-    }
-    let Ok(arr) = obj.cast::<PyArray1<f32>>() else {
-        let dtype = untyped.dtype();
-        return Err(DtypeError::new_err(format!(
-            "{what} must have dtype float32, got {dtype}; \
-             convert with x.astype(np.float32)"
-        )));
-    };
-    if !untyped.is_c_contiguous() {
-        return Err(DtypeError::new_err(format!(
-            "{what} must be C-contiguous (got a strided view); \
-             convert with np.ascontiguousarray(x)"
-        )));
-    }
-    Ok(arr.readonly())
+    borrow::<f32, numpy::Ix1>(obj, what, "float32")
 }

@@ -2,7 +2,7 @@
 //! `python/rlx_lm/errors.py` (they co-inherit builtins, which
 //! `create_exception!` cannot express, so they are imported).
 
-use pyo3::exceptions::{PyOSError, PyTypeError};
+use pyo3::exceptions::{PyMemoryError, PyOSError, PyTypeError};
 use pyo3::prelude::*;
 
 use crate::CoreError;
@@ -34,6 +34,7 @@ pub fn to_py(err: CoreError) -> PyErr {
         CoreError::Dtype(_) => DtypeError::new_err(msg),
         CoreError::Type(_) => PyTypeError::new_err(msg),
         CoreError::Io(_) => PyOSError::new_err(msg),
+        CoreError::OutOfMemory(_) => PyMemoryError::new_err(msg),
     }
 }
 

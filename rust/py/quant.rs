@@ -9,54 +9,14 @@
 use std::sync::{Arc, Mutex, OnceLock};
 
 use numpy::ndarray::Dimension;
-use numpy::{
-    Element, PyArray, PyArray1, PyArray2, PyArrayMethods, PyReadonlyArray, PyUntypedArray,
-    PyUntypedArrayMethods,
-};
-use pyo3::exceptions::PyMemoryError;
+use numpy::{Element, PyArray1, PyArray2, PyArrayMethods, PyReadonlyArray, PyUntypedArrayMethods};
 use pyo3::prelude::*;
 use pyo3::types::PyWeakrefReference;
 
-use super::errors::{DtypeError, IntoPyResult, ShapeError};
+use super::arrays::borrow;
+use super::errors::IntoPyResult;
 use crate::quant::{self, QuantType};
-
-/// A read-only borrow of a C-contiguous `T` array of rank `D`, or the typed
-/// error that says what to change.
-fn borrow<'py, T: Element, D: Dimension>(
-    obj: &Bound<'py, PyAny>,
-    what: &str,
-    dtype: &str,
-) -> PyResult<PyReadonlyArray<'py, T, D>> {
-    let Ok(untyped) = obj.cast::<PyUntypedArray>() else {
-        let got = obj
-            .get_type()
-            .name()
-            .map_or_else(|_| "object".to_owned(), |n| n.to_string());
-        return Err(DtypeError::new_err(format!(
-            "{what} must be a numpy {dtype} array, got {got}; convert with np.asarray(..., dtype=np.{dtype})"
-        )));
-    };
-    let ndim = D::NDIM.unwrap_or(0);
-    if untyped.ndim() != ndim {
-        return Err(ShapeError::new_err(format!(
-            "{what} must be {ndim}-D, got an array of shape {:?}",
-            untyped.shape()
-        )));
-    }
-    let Ok(arr) = obj.cast::<PyArray<T, D>>() else {
-        return Err(DtypeError::new_err(format!(
-            "{what} must have dtype {dtype}, got {}; convert with .astype(np.{dtype})",
-            untyped.dtype().str()?
-        )));
-    };
-    if !untyped.is_c_contiguous() {
-        return Err(ShapeError::new_err(format!(
-            "{what} must be C-contiguous (np.ascontiguousarray)"
-        )));
-    }
-    arr.try_readonly()
-        .map_err(|e| ShapeError::new_err(format!("{what} cannot be read now: {e}")))
-}
+use crate::CoreError;
 
 /// The borrowed slice of a checked array, pinned against resizing.
 fn pinned<'a, 'py, T: Element, D: Dimension>(
@@ -65,7 +25,8 @@ fn pinned<'a, 'py, T: Element, D: Dimension>(
     let pin = PyWeakrefReference::new(arr.as_any())?;
     let slice = arr
         .as_slice()
-        .map_err(|e| ShapeError::new_err(e.to_string()))?;
+        .map_err(|e| CoreError::Dtype(e.to_string()))
+        .py()?;
     Ok((slice, pin))
 }
 
@@ -77,7 +38,8 @@ fn output(len: Option<usize>) -> PyResult<Vec<f32>> {
             v.resize(len, 0.0);
             v
         })
-        .ok_or_else(|| PyMemoryError::new_err("the result does not fit in memory"))
+        .ok_or_else(|| CoreError::OutOfMemory("the result does not fit in memory".into()))
+        .py()
 }
 
 /// Pools by thread count.
@@ -94,7 +56,8 @@ fn pool(threads: usize) -> PyResult<Arc<rayon::ThreadPool>> {
     let p = rayon::ThreadPoolBuilder::new()
         .num_threads(threads)
         .build()
-        .map_err(|e| PyMemoryError::new_err(format!("cannot start {threads} threads: {e}")))?;
+        .map_err(|e| CoreError::OutOfMemory(format!("cannot start {threads} threads: {e}")))
+        .py()?;
     let p = Arc::new(p);
     pools.push((threads, Arc::clone(&p)));
     Ok(p)
@@ -106,11 +69,12 @@ fn weight(raw: &[u8], rows: usize, qtype: u32, cols: usize) -> PyResult<QuantTyp
     let qtype = QuantType::from_ggml(qtype).py()?;
     let rb = qtype.row_bytes(cols).py()?;
     if rows.checked_mul(rb) != Some(raw.len()) {
-        return Err(ShapeError::new_err(format!(
+        return Err(CoreError::Shape(format!(
             "{} bytes of {} data do not hold {rows} rows of {cols} values ({rb} bytes a row)",
             raw.len(),
             qtype.name()
-        )));
+        )))
+        .py();
     }
     Ok(qtype)
 }
@@ -135,9 +99,10 @@ pub fn quant_matmul<'py>(
     let (raw_s, _raw_pin) = pinned(&raw)?;
     let qtype = weight(raw_s, rows, qtype, cols)?;
     if xc != cols {
-        return Err(ShapeError::new_err(format!(
+        return Err(CoreError::Shape(format!(
             "activations have {xc} columns, the weight has {cols}"
-        )));
+        )))
+        .py();
     }
     let (x_s, _x_pin) = pinned(&x)?;
     let mut out = output(n.checked_mul(rows))?;

@@ -2,20 +2,24 @@
 //!
 //! A band of weight rows is unpacked (a few rows at a time, into a small
 //! per-thread buffer of int8 codes and per-group scales that stays in L1),
-//! then multiplied by tiles of activation rows: each eight-value chunk of a
-//! weight row is dequantised once into a register (`code * scale - offset`,
-//! exactly gguf's float32 value) and fused into the accumulators of every
-//! activation row of the tile.
+//! then multiplied by tiles of activation rows: each eight-code chunk is
+//! converted to floats once and fused into the group sums of every
+//! activation row of the tile. A weight is `scale_g * code - offset_g`, so
+//! a row's dot product is `sum_g scale_g * (sum code * x) - offset_g * X_g`
+//! with `X_g` the activations' sum over group `g` (computed once per call).
 //!
 //! **Fixed order.** Every output element `(t, r)` is accumulated the same
 //! way whatever the tile, the batch size, the row's position in the batch
-//! or the thread that runs it: one eight-lane accumulator, chunks in column
-//! order (`acc = fma(w_c, x_c, acc)`), then [`Lanes::hsum`], then the
-//! columns past the last whole chunk (float formats only) one by one.
+//! or the thread that runs it: per group an eight-lane sum over its chunks
+//! in column order (`s = fma(code_c, x_c, s)`), then `acc = fma(scale_g, s,
+//! acc)` and `off += offset_g * X_g` in group order, finally
+//! `hsum(acc) - off` ([`Lanes::hsum`]). Float formats: one accumulator,
+//! `acc = fma(w_c, x_c, acc)` in column order, `hsum`, then the columns past
+//! the last whole chunk one by one.
 
 use super::format::QuantType;
 use super::simd::Lanes;
-use super::unpack::{float_at, unpack_row};
+use super::unpack::{float_at, q8_0_scales, unpack_row};
 
 /// One matmul: `out[t * rows + r] = sum_c W[r, c] * x[t * cols + c]`.
 pub(crate) struct Job<'a> {
@@ -26,6 +30,17 @@ pub(crate) struct Job<'a> {
     pub cols: usize,
     pub x: &'a [f32],
     pub n: usize,
+    /// Formats with offsets: each activation row's sums over each group
+    /// (`n` x `cols / group_values`), see [`group_sums`].
+    pub xsum: &'a [f32],
+}
+
+/// The sums of each activation row over each group of `group` columns, in
+/// column order (one fixed order, so results do not depend on the batch).
+pub(crate) fn group_sums(x: &[f32], group: usize) -> Vec<f32> {
+    x.chunks_exact(group)
+        .map(|c| c.iter().fold(0.0f32, |s, &v| s + v))
+        .collect()
 }
 
 /// Per-thread buffers for unpacked rows (grown once, then reused).
@@ -42,12 +57,14 @@ const ROW_TILE: usize = 4;
 /// Where a tile's weight rows come from.
 #[derive(Clone, Copy)]
 enum Src {
-    /// Unpacked codes, `stride` codes a row, and `groups` scales (offsets) a row.
+    /// Codes `stride` bytes a row, group `g`'s `group` codes at `g * gstride`,
+    /// and `groups` scales (offsets) a row.
     Codes {
         codes: *const i8,
         scale: *const f32,
         offset: *const f32,
         stride: usize,
+        gstride: usize,
         groups: usize,
         group: usize,
     },
@@ -73,18 +90,27 @@ pub(crate) unsafe fn run_rows<S: Lanes>(
     let float = qtype.is_float();
     let (group, offsets) = (qtype.group_values(), qtype.has_offsets());
     let groups = k / group;
+    // Q8_0's codes are read in place; only its scales are unpacked.
+    let in_place = qtype == QuantType::Q8_0;
     if !float {
-        scratch.codes.resize(ROW_TILE * k, 0);
+        scratch
+            .codes
+            .resize(if in_place { 0 } else { ROW_TILE * k }, 0);
         scratch.scale.resize(ROW_TILE * groups, 0.0);
         scratch.offset.resize(ROW_TILE * groups, 0.0);
     }
     let mut r = lo;
     while r < hi {
         let rt = if hi - r >= ROW_TILE { ROW_TILE } else { 1 };
-        if !float {
+        if in_place {
             for i in 0..rt {
                 let row = &job.raw[(r + i) * job.row_bytes..(r + i + 1) * job.row_bytes];
-                unpack_row(
+                q8_0_scales::<S>(row, &mut scratch.scale[i * groups..(i + 1) * groups]);
+            }
+        } else if !float {
+            for i in 0..rt {
+                let row = &job.raw[(r + i) * job.row_bytes..(r + i + 1) * job.row_bytes];
+                unpack_row::<S>(
                     qtype,
                     row,
                     &mut scratch.codes[i * k..(i + 1) * k],
@@ -95,9 +121,11 @@ pub(crate) unsafe fn run_rows<S: Lanes>(
         }
         let mut t = 0;
         while t < job.n {
+            // Float formats take eight activation rows a tile; codes need
+            // registers for the group sums too, so four.
             let nt = match job.n - t {
-                8.. => 8,
-                4..=7 => 4,
+                8.. if float => 8,
+                4.. => 4,
                 2..=3 => 2,
                 _ => 1,
             };
@@ -115,13 +143,21 @@ pub(crate) unsafe fn run_rows<S: Lanes>(
                         stride: job.row_bytes,
                     }
                 } else {
-                    // SAFETY: i < rt <= ROW_TILE rows of the scratch.
+                    // SAFETY: i < rt <= ROW_TILE rows of the scratch, and
+                    // row r + i of `raw` for Q8_0 (codes after each scale).
                     unsafe {
+                        let (codes, stride, gstride) = if in_place {
+                            let p = job.raw.as_ptr().add((r + i) * job.row_bytes + 2);
+                            (p.cast::<i8>(), job.row_bytes, 34)
+                        } else {
+                            (scratch.codes.as_ptr().add(i * k), k, group)
+                        };
                         Src::Codes {
-                            codes: scratch.codes.as_ptr().add(i * k),
+                            codes,
                             scale: scratch.scale.as_ptr().add(i * groups),
                             offset: scratch.offset.as_ptr().add(i * groups),
-                            stride: k,
+                            stride,
+                            gstride,
                             groups,
                             group,
                         }
@@ -131,7 +167,8 @@ pub(crate) unsafe fn run_rows<S: Lanes>(
                 unsafe {
                     let x = job.x.as_ptr().add(t * k);
                     let o = out.add(t * job.rows + r + i);
-                    tile::<S>(qtype, offsets, src, rs, nt, x, k, o, job.rows);
+                    let xsum = job.xsum.as_ptr().add(if offsets { t * groups } else { 0 });
+                    tile::<S>(qtype, offsets, src, rs, nt, (x, xsum), k, o, job.rows);
                 }
             }
             t += nt;
@@ -149,7 +186,7 @@ unsafe fn tile<S: Lanes>(
     src: Src,
     rs: usize,
     nt: usize,
-    x: *const f32,
+    (x, xsum): (*const f32, *const f32),
     k: usize,
     out: *mut f32,
     out_stride: usize,
@@ -164,17 +201,16 @@ unsafe fn tile<S: Lanes>(
                         scale,
                         offset,
                         stride,
+                        gstride,
                         groups,
                         group,
                     } => {
+                        let layout = (stride, gstride, groups, group);
+                        let xs = (x, xsum, k);
                         if offsets {
-                            codes_tile::<S, $r, $n, true>(
-                                codes, scale, offset, stride, groups, group, x, k,
-                            )
+                            codes_tile::<S, $r, $n, true>(codes, scale, offset, layout, xs)
                         } else {
-                            codes_tile::<S, $r, $n, false>(
-                                codes, scale, offset, stride, groups, group, x, k,
-                            )
+                            codes_tile::<S, $r, $n, false>(codes, scale, offset, layout, xs)
                         }
                     }
                     Src::Float { raw, stride } => match qtype {
@@ -203,48 +239,52 @@ unsafe fn tile<S: Lanes>(
     }
 }
 
-/// `R` unpacked weight rows times `N` activation rows.
+/// `R` unpacked weight rows times `N` activation rows (`x`, `k` apart,
+/// with their group sums `xsum`, `groups` apart, for formats with offsets).
 #[inline(always)]
-#[allow(clippy::too_many_arguments)]
 unsafe fn codes_tile<S: Lanes, const R: usize, const N: usize, const OFFSETS: bool>(
     codes: *const i8,
     scale: *const f32,
     offset: *const f32,
-    stride: usize,
-    groups: usize,
-    group: usize,
-    x: *const f32,
-    k: usize,
+    (stride, gstride, groups, group): (usize, usize, usize, usize),
+    (x, xsum, k): (*const f32, *const f32, usize),
 ) -> [[f32; N]; R] {
-    // SAFETY (whole body): codes/scales of R rows and x of N rows are in
-    // bounds (caller); S is usable (caller).
+    // SAFETY (whole body): codes/scales of R rows and x (xsum) of N rows
+    // are in bounds (caller); S is usable (caller).
     unsafe {
         let mut acc = [[S::zero(); N]; R];
+        let mut off = [[0.0f32; N]; R];
         for g in 0..groups {
-            let mut a = [S::zero(); R];
-            let mut b = [S::zero(); R];
             for i in 0..R {
-                a[i] = S::splat(*scale.add(i * groups + g));
+                let mut s = [S::zero(); N];
+                let mut j = 0;
+                while j < group {
+                    let q = S::codes(codes.add(i * stride + g * gstride + j));
+                    let c = g * group + j;
+                    for (t, s) in s.iter_mut().enumerate() {
+                        *s = S::fma(q, S::load(x.add(t * k + c)), *s);
+                    }
+                    j += 8;
+                }
+                let a = S::splat(*scale.add(i * groups + g));
+                for (acc, s) in acc[i].iter_mut().zip(s) {
+                    *acc = S::fma(a, s, *acc);
+                }
                 if OFFSETS {
-                    b[i] = S::splat(*offset.add(i * groups + g));
-                }
-            }
-            let mut c = g * group;
-            let end = c + group;
-            while c < end {
-                for i in 0..R {
-                    let mut w = S::mul(S::codes(codes.add(i * stride + c)), a[i]);
-                    if OFFSETS {
-                        w = S::sub(w, b[i]);
-                    }
-                    for (t, acc) in acc[i].iter_mut().enumerate() {
-                        *acc = S::fma(w, S::load(x.add(t * k + c)), *acc);
+                    let b = *offset.add(i * groups + g);
+                    for (t, off) in off[i].iter_mut().enumerate() {
+                        *off += b * *xsum.add(t * groups + g);
                     }
                 }
-                c += 8;
             }
         }
-        acc.map(|row| row.map(|v| S::hsum(v)))
+        let mut res = [[0.0f32; N]; R];
+        for i in 0..R {
+            for t in 0..N {
+                res[i][t] = S::hsum(acc[i][t]) - off[i][t];
+            }
+        }
+        res
     }
 }
 

@@ -8,10 +8,11 @@
 //!   portable Rust;
 //! - `kernel`: the fused dequantise-and-dot tiles.
 //!
-//! **Exact.** The weights the kernels multiply are bit for bit the float32
-//! values `gguf.quants.dequantize` returns, and activations stay float32:
-//! results differ from a float64 product of the same numbers only by float32
-//! accumulation. **Deterministic.** One output element is always computed
+//! **Exact.** Activations stay float32 and the kernels use gguf's own
+//! float32 scales and offsets (`gguf.quants.dequantize`'s weights are
+//! `scale * code - offset`): results differ from a float64 product over
+//! gguf's dequantised weights only by float32 rounding of the sums (see
+//! `kernel` for the order; the bound is tested). **Deterministic.** One output element is always computed
 //! by the same operations in the same order: it does not depend on the
 //! number of activation rows, the row's place among them, or the threads
 //! (work is split over weight rows, never over the reduction).
@@ -199,6 +200,11 @@ pub(crate) fn matmul_with(
     if n == 0 || rows == 0 {
         return Ok(());
     }
+    let xsum = if qtype.has_offsets() {
+        kernel::group_sums(x, qtype.group_values())
+    } else {
+        Vec::new()
+    };
     let job = Job {
         qtype,
         raw,
@@ -207,6 +213,7 @@ pub(crate) fn matmul_with(
         cols,
         x,
         n,
+        xsum: &xsum,
     };
     let ptr = OutPtr(out.as_mut_ptr());
     let threads = rayon::current_num_threads();

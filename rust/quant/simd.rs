@@ -20,12 +20,27 @@ pub(crate) trait Lanes: Copy {
     unsafe fn load_f16(p: *const u8) -> Self::V;
     /// Eight bfloat16 at `p` (any alignment), as float32.
     unsafe fn load_bf16(p: *const u8) -> Self::V;
-    unsafe fn mul(a: Self::V, b: Self::V) -> Self::V;
-    unsafe fn sub(a: Self::V, b: Self::V) -> Self::V;
     /// `a * b + c` (fused where the build has FMA).
     unsafe fn fma(a: Self::V, b: Self::V, c: Self::V) -> Self::V;
     /// `((v0 + v4) + (v2 + v6)) + ((v1 + v5) + (v3 + v7))`.
     unsafe fn hsum(v: Self::V) -> f32;
+    /// One float16 (bits) as float32, exactly.
+    unsafe fn half(h: u16) -> f32;
+    /// The low nibbles of 16 bytes, then their high nibbles.
+    #[inline(always)]
+    unsafe fn nibbles16(qs: &[u8; 16]) -> [u8; 32] {
+        std::array::from_fn(|j| if j < 16 { qs[j] & 15 } else { qs[j - 16] >> 4 })
+    }
+    /// `0x10` in byte `j` where bit `j` of `qh` is set, else 0.
+    #[inline(always)]
+    unsafe fn bits32(qh: u32) -> [u8; 32] {
+        std::array::from_fn(|j| (((qh >> j) & 1) as u8) << 4)
+    }
+    /// `table[idx[j]]` for 32 indices below 16.
+    #[inline(always)]
+    unsafe fn lookup16(table: &[i8; 16], idx: &[u8; 32]) -> [i8; 32] {
+        idx.map(|i| table[usize::from(i & 15)])
+    }
 }
 
 /// Plain Rust (any CPU); `fma` rounds twice.
@@ -68,20 +83,16 @@ impl Lanes for Portable {
         })
     }
     #[inline(always)]
-    unsafe fn mul(a: Self::V, b: Self::V) -> Self::V {
-        std::array::from_fn(|i| a[i] * b[i])
-    }
-    #[inline(always)]
-    unsafe fn sub(a: Self::V, b: Self::V) -> Self::V {
-        std::array::from_fn(|i| a[i] - b[i])
-    }
-    #[inline(always)]
     unsafe fn fma(a: Self::V, b: Self::V, c: Self::V) -> Self::V {
         std::array::from_fn(|i| a[i] * b[i] + c[i])
     }
     #[inline(always)]
     unsafe fn hsum(v: Self::V) -> f32 {
         ((v[0] + v[4]) + (v[2] + v[6])) + ((v[1] + v[5]) + (v[3] + v[7]))
+    }
+    #[inline(always)]
+    unsafe fn half(h: u16) -> f32 {
+        crate::kv::f16_to_f32(h)
     }
 }
 
@@ -129,14 +140,6 @@ mod x86 {
             }
         }
         #[inline(always)]
-        unsafe fn mul(a: __m256, b: __m256) -> __m256 {
-            unsafe { _mm256_mul_ps(a, b) }
-        }
-        #[inline(always)]
-        unsafe fn sub(a: __m256, b: __m256) -> __m256 {
-            unsafe { _mm256_sub_ps(a, b) }
-        }
-        #[inline(always)]
         unsafe fn fma(a: __m256, b: __m256, c: __m256) -> __m256 {
             unsafe { _mm256_fmadd_ps(a, b, c) }
         }
@@ -148,6 +151,50 @@ mod x86 {
                 // [(v0+v4)+(v2+v6), (v1+v5)+(v3+v7), ..]
                 let s = _mm_add_ps(s, _mm_movehl_ps(s, s));
                 _mm_cvtss_f32(_mm_add_ss(s, _mm_shuffle_ps::<1>(s, s)))
+            }
+        }
+        #[inline(always)]
+        unsafe fn half(h: u16) -> f32 {
+            unsafe { _mm_cvtss_f32(_mm_cvtph_ps(_mm_cvtsi32_si128(i32::from(h)))) }
+        }
+        #[inline(always)]
+        unsafe fn nibbles16(qs: &[u8; 16]) -> [u8; 32] {
+            unsafe {
+                let v = _mm_loadu_si128(qs.as_ptr().cast());
+                let m = _mm_set1_epi8(15);
+                let lo = _mm_and_si128(v, m);
+                let hi = _mm_and_si128(_mm_srli_epi16::<4>(v), m);
+                let mut out = [0u8; 32];
+                _mm256_storeu_si256(out.as_mut_ptr().cast(), _mm256_set_m128i(hi, lo));
+                out
+            }
+        }
+        #[inline(always)]
+        unsafe fn bits32(qh: u32) -> [u8; 32] {
+            unsafe {
+                let v = _mm256_set1_epi32(qh as i32);
+                // Byte j gets byte j / 8 of qh (both 128-bit lanes hold all four).
+                let spread = _mm256_setr_epi8(
+                    0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1, 2, 2, 2, 2, 2, 2, 2, 2, 3, 3,
+                    3, 3, 3, 3, 3, 3,
+                );
+                let b = _mm256_shuffle_epi8(v, spread);
+                let bit = _mm256_set1_epi64x(0x8040_2010_0804_0201_u64 as i64);
+                let set = _mm256_cmpeq_epi8(_mm256_and_si256(b, bit), bit);
+                let mut out = [0u8; 32];
+                let v = _mm256_and_si256(set, _mm256_set1_epi8(0x10));
+                _mm256_storeu_si256(out.as_mut_ptr().cast(), v);
+                out
+            }
+        }
+        #[inline(always)]
+        unsafe fn lookup16(table: &[i8; 16], idx: &[u8; 32]) -> [i8; 32] {
+            unsafe {
+                let t = _mm256_broadcastsi128_si256(_mm_loadu_si128(table.as_ptr().cast()));
+                let i = _mm256_loadu_si256(idx.as_ptr().cast());
+                let mut out = [0i8; 32];
+                _mm256_storeu_si256(out.as_mut_ptr().cast(), _mm256_shuffle_epi8(t, i));
+                out
             }
         }
     }
@@ -206,14 +253,6 @@ mod arm {
             }
         }
         #[inline(always)]
-        unsafe fn mul(a: Self::V, b: Self::V) -> Self::V {
-            unsafe { (vmulq_f32(a.0, b.0), vmulq_f32(a.1, b.1)) }
-        }
-        #[inline(always)]
-        unsafe fn sub(a: Self::V, b: Self::V) -> Self::V {
-            unsafe { (vsubq_f32(a.0, b.0), vsubq_f32(a.1, b.1)) }
-        }
-        #[inline(always)]
         unsafe fn fma(a: Self::V, b: Self::V, c: Self::V) -> Self::V {
             unsafe { (vfmaq_f32(c.0, a.0, b.0), vfmaq_f32(c.1, a.1, b.1)) }
         }
@@ -228,6 +267,10 @@ mod arm {
                 let t = vadd_f32(lo, hi);
                 vget_lane_f32::<0>(t) + vget_lane_f32::<1>(t)
             }
+        }
+        #[inline(always)]
+        unsafe fn half(h: u16) -> f32 {
+            crate::kv::f16_to_f32(h)
         }
     }
 }

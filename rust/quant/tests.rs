@@ -113,31 +113,72 @@ fn q8_0_and_q4_0_blocks_decode_by_hand() {
     assert_eq!((y[2], y[3], y[16]), (-1.0, 15.0, -16.0));
 }
 
-/// The float32 bound on a dot product of `k` terms accumulated in eight
-/// lanes (k / 8 steps each, three to sum the lanes, the tail one by one):
-/// `|got - exact| <= (k / 8 + 3 + k % 8 + 1) * 2^-24 * sum |w x|`, doubled
-/// for the portable build's separate multiply and add.
-fn bound(k: usize, abs: f64) -> f64 {
-    2.0 * (k / 8 + 4 + k % 8) as f64 * f64::from(f32::EPSILON) / 2.0 * abs + 1e-30
+/// Bytes of a block that hold its codes (zeroed, a block dequantises to
+/// `-offset`), for formats with offsets.
+fn code_bytes(qtype: QuantType) -> std::ops::Range<usize> {
+    match qtype {
+        QuantType::Q4_1 => 4..20,
+        QuantType::Q5_1 => 4..24,
+        QuantType::Q2K => 16..80,
+        QuantType::Q4K => 16..144,
+        QuantType::Q5K => 16..176,
+        _ => 0..0,
+    }
+}
+
+/// `|offset|` of every weight (zero for symmetric formats).
+fn offsets(qtype: QuantType, raw: &[u8], rows: usize, cols: usize) -> Vec<f32> {
+    if !qtype.has_offsets() {
+        return vec![0.0; rows * cols];
+    }
+    let mut zeroed = raw.to_vec();
+    for blk in zeroed.chunks_exact_mut(qtype.block_bytes()) {
+        blk[code_bytes(qtype)].fill(0);
+    }
+    dequantized(qtype, &zeroed, rows, cols)
+        .into_iter()
+        .map(f32::abs)
+        .collect()
+}
+
+/// The float32 bound of the kernels' sums (see `kernel`): with `G` values a
+/// group, `|got - exact| <= 2^-24 * (c1 * sum |w x| + c2 * sum |offset x|)`,
+/// `c1` covering a group sum, its scaling, the sum over groups and of the
+/// lanes (or, for float formats, `k / 8` steps, the lanes and the tail),
+/// `c2` the sums of the activations over each group too.
+pub(crate) fn bound(qtype: QuantType, k: usize, abs_w: f64, abs_off: f64) -> f64 {
+    let g = qtype.group_values().max(8);
+    let c1 = if qtype.is_float() {
+        k / 8 + 4 + k % 8
+    } else {
+        g / 8 + k / g + 6
+    };
+    let c2 = c1 + g + k / g + 2;
+    // Doubled for the portable build, whose multiply-add rounds twice.
+    2.0 * f64::from(f32::EPSILON) / 2.0 * (c1 as f64 * (abs_w + abs_off) + c2 as f64 * abs_off)
+        + 1e-30
 }
 
 fn check_matmul(build: Build, qtype: QuantType, rows: usize, cols: usize, n: usize, rng: &mut Rng) {
     let raw = random_rows(qtype, rows, cols, rng);
     let w = dequantized(qtype, &raw, rows, cols);
+    let off = offsets(qtype, &raw, rows, cols);
     let x: Vec<f32> = (0..n * cols).map(|_| rng.unit()).collect();
     let mut out = vec![f32::NAN; n * rows];
     matmul_with(build, qtype, &raw, rows, cols, &x, &mut out).unwrap();
     for t in 0..n {
         for r in 0..rows {
-            let (mut want, mut abs) = (0.0f64, 0.0f64);
+            let (mut want, mut abs, mut abs_off) = (0.0f64, 0.0f64, 0.0f64);
             for c in 0..cols {
-                let p = f64::from(w[r * cols + c]) * f64::from(x[t * cols + c]);
+                let xv = f64::from(x[t * cols + c]);
+                let p = f64::from(w[r * cols + c]) * xv;
                 want += p;
                 abs += p.abs();
+                abs_off += f64::from(off[r * cols + c]) * xv.abs();
             }
             let got = f64::from(out[t * rows + r]);
             assert!(
-                (got - want).abs() <= bound(cols, abs),
+                (got - want).abs() <= bound(qtype, cols, abs, abs_off),
                 "{} {rows}x{cols} n={n} ({t}, {r}): {got} vs {want}",
                 qtype.name()
             );
@@ -254,4 +295,82 @@ fn bad_shapes_and_ids_are_errors() {
         })
     );
     assert!(gather_rows(QuantType::Q8_0, &raw, 2, 32, &[0, 1], &mut out).is_err());
+}
+
+#[cfg(target_arch = "x86_64")]
+#[test]
+fn the_f16c_half_is_the_portable_half() {
+    use super::simd::{Avx2, Lanes, Portable};
+    if best_build() != Build::Avx2 {
+        return;
+    }
+    for h in 0..=u16::MAX {
+        // SAFETY: AVX2/F16C checked above.
+        let (a, b) = unsafe { (Avx2::half(h), Portable::half(h)) };
+        assert!(
+            a.to_bits() == b.to_bits() || (a.is_nan() && b.is_nan()),
+            "{h:#06x}"
+        );
+    }
+}
+
+/// Kernel speed on this machine, in CPU time (robust to a busy machine):
+/// `cargo test --release -q perf_probe -- --ignored --nocapture`.
+#[test]
+#[ignore]
+fn perf_probe() {
+    fn cpu() -> f64 {
+        let mut ts = libc::timespec {
+            tv_sec: 0,
+            tv_nsec: 0,
+        };
+        // SAFETY: a valid timespec to fill.
+        unsafe { libc::clock_gettime(libc::CLOCK_THREAD_CPUTIME_ID, &mut ts) };
+        ts.tv_sec as f64 + ts.tv_nsec as f64 * 1e-9
+    }
+    let mut rng = Rng(1);
+    let list = std::env::var("QT").unwrap_or_else(|_| "Q8_0,Q4_0,Q5_0,Q4_K,Q6_K,F16".into());
+    for name in list.split(',') {
+        let qtype = ALL.into_iter().find(|t| t.name() == name).unwrap();
+        let (rows, cols) = if qtype.block_values() == 256 {
+            (576, 1536)
+        } else {
+            (1536, 576)
+        };
+        let raw = random_rows(qtype, rows, cols, &mut rng);
+        for n in [1usize, 8] {
+            let x: Vec<f32> = (0..n * cols).map(|_| rng.unit()).collect();
+            let mut out = vec![0.0f32; n * rows];
+            let mut best = f64::MAX;
+            for _ in 0..5 {
+                let t0 = cpu();
+                for _ in 0..50 {
+                    // SAFETY: out is n x rows.
+                    let xsum = if qtype.has_offsets() {
+                        kernel::group_sums(&x, qtype.group_values())
+                    } else {
+                        Vec::new()
+                    };
+                    let job = Job {
+                        qtype,
+                        raw: &raw,
+                        row_bytes: qtype.row_bytes(cols).unwrap(),
+                        rows,
+                        cols,
+                        x: &x,
+                        n,
+                        xsum: &xsum,
+                    };
+                    unsafe { run(best_build(), &job, 0, rows, out.as_mut_ptr()) };
+                }
+                best = best.min((cpu() - t0) / 50.0);
+            }
+            println!(
+                "{name:6} n={n}: {:7.1} us  {:5.2} GB/s  {:5.2} Gmac/s",
+                best * 1e6,
+                raw.len() as f64 / best / 1e9,
+                (rows * cols * n) as f64 / best / 1e9
+            );
+        }
+    }
 }

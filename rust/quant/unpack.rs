@@ -26,6 +26,7 @@
 //! | IQ4_XS | 256 / 136 | `d`, u16 high scale bits, 4 B low scale bits, 128 B nibbles | `d*(sc-32) * T[q]` (32) |
 
 use super::format::QuantType;
+use super::simd::{Lanes, Portable};
 use crate::kv::f16_to_f32;
 
 /// IQ4_NL's and IQ4_XS's non-linear code book.
@@ -33,113 +34,150 @@ pub(crate) const IQ4_VALUES: [i8; 16] = [
     -127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113,
 ];
 
+/// The float16 at `b[at..at + 2]`, converted by the build `S` (F16C on x86).
 #[inline(always)]
-fn half(b: &[u8], at: usize) -> f32 {
-    f16_to_f32(u16::from_le_bytes([b[at], b[at + 1]]))
+fn half<S: Lanes>(b: &[u8], at: usize) -> f32 {
+    // SAFETY: `S` is usable wherever its unpack functions are called.
+    unsafe { S::half(u16::from_le_bytes([b[at], b[at + 1]])) }
 }
 
-/// Unpack one block of a block format: `codes` gets `block_values` codes,
-/// `scale` and `offset` one entry per group of `group_values` (`offset` is
-/// left alone for symmetric formats). `block` is `block_bytes` long.
+/// Unpack whole rows of blocks: `raw` holds whole blocks, `codes` gets
+/// `block_values` codes a block, `scale` and `offset` one entry per group
+/// of `group_values` (`offset` is left alone for symmetric formats).
 #[inline(always)]
-pub(crate) fn unpack_block(
+pub(crate) fn unpack_row<S: Lanes>(
     qtype: QuantType,
-    block: &[u8],
+    raw: &[u8],
     codes: &mut [i8],
     scale: &mut [f32],
     offset: &mut [f32],
 ) {
     match qtype {
-        QuantType::Q4_0 => q4_0(block, codes, scale),
-        QuantType::Q4_1 => q4_1(block, codes, scale, offset),
-        QuantType::Q5_0 => q5_0(block, codes, scale),
-        QuantType::Q5_1 => q5_1(block, codes, scale, offset),
-        QuantType::Q8_0 => q8_0(block, codes, scale),
-        QuantType::IQ4NL => iq4_nl(block, codes, scale),
-        QuantType::Q2K => q2_k(block, codes, scale, offset),
-        QuantType::Q3K => q3_k(block, codes, scale),
-        QuantType::Q4K => q4_k(block, codes, scale, offset),
-        QuantType::Q5K => q5_k(block, codes, scale, offset),
-        QuantType::Q6K => q6_k(block, codes, scale),
-        QuantType::IQ4XS => iq4_xs(block, codes, scale),
+        QuantType::Q4_0 => blocks::<S, 18, 32, 1>(raw, codes, scale, offset, q4_0::<S>),
+        QuantType::Q4_1 => blocks::<S, 20, 32, 1>(raw, codes, scale, offset, q4_1::<S>),
+        QuantType::Q5_0 => blocks::<S, 22, 32, 1>(raw, codes, scale, offset, q5_0::<S>),
+        QuantType::Q5_1 => blocks::<S, 24, 32, 1>(raw, codes, scale, offset, q5_1::<S>),
+        QuantType::Q8_0 => blocks::<S, 34, 32, 1>(raw, codes, scale, offset, q8_0::<S>),
+        QuantType::IQ4NL => blocks::<S, 18, 32, 1>(raw, codes, scale, offset, iq4_nl::<S>),
+        QuantType::Q2K => blocks::<S, 84, 256, 16>(raw, codes, scale, offset, q2_k::<S>),
+        QuantType::Q3K => blocks::<S, 110, 256, 16>(raw, codes, scale, offset, q3_k::<S>),
+        QuantType::Q4K => blocks::<S, 144, 256, 8>(raw, codes, scale, offset, q4_k::<S>),
+        QuantType::Q5K => blocks::<S, 176, 256, 8>(raw, codes, scale, offset, q5_k::<S>),
+        QuantType::Q6K => blocks::<S, 210, 256, 16>(raw, codes, scale, offset, q6_k::<S>),
+        QuantType::IQ4XS => blocks::<S, 136, 256, 8>(raw, codes, scale, offset, iq4_xs::<S>),
         QuantType::F32 | QuantType::F16 | QuantType::BF16 => {
             unreachable!("float formats have no codes")
         }
     }
 }
 
+/// Scales of Q8_0 rows only (its codes are used in place).
 #[inline(always)]
-fn nibbles(qs: &[u8], codes: &mut [i8], bias: i8) {
-    let n = qs.len();
-    for j in 0..n {
-        codes[j] = (qs[j] & 0x0f) as i8 - bias;
-        codes[j + n] = (qs[j] >> 4) as i8 - bias;
+pub(crate) fn q8_0_scales<S: Lanes>(raw: &[u8], scale: &mut [f32]) {
+    let (blocks, _) = raw.as_chunks::<34>();
+    for (b, s) in blocks.iter().zip(scale.iter_mut()) {
+        *s = half::<S>(b, 0);
     }
 }
 
+/// `f` over the blocks of `raw`, each with its codes, scales and offsets.
 #[inline(always)]
-fn q4_0(b: &[u8], codes: &mut [i8], scale: &mut [f32]) {
-    scale[0] = half(b, 0);
-    nibbles(&b[2..18], codes, 8);
+fn blocks<S: Lanes, const BB: usize, const BV: usize, const NG: usize>(
+    raw: &[u8],
+    codes: &mut [i8],
+    scale: &mut [f32],
+    offset: &mut [f32],
+    f: impl Fn(&[u8; BB], &mut [i8; BV], &mut [f32; NG], &mut [f32; NG]),
+) {
+    let (raw, _) = raw.as_chunks::<BB>();
+    let (codes, _) = codes.as_chunks_mut::<BV>();
+    let (scale, _) = scale.as_chunks_mut::<NG>();
+    let (offset, _) = offset.as_chunks_mut::<NG>();
+    let mut dummy = [0.0f32; NG];
+    let mut offsets = offset.iter_mut();
+    for ((b, c), s) in raw.iter().zip(codes.iter_mut()).zip(scale.iter_mut()) {
+        let o = offsets.next().unwrap_or(&mut dummy);
+        f(b, c, s, o);
+    }
+}
+
+/// A 32-value block's nibbles (low ones first) minus `bias`.
+#[inline(always)]
+fn nibbles<S: Lanes>(qs: &[u8; 16], codes: &mut [i8; 32], bias: i8) {
+    // SAFETY: `S` is usable here (caller).
+    let n = unsafe { S::nibbles16(qs) };
+    for j in 0..32 {
+        codes[j] = n[j] as i8 - bias;
+    }
+}
+
+/// `b[at..at + N]` as an array.
+#[inline(always)]
+fn part<const BB: usize, const N: usize>(b: &[u8; BB], at: usize) -> &[u8; N] {
+    b[at..at + N].try_into().expect("in the block")
 }
 
 #[inline(always)]
-fn q4_1(b: &[u8], codes: &mut [i8], scale: &mut [f32], offset: &mut [f32]) {
-    scale[0] = half(b, 0);
+fn q4_0<S: Lanes>(b: &[u8; 18], codes: &mut [i8; 32], scale: &mut [f32; 1], _: &mut [f32; 1]) {
+    scale[0] = half::<S>(b, 0);
+    nibbles::<S>(part(b, 2), codes, 8);
+}
+
+#[inline(always)]
+fn q4_1<S: Lanes>(b: &[u8; 20], codes: &mut [i8; 32], scale: &mut [f32; 1], o: &mut [f32; 1]) {
+    scale[0] = half::<S>(b, 0);
     // gguf adds `m`: subtracting `-m` is the same single rounding.
-    offset[0] = -half(b, 2);
-    nibbles(&b[4..20], codes, 0);
+    o[0] = -half::<S>(b, 2);
+    nibbles::<S>(part(b, 4), codes, 0);
 }
 
+/// A 32-value block's nibbles plus its fifth bits (bit `j` of `qh` for
+/// value `j`), minus `bias`.
 #[inline(always)]
-fn fifth_bits(qh: u32, qs: &[u8], codes: &mut [i8], bias: i8) {
-    for j in 0..16 {
-        let lo = (qs[j] & 0x0f) | (((qh >> j) & 1) as u8) << 4;
-        let hi = (qs[j] >> 4) | (((qh >> (j + 16)) & 1) as u8) << 4;
-        codes[j] = lo as i8 - bias;
-        codes[j + 16] = hi as i8 - bias;
+fn fifth_bits<S: Lanes>(qh: u32, qs: &[u8; 16], codes: &mut [i8; 32], bias: i8) {
+    // SAFETY: `S` is usable here (caller).
+    let (n, h) = unsafe { (S::nibbles16(qs), S::bits32(qh)) };
+    for j in 0..32 {
+        codes[j] = (n[j] | h[j]) as i8 - bias;
     }
 }
 
 #[inline(always)]
-fn q5_0(b: &[u8], codes: &mut [i8], scale: &mut [f32]) {
-    scale[0] = half(b, 0);
-    let qh = u32::from_le_bytes([b[2], b[3], b[4], b[5]]);
-    fifth_bits(qh, &b[6..22], codes, 16);
+fn q5_0<S: Lanes>(b: &[u8; 22], codes: &mut [i8; 32], scale: &mut [f32; 1], _: &mut [f32; 1]) {
+    scale[0] = half::<S>(b, 0);
+    let qh = u32::from_le_bytes(*part(b, 2));
+    fifth_bits::<S>(qh, part(b, 6), codes, 16);
 }
 
 #[inline(always)]
-fn q5_1(b: &[u8], codes: &mut [i8], scale: &mut [f32], offset: &mut [f32]) {
-    scale[0] = half(b, 0);
-    offset[0] = -half(b, 2);
-    let qh = u32::from_le_bytes([b[4], b[5], b[6], b[7]]);
-    fifth_bits(qh, &b[8..24], codes, 0);
+fn q5_1<S: Lanes>(b: &[u8; 24], codes: &mut [i8; 32], scale: &mut [f32; 1], o: &mut [f32; 1]) {
+    scale[0] = half::<S>(b, 0);
+    o[0] = -half::<S>(b, 2);
+    let qh = u32::from_le_bytes(*part(b, 4));
+    fifth_bits::<S>(qh, part(b, 8), codes, 0);
 }
 
 #[inline(always)]
-fn q8_0(b: &[u8], codes: &mut [i8], scale: &mut [f32]) {
-    scale[0] = half(b, 0);
-    for (c, &q) in codes[..32].iter_mut().zip(&b[2..34]) {
-        *c = q as i8;
-    }
+fn q8_0<S: Lanes>(b: &[u8; 34], codes: &mut [i8; 32], scale: &mut [f32; 1], _: &mut [f32; 1]) {
+    scale[0] = half::<S>(b, 0);
+    let qs: &[u8; 32] = part(b, 2);
+    *codes = qs.map(|q| q as i8);
 }
 
 #[inline(always)]
-fn iq4_nl(b: &[u8], codes: &mut [i8], scale: &mut [f32]) {
-    scale[0] = half(b, 0);
-    for j in 0..16 {
-        codes[j] = IQ4_VALUES[(b[2 + j] & 0x0f) as usize];
-        codes[j + 16] = IQ4_VALUES[(b[2 + j] >> 4) as usize];
-    }
+fn iq4_nl<S: Lanes>(b: &[u8; 18], codes: &mut [i8; 32], scale: &mut [f32; 1], _: &mut [f32; 1]) {
+    scale[0] = half::<S>(b, 0);
+    // SAFETY: `S` is usable here (caller).
+    *codes = unsafe { S::lookup16(&IQ4_VALUES, &S::nibbles16(part(b, 2))) };
 }
 
 #[inline(always)]
-fn q2_k(b: &[u8], codes: &mut [i8], scale: &mut [f32], offset: &mut [f32]) {
-    let (sc, qs) = (&b[0..16], &b[16..80]);
-    let (d, dmin) = (half(b, 80), half(b, 82));
+fn q2_k<S: Lanes>(b: &[u8; 84], codes: &mut [i8; 256], scale: &mut [f32; 16], o: &mut [f32; 16]) {
+    let (sc, qs): (&[u8; 16], &[u8; 64]) = (part(b, 0), part(b, 16));
+    let (d, dmin) = (half::<S>(b, 80), half::<S>(b, 82));
     for g in 0..16 {
         scale[g] = d * (sc[g] & 0x0f) as f32;
-        offset[g] = dmin * (sc[g] >> 4) as f32;
+        o[g] = dmin * (sc[g] >> 4) as f32;
     }
     // Value 128c + 32i + l is bits 2i..2i+2 of qs[32c + l].
     for c in 0..2 {
@@ -152,23 +190,22 @@ fn q2_k(b: &[u8], codes: &mut [i8], scale: &mut [f32], offset: &mut [f32]) {
 }
 
 #[inline(always)]
-fn q3_k(b: &[u8], codes: &mut [i8], scale: &mut [f32]) {
-    let (hmask, qs, sc) = (&b[0..32], &b[32..96], &b[96..108]);
-    let d = half(b, 108);
+fn q3_k<S: Lanes>(b: &[u8; 110], codes: &mut [i8; 256], scale: &mut [f32; 16], _: &mut [f32; 16]) {
+    let (hmask, qs, sc): (&[u8; 32], &[u8; 64], &[u8; 12]) = (part(b, 0), part(b, 32), part(b, 96));
+    let d = half::<S>(b, 108);
     for s in 0..16 {
         let low = (sc[s % 8] >> (4 * (s / 8))) & 0x0f;
         let high = (sc[8 + s % 4] >> (2 * (s / 4))) & 3;
         scale[s] = d * ((low | high << 4) as i8 - 32) as f32;
     }
     // Value v = 128c + 32i + l: bits 2i.. of qs[32c + l], minus 4 unless bit
-    // v / 32 of hmask[l] is set.
+    // v / 32 = 4c + i of hmask[l] is set.
     for c in 0..2 {
         for i in 0..4 {
             for l in 0..32 {
-                let v = 128 * c + 32 * i + l;
                 let q = ((qs[32 * c + l] >> (2 * i)) & 3) as i8;
-                let h = ((hmask[l] >> (v / 32)) & 1) as i8;
-                codes[v] = q - 4 + 4 * h;
+                let h = ((hmask[l] >> (4 * c + i)) & 1) as i8;
+                codes[128 * c + 32 * i + l] = q - 4 + 4 * h;
             }
         }
     }
@@ -176,7 +213,7 @@ fn q3_k(b: &[u8], codes: &mut [i8], scale: &mut [f32]) {
 
 /// Scale and min of sub-block `j` from Q4_K's (and Q5_K's) 12 packed bytes.
 #[inline(always)]
-fn scale_min_k4(j: usize, q: &[u8]) -> (u8, u8) {
+fn scale_min_k4(j: usize, q: &[u8; 12]) -> (u8, u8) {
     if j < 4 {
         (q[j] & 63, q[j + 4] & 63)
     } else {
@@ -188,93 +225,73 @@ fn scale_min_k4(j: usize, q: &[u8]) -> (u8, u8) {
 }
 
 #[inline(always)]
-fn k4_scales(b: &[u8], scale: &mut [f32], offset: &mut [f32]) {
-    let (d, dmin) = (half(b, 0), half(b, 2));
+fn k4_scales<S: Lanes, const BB: usize>(b: &[u8; BB], scale: &mut [f32; 8], o: &mut [f32; 8]) {
+    let (d, dmin) = (half::<S>(b, 0), half::<S>(b, 2));
+    let sc: &[u8; 12] = part(b, 4);
     for j in 0..8 {
-        let (sc, m) = scale_min_k4(j, &b[4..16]);
-        scale[j] = d * sc as f32;
-        offset[j] = dmin * m as f32;
+        let (s, m) = scale_min_k4(j, sc);
+        scale[j] = d * s as f32;
+        o[j] = dmin * m as f32;
     }
 }
 
 #[inline(always)]
-fn q4_k(b: &[u8], codes: &mut [i8], scale: &mut [f32], offset: &mut [f32]) {
-    k4_scales(b, scale, offset);
+fn q4_k<S: Lanes>(b: &[u8; 144], codes: &mut [i8; 256], scale: &mut [f32; 8], o: &mut [f32; 8]) {
+    k4_scales::<S, 144>(b, scale, o);
+    let qs: &[u8; 128] = part(b, 16);
     // Values 64c .. 64c + 32 are the low nibbles of qs[32c ..], the next 32 the high ones.
-    for (c, qs) in b[16..144].chunks_exact(32).enumerate() {
+    for c in 0..4 {
         for l in 0..32 {
-            codes[64 * c + l] = (qs[l] & 0x0f) as i8;
-            codes[64 * c + 32 + l] = (qs[l] >> 4) as i8;
+            codes[64 * c + l] = (qs[32 * c + l] & 0x0f) as i8;
+            codes[64 * c + 32 + l] = (qs[32 * c + l] >> 4) as i8;
         }
     }
 }
 
 #[inline(always)]
-fn q5_k(b: &[u8], codes: &mut [i8], scale: &mut [f32], offset: &mut [f32]) {
-    k4_scales(b, scale, offset);
-    let qh = &b[16..48];
-    for (c, qs) in b[48..176].chunks_exact(32).enumerate() {
+fn q5_k<S: Lanes>(b: &[u8; 176], codes: &mut [i8; 256], scale: &mut [f32; 8], o: &mut [f32; 8]) {
+    k4_scales::<S, 176>(b, scale, o);
+    let (qh, qs): (&[u8; 32], &[u8; 128]) = (part(b, 16), part(b, 48));
+    for c in 0..4 {
         for l in 0..32 {
-            let (v0, v1) = (64 * c + l, 64 * c + 32 + l);
-            codes[v0] = ((qs[l] & 0x0f) | ((qh[l] >> (v0 / 32)) & 1) << 4) as i8;
-            codes[v1] = ((qs[l] >> 4) | ((qh[l] >> (v1 / 32)) & 1) << 4) as i8;
+            let q = qs[32 * c + l];
+            codes[64 * c + l] = ((q & 0x0f) | ((qh[l] >> (2 * c)) & 1) << 4) as i8;
+            codes[64 * c + 32 + l] = ((q >> 4) | ((qh[l] >> (2 * c + 1)) & 1) << 4) as i8;
         }
     }
 }
 
 #[inline(always)]
-fn q6_k(b: &[u8], codes: &mut [i8], scale: &mut [f32]) {
-    let (ql, qh, sc) = (&b[0..128], &b[128..192], &b[192..208]);
-    let d = half(b, 208);
+fn q6_k<S: Lanes>(b: &[u8; 210], codes: &mut [i8; 256], scale: &mut [f32; 16], _: &mut [f32; 16]) {
+    let (ql, qh, sc): (&[u8; 128], &[u8; 64], &[u8; 16]) = (part(b, 0), part(b, 128), part(b, 192));
+    let d = half::<S>(b, 208);
     for g in 0..16 {
         scale[g] = d * (sc[g] as i8) as f32;
     }
     for h in 0..2 {
-        let (ql, qh) = (&ql[64 * h..64 * h + 64], &qh[32 * h..32 * h + 32]);
-        let y = &mut codes[128 * h..128 * h + 128];
         for l in 0..32 {
-            y[l] = ((ql[l] & 0x0f) | (qh[l] & 3) << 4) as i8 - 32;
-            y[l + 32] = ((ql[l + 32] & 0x0f) | ((qh[l] >> 2) & 3) << 4) as i8 - 32;
-            y[l + 64] = ((ql[l] >> 4) | ((qh[l] >> 4) & 3) << 4) as i8 - 32;
-            y[l + 96] = ((ql[l + 32] >> 4) | ((qh[l] >> 6) & 3) << 4) as i8 - 32;
+            let (a, c, q) = (ql[64 * h + l], ql[64 * h + l + 32], qh[32 * h + l]);
+            let y = 128 * h + l;
+            codes[y] = ((a & 0x0f) | (q & 3) << 4) as i8 - 32;
+            codes[y + 32] = ((c & 0x0f) | ((q >> 2) & 3) << 4) as i8 - 32;
+            codes[y + 64] = ((a >> 4) | ((q >> 4) & 3) << 4) as i8 - 32;
+            codes[y + 96] = ((c >> 4) | ((q >> 6) & 3) << 4) as i8 - 32;
         }
     }
 }
 
 #[inline(always)]
-fn iq4_xs(b: &[u8], codes: &mut [i8], scale: &mut [f32]) {
-    let d = half(b, 0);
-    let scales_h = u16::from_le_bytes([b[2], b[3]]);
-    let (scales_l, qs) = (&b[4..8], &b[8..136]);
+fn iq4_xs<S: Lanes>(b: &[u8; 136], codes: &mut [i8; 256], scale: &mut [f32; 8], _: &mut [f32; 8]) {
+    let d = half::<S>(b, 0);
+    let scales_h = u16::from_le_bytes(*part(b, 2));
+    let (scales_l, qs): (&[u8; 4], &[u8; 128]) = (part(b, 4), part(b, 8));
     for ib in 0..8 {
         let lo = (scales_l[ib / 2] >> (4 * (ib % 2))) & 0x0f;
         let hi = ((scales_h >> (2 * ib)) & 3) as u8;
         scale[ib] = d * ((lo | hi << 4) as i8 - 32) as f32;
-        let q = &qs[16 * ib..16 * ib + 16];
-        for l in 0..16 {
-            codes[32 * ib + l] = IQ4_VALUES[(q[l] & 0x0f) as usize];
-            codes[32 * ib + 16 + l] = IQ4_VALUES[(q[l] >> 4) as usize];
-        }
-    }
-}
-
-/// Unpack a whole row of blocks (`raw` is one row, `codes` `cols` long,
-/// `scale`/`offset` `cols / group_values` long).
-#[inline(always)]
-pub(crate) fn unpack_row(
-    qtype: QuantType,
-    raw: &[u8],
-    codes: &mut [i8],
-    scale: &mut [f32],
-    offset: &mut [f32],
-) {
-    let (bv, bb) = (qtype.block_values(), qtype.block_bytes());
-    let gpb = bv / qtype.group_values();
-    let offsets = qtype.has_offsets();
-    for (i, block) in raw.chunks_exact(bb).enumerate() {
-        let (s, o) = (&mut scale[i * gpb..(i + 1) * gpb], i * gpb..(i + 1) * gpb);
-        let o = if offsets { &mut offset[o] } else { &mut [][..] };
-        unpack_block(qtype, block, &mut codes[i * bv..(i + 1) * bv], s, o);
+        // SAFETY: `S` is usable here (caller).
+        let c = unsafe { S::lookup16(&IQ4_VALUES, &S::nibbles16(part(qs, 16 * ib))) };
+        codes[32 * ib..32 * ib + 32].copy_from_slice(&c);
     }
 }
 
@@ -308,7 +325,7 @@ pub fn dequantize_row(qtype: QuantType, raw: &[u8], out: &mut [f32]) {
     let (mut scale, mut offset) = ([0f32; 16], [0f32; 16]);
     let offsets = qtype.has_offsets();
     for (block, y) in raw.chunks_exact(bb).zip(out.chunks_exact_mut(bv)) {
-        unpack_block(
+        unpack_row::<Portable>(
             qtype,
             block,
             &mut codes[..bv],

@@ -73,7 +73,14 @@ def sample_opts(draw: st.DrawFn, vocab: int) -> SampleOpts:
         kw["logit_bias"] = draw(
             st.dictionaries(st.integers(0, vocab - 1), grid | st.just(-math.inf), max_size=3)
         )
-    kw["min_keep"] = draw(st.integers(1, 3))
+    # min_keep > 1 only where a stage that every order honours reads it (else it is refused).
+    reads = (
+        kw.get("top_p", 1.0) < 1
+        or kw.get("min_p", 0.0) > 0
+        or kw.get("typical_p", 1.0) < 1
+        or kw.get("xtc_prob", 0.0) > 0
+    )
+    kw["min_keep"] = draw(st.integers(1, 3)) if reads else 1
     return SampleOpts(**kw)
 
 

@@ -136,7 +136,7 @@ class SamplerChain:
         advance: bool = True,
     ) -> npt.NDArray[np.int64]:
         """Sample every row of a 2-D float32 array (in parallel, GIL released), then step on."""
-    def accept(self, token: int, /) -> None:
+    def accept(self, token: int) -> None:
         """Record the emitted token after `peek`: advances the step and mirostat's mu."""
     def reset(self) -> None:
         """Return to step 0 and the initial mirostat mu (same seed, same tokens)."""

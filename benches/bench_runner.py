@@ -3,13 +3,10 @@
 Run the full figures with ``python benches/bench_runner.py`` (release build); pytest runs the
 same code once on a tiny model as a smoke test.
 
-* overhead: one decode step of the generation loop (sample, accept, cache append, attention,
-  Python glue, the model) minus the time spent inside that same step's weight matmuls
-  (clocked around every ``Matrix.apply``), as a fraction of the step. Measuring both in one
-  step cancels the noise of a shared machine. ``overhead_fraction`` counts attention over the
-  cache as overhead (an upper bound); ``overhead_fraction_all_matmuls`` also subtracts
-  attention's two matmuls (the issue's "minus the model's matmul time"). Target below 10% at
-  hidden 1024 x 8 layers.
+* overhead: one decode step of the generation loop (sample, accept, the runner's Python glue
+  and the one call into the Rust engine) minus the time spent inside that engine call, as a
+  fraction of the step. Measuring both in one step cancels the noise of a shared machine.
+  Target below 10% at hidden 1024 x 8 layers.
 * cache: decode step at ``ctx`` tokens of context vs a plain forward over all ``ctx + 1``
   tokens without a cache (what decoding costs without one). Target at least 10x at 512.
 """
@@ -18,19 +15,20 @@ from __future__ import annotations
 
 import statistics
 import sys
+import tempfile
 import time
 from collections.abc import Callable
+from pathlib import Path
+from typing import Any
 
+import gguf
 import numpy as np
 
-from rlx_lm.runners import llama_forward
-from rlx_lm.runners.linear import DenseMatrix, PackedMatrix
-from rlx_lm.runners.llama import LlamaRunner
-from rlx_lm.runners.llama_config import LlamaConfig
-from rlx_lm.runners.llama_weights import LayerWeights, LlamaWeights
+from rlx_lm.runners.llama import LlamaRunner, load_llama
 
 
-def random_runner(
+def random_gguf(
+    path: Path,
     *,
     hidden: int = 1024,
     layers: int = 8,
@@ -38,43 +36,45 @@ def random_runner(
     kv_heads: int = 4,
     inter: int = 2816,
     vocab: int = 32000,
-    max_seq: int = 1024,
     seed: int = 0,
-) -> LlamaRunner:
-    """A float32 llama with random weights, built in memory."""
+) -> Path:
+    """A float32 llama GGUF with random weights."""
     rng = np.random.default_rng(seed)
     hd = hidden // heads
-    cfg = LlamaConfig(
-        arch="llama",
-        vocab_size=vocab,
-        hidden_size=hidden,
-        intermediate_size=inter,
-        n_layers=layers,
-        n_heads=heads,
-        n_kv_heads=kv_heads,
-        head_dim=hd,
-    )
+    w = gguf.GGUFWriter(str(path), "llama")
+    w.add_block_count(layers)
+    w.add_context_length(4096)
+    w.add_embedding_length(hidden)
+    w.add_feed_forward_length(inter)
+    w.add_head_count(heads)
+    w.add_head_count_kv(kv_heads)
+    w.add_layer_norm_rms_eps(1e-5)
+    w.add_vocab_size(vocab)
 
-    def mat(o: int, i: int) -> DenseMatrix:
-        return DenseMatrix(rng.standard_normal((o, i), dtype=np.float32) / np.sqrt(i))
+    def mat(o: int, i: int) -> np.ndarray:
+        m: np.ndarray = rng.standard_normal((o, i), dtype=np.float32) / np.float32(np.sqrt(i))
+        return m
 
     ones = np.ones(hidden, dtype=np.float32)
-    blocks = [
-        LayerWeights(
-            attn_norm=ones,
-            q=mat(heads * hd, hidden),
-            k=mat(kv_heads * hd, hidden),
-            v=mat(kv_heads * hd, hidden),
-            o=mat(hidden, heads * hd),
-            ffn_norm=ones,
-            gate=mat(inter, hidden),
-            up=mat(inter, hidden),
-            down=mat(hidden, inter),
-        )
-        for _ in range(layers)
-    ]
-    w = LlamaWeights(embed=mat(vocab, hidden), layers=blocks, norm=ones, output=mat(vocab, hidden))
-    return LlamaRunner(cfg, w, max_seq=max_seq)
+    w.add_tensor("token_embd.weight", mat(vocab, hidden))
+    w.add_tensor("output_norm.weight", ones)
+    w.add_tensor("output.weight", mat(vocab, hidden))
+    for b in range(layers):
+        p = f"blk.{b}."
+        w.add_tensor(p + "attn_norm.weight", ones)
+        w.add_tensor(p + "ffn_norm.weight", ones)
+        w.add_tensor(p + "attn_q.weight", mat(heads * hd, hidden))
+        w.add_tensor(p + "attn_k.weight", mat(kv_heads * hd, hidden))
+        w.add_tensor(p + "attn_v.weight", mat(kv_heads * hd, hidden))
+        w.add_tensor(p + "attn_output.weight", mat(hidden, heads * hd))
+        w.add_tensor(p + "ffn_gate.weight", mat(inter, hidden))
+        w.add_tensor(p + "ffn_up.weight", mat(inter, hidden))
+        w.add_tensor(p + "ffn_down.weight", mat(hidden, inter))
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return path
 
 
 def _median(fn: Callable[[], object], reps: int) -> float:
@@ -86,70 +86,39 @@ def _median(fn: Callable[[], object], reps: int) -> float:
     return statistics.median(times)
 
 
-class _NumpyWithTimedMatmul:
-    """The numpy module as ``llama_forward`` sees it, with ``matmul`` clocked (attention's
-    score and value products)."""
+class _TimedEngine:
+    """The runner's engine with ``decode`` clocked."""
 
-    def __init__(self, clock: _MatmulClock) -> None:
-        self._clock = clock
+    def __init__(self, engine: Any) -> None:
+        self._engine = engine
+        self.seconds = 0.0
 
-    def __getattr__(self, name: str) -> object:
-        return getattr(np, name)
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._engine, name)
 
-    def matmul(self, a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    def decode(self, cache: Any, token: int) -> Any:
         t = time.perf_counter()
-        out: np.ndarray = np.matmul(a, b)
-        self._clock.attention_seconds += time.perf_counter() - t
+        out = self._engine.decode(cache, token)
+        self.seconds += time.perf_counter() - t
         return out
 
 
-class _MatmulClock:
-    """Accumulates the time spent inside weight matmuls (``Matrix.apply``) and, separately,
-    attention's matmuls over the cache, while installed."""
-
-    def __init__(self) -> None:
-        self.seconds = 0.0
-        self.attention_seconds = 0.0
-        self._orig: dict[type, Callable[..., np.ndarray]] = {}
-
-    def __enter__(self) -> _MatmulClock:
-        for cls in (DenseMatrix, PackedMatrix):
-            orig = cls.apply
-            self._orig[cls] = orig
-
-            def timed(
-                m: object, x: np.ndarray, _orig: Callable[..., np.ndarray] = orig
-            ) -> np.ndarray:
-                t = time.perf_counter()
-                out = _orig(m, x)
-                self.seconds += time.perf_counter() - t
-                return out
-
-            setattr(cls, "apply", timed)  # noqa: B010 - patching a method for timing
-        setattr(llama_forward, "np", _NumpyWithTimedMatmul(self))  # noqa: B010
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        for cls, orig in self._orig.items():
-            setattr(cls, "apply", orig)  # noqa: B010
-        setattr(llama_forward, "np", np)  # noqa: B010
-
-
-def decode_steps(runner: LlamaRunner, ctx: int, steps: int) -> tuple[float, float, float]:
-    """Median step time of the generation loop (sample + accept + decode) at ``ctx`` context;
-    the median fraction of each step spent outside the weight matmuls of that same step; and
-    outside all the model's matmuls (weights and attention's two products over the cache)."""
+def decode_steps(runner: LlamaRunner, ctx: int, steps: int) -> tuple[float, float]:
+    """Median step time of the generation loop (sample + accept + decode) at ``ctx`` context,
+    and the median fraction of each step spent outside the engine call of that same step."""
     from rlx_lm import SampleOpts
 
     chain = SampleOpts().into_chain()
     prompt = [int(t) for t in np.random.default_rng(3).integers(0, runner.vocab_size, ctx)]
     logits = runner.prefill_logits(prompt)
     history = list(prompt)
-    times, fractions, glue = [], [], []
-    with _MatmulClock() as clock:
+    times, fractions = [], []
+    real = runner.engine
+    clock = _TimedEngine(real)
+    runner.engine = clock  # type: ignore[assignment]
+    try:
         for _ in range(steps):
             clock.seconds = 0.0
-            clock.attention_seconds = 0.0
             t = time.perf_counter()
             tok = chain.sample(logits, history)
             chain.accept(tok)
@@ -158,8 +127,9 @@ def decode_steps(runner: LlamaRunner, ctx: int, steps: int) -> tuple[float, floa
             step = time.perf_counter() - t
             times.append(step)
             fractions.append((step - clock.seconds) / step)
-            glue.append((step - clock.seconds - clock.attention_seconds) / step)
-    return statistics.median(times), statistics.median(fractions), statistics.median(glue)
+    finally:
+        runner.engine = real
+    return statistics.median(times), statistics.median(fractions)
 
 
 def nocache_seconds(runner: LlamaRunner, ctx: int, reps: int) -> float:
@@ -170,12 +140,11 @@ def nocache_seconds(runner: LlamaRunner, ctx: int, reps: int) -> float:
 
 def report(runner: LlamaRunner, *, ctx: int, steps: int, reps: int) -> dict[str, float]:
     """Every figure of this bench, measured in one run."""
-    step, overhead, glue = decode_steps(runner, ctx, steps)
+    step, overhead = decode_steps(runner, ctx, steps)
     full = nocache_seconds(runner, ctx, reps)
     return {
         "step_ms": step * 1e3,
         "overhead_fraction": overhead,
-        "overhead_fraction_all_matmuls": glue,
         "decode_tok_s": 1.0 / step,
         "nocache_ms": full * 1e3,
         "cache_speedup": full / step,
@@ -183,17 +152,18 @@ def report(runner: LlamaRunner, *, ctx: int, steps: int, reps: int) -> dict[str,
     }
 
 
-def test_bench_runner_smoke() -> None:
-    runner = random_runner(
-        hidden=64, layers=2, heads=4, kv_heads=2, inter=128, vocab=256, max_seq=64
+def test_bench_runner_smoke(tmp_path: Path) -> None:
+    path = random_gguf(
+        tmp_path / "m.gguf", hidden=64, layers=2, heads=4, kv_heads=2, inter=128, vocab=256
     )
-    figures = report(runner, ctx=16, steps=3, reps=1)
+    figures = report(load_llama(path, max_seq=64), ctx=16, steps=3, reps=1)
     assert set(figures) >= {"overhead_fraction", "cache_speedup"}
     assert all(np.isfinite(v) for v in figures.values())
 
 
 if __name__ == "__main__":
     ctx = int(sys.argv[1]) if len(sys.argv) > 1 else 512
-    r = random_runner(max_seq=ctx + 64)
-    for key, value in report(r, ctx=ctx, steps=30, reps=3).items():
-        print(f"{key:>18}: {value:.4g}")
+    with tempfile.TemporaryDirectory() as d:
+        r = load_llama(random_gguf(Path(d) / "m.gguf"), max_seq=ctx + 64)
+        for key, value in report(r, ctx=ctx, steps=30, reps=3).items():
+            print(f"{key:>18}: {value:.4g}")

@@ -5,6 +5,7 @@
 //! The PyO3 layer in `py/` compiles only with the `python` feature.
 
 pub mod argmax;
+pub mod engine;
 pub mod error;
 pub mod kv;
 pub mod quant;

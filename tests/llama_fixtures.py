@@ -6,11 +6,11 @@ import json
 from pathlib import Path
 
 import numpy as np
+from numpy_llama.forward import LlamaForward
+from numpy_llama.loaders import SafetensorsCheckpoint, gguf_weights
 
 from rlx_lm.runners.gguf_loader import open_gguf
 from rlx_lm.runners.llama_config import LlamaConfig
-from rlx_lm.runners.llama_forward import LlamaForward
-from rlx_lm.runners.safetensors_loader import SafetensorsCheckpoint
 
 
 class ListKv:
@@ -46,7 +46,7 @@ def forward_from_dir(path: Path, *, chunk: int = 128) -> LlamaForward:
 def forward_from_gguf(path: Path, *, packed: bool = False, chunk: int = 128) -> LlamaForward:
     g = open_gguf(path)
     cfg = g.config()
-    return LlamaForward(cfg, g.weights(cfg, packed=packed), chunk=chunk)
+    return LlamaForward(cfg, gguf_weights(g, cfg, packed=packed), chunk=chunk)
 
 
 def all_logits(fw: LlamaForward, ids: list[int]) -> np.ndarray:

@@ -8,6 +8,7 @@ import sys
 from pathlib import Path
 
 import gguf
+import numpy as np
 import pytest
 from model_factory import make_tiny, write_gguf
 from tokenizer_factory import spm_gguf_fields, spm_vocab
@@ -85,11 +86,28 @@ def test_a_bad_path_has_no_traceback_from_the_installed_command(tmp_path: Path) 
 
 
 def test_unsupported_quant_type_exits_2(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    m = make_tiny("llama", seed=5, vocab=len(TOKENS))
-    q5 = gguf.GGMLQuantizationType.Q5_0
-    path = write_gguf(m, tmp_path / "q.gguf", qtype="Q5_0", tokenizer=spm_gguf_fields())
+    # Q8_1: no kernel, and gguf.quants cannot decode it either
+    q81 = gguf.GGMLQuantizationType.Q8_1
+    path = tmp_path / "q.gguf"
+    w = gguf.GGUFWriter(str(path), "llama")
+    for key, val in spm_gguf_fields().items():
+        if isinstance(val, list):
+            w.add_array(key, val)
+        elif isinstance(val, bool):
+            w.add_bool(key, val)
+        elif isinstance(val, int):
+            w.add_uint32(key, val)
+        else:
+            w.add_string(key, val)
+    for key, n in (("block_count", 1), ("embedding_length", 32), ("attention.head_count", 4)):
+        w.add_uint32(f"llama.{key}", n)
+    w.add_uint32("llama.feed_forward_length", 64)
+    w.add_tensor("token_embd.weight", np.zeros((len(TOKENS), 40), np.uint8), raw_dtype=q81)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
     assert main(["generate", str(path), "-p", "hi", "-n", "1"]) == 2
-    assert q5.name in capsys.readouterr().err
 
 
 def test_progress_bar_draws_only_on_a_terminal() -> None:
@@ -125,8 +143,14 @@ def test_stop_strings_and_context_size_flags(
     out, err = capsys.readouterr()
     assert out.rstrip("\n") == full[: full.find(stop)]
     assert "stop: stop" in err
-    assert main(["generate", str(model), "-p", "hello", "-n", "8", "-c", "4"]) == 2
-    assert "max_seq=4" in capsys.readouterr().err
+    # a context that fills up ends the generation, with the reason on the timing line
+    assert main(["generate", str(model), "-p", "hello", "-n", "8", "-c", "4"]) == 0
+    out, err = capsys.readouterr()
+    assert "stop: context" in err
+    assert 0 < len(out.rstrip("\n")) < len(full)
+    # a prompt longer than the context cannot start
+    assert main(["generate", str(model), "-p", "hello " * 8, "-n", "8", "-c", "4"]) == 2
+    assert "no room left in a context of 4" in capsys.readouterr().err
     assert main(["generate", str(model), "-p", "hello", "-n", "-2"]) == 2
 
 
@@ -179,24 +203,26 @@ def test_a_directory_of_ggufs_uses_the_picked_file_and_its_tokenizer(
     assert from_dir == capsys.readouterr().out
 
 
-def test_default_packing_follows_free_memory(
-    model: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+def test_threads_and_the_default_context(
+    model: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from rlx_lm import LmRunnerBuilder, cli
+    from rlx_lm import LmRunnerBuilder
 
-    b = LmRunnerBuilder().weights(model)
-    dense_bytes = model.stat().st_size  # F32 file: about the float32 size
-    monkeypatch.setattr(cli, "_available_memory", lambda: 100 * dense_bytes)
-    assert cli._packed_by_memory(b) is False
-    monkeypatch.setattr(cli, "_available_memory", lambda: dense_bytes)
-    assert cli._packed_by_memory(b) is True
-    monkeypatch.setattr(cli, "_available_memory", lambda: None)
-    assert cli._packed_by_memory(b) is None
-    m = make_tiny("llama")
-    from model_factory import write_safetensors_dir
+    built: list[LmRunnerBuilder] = []
+    real = LmRunnerBuilder.build
 
-    st = LmRunnerBuilder().weights(write_safetensors_dir(m, tmp_path / "st"))
-    assert cli._packed_by_memory(st) is None
+    def spy(self: LmRunnerBuilder) -> object:
+        built.append(self)
+        return real(self)
+
+    monkeypatch.setattr(LmRunnerBuilder, "build", spy)
+    assert main(["generate", str(model), "-p", "hello", "-n", "2", "-t", "1"]) == 0
+    capsys.readouterr()
+    assert built[-1].threads() == 1
+    # no -c: the model's trained context (the factory writes 512)
+    assert built[-1].max_seq() == 512
+    assert main(["generate", str(model), "-p", "hello", "-n", "2", "-t", "0"]) == 2
+    assert "-t must be >= 1" in capsys.readouterr().err
 
 
 def test_every_llama_cpp_flag_sets_its_sample_opts_field() -> None:

@@ -16,7 +16,7 @@ def llama_factory(tmp_path_factory: pytest.TempPathFactory) -> Callable[[], Llam
     directory = write_safetensors_dir(make_tiny(), tmp_path_factory.mktemp("tiny-llama"))
     base = load_llama(directory, max_seq=32)
     # Weights load once; each runner the kit asks for gets its own session cache.
-    return lambda: LlamaRunner(base.cfg, base.weights, max_seq=32)
+    return lambda: base.clone(max_seq=32)
 
 
 def test_the_llama_runner_passes_every_clause_it_claims(

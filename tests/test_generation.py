@@ -193,7 +193,7 @@ def test_load_model_builds_through_the_registry_and_reports_load(spm_model: Path
     assert isinstance(runner, LlamaRunner)
     assert runner.max_seq == 40
     assert tok.eos_ids == {EOS}
-    # a start event, then one per block (2 layers + head) through load_progress
+    # a start event, then the engine's three load steps through load_progress
     assert [(e.phase, e.done, e.total) for e in events] == [
         ("load", 0, 1),
         ("load", 1, 3),

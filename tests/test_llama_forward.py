@@ -1,4 +1,4 @@
-"""The Llama-family forward pass against an independent numpy reference, in every format."""
+"""The numpy reference forward (tests/numpy_llama) against the independent float64 reference."""
 
 from __future__ import annotations
 
@@ -17,8 +17,7 @@ from model_factory import (
     write_gguf,
     write_safetensors_dir,
 )
-
-from rlx_lm.runners.llama_weights import unpermute_rope_rows
+from numpy_llama.weights import unpermute_rope_rows
 
 ARCHS = ["llama", "mistral", "qwen2", "qwen3"]
 IDS = [1, 5, 7, 3, 9, 100, 2, 50, 4, 4, 4, 17]

@@ -1,4 +1,5 @@
-"""Loader edge cases: MLX quantisation, hostile headers, missing tensors, RoPE scaling configs."""
+"""Loader edge cases on the engine path: MLX quantisation, hostile headers, missing tensors,
+RoPE scaling configs."""
 
 from __future__ import annotations
 
@@ -8,12 +9,11 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from llama_fixtures import forward_from_dir
 from model_factory import make_tiny, write_safetensors_dir
 
 from rlx_lm.errors import UnsupportedError, WeightFormatError
+from rlx_lm.runners.llama import load_llama
 from rlx_lm.runners.llama_config import LlamaConfig
-from rlx_lm.runners.safetensors_loader import SafetensorsCheckpoint
 
 
 def test_mlx_quantised_directories_are_refused_by_name(tmp_path: Path) -> None:
@@ -21,37 +21,38 @@ def test_mlx_quantised_directories_are_refused_by_name(tmp_path: Path) -> None:
     d = write_safetensors_dir(m, tmp_path / "mlx")
     (d / "config.json").write_text(json.dumps(m.config | {"quantization": {"bits": 4}}))
     with pytest.raises(UnsupportedError, match="quantized"):
-        forward_from_dir(d)
+        load_llama(d)
 
 
 def test_plain_mlx_directory_with_any_shard_names_loads(tmp_path: Path) -> None:
     m = make_tiny("qwen3")
     d = write_safetensors_dir(m, tmp_path / "mlx")
     (d / "model.safetensors").rename(d / "weights.00.safetensors")
-    fw = forward_from_dir(d)
-    assert fw.cfg.arch == "qwen3"
-    assert fw.cfg.qk_norm
+    runner = load_llama(d)
+    assert runner.cfg.arch == "qwen3"
+    assert runner.cfg.qk_norm
 
 
 def test_a_hostile_safetensors_header_is_refused_before_reading(tmp_path: Path) -> None:
     f = tmp_path / "model.safetensors"
     f.write_bytes((2**63).to_bytes(8, "little") + b"{}")
+    (tmp_path / "config.json").write_text(json.dumps(make_tiny("llama").config))
     with pytest.raises(WeightFormatError, match="exceeds the format's limit"):
-        SafetensorsCheckpoint.locate(f)
+        load_llama(f)
     f.write_bytes((4).to_bytes(8, "little") + b"{]]]")
     with pytest.raises(WeightFormatError, match="not valid JSON"):
-        SafetensorsCheckpoint.locate(f)
+        load_llama(f)
 
 
 def test_missing_and_misshapen_tensors_are_named(tmp_path: Path) -> None:
     m = make_tiny("llama")
     del m.tensors["model.layers.1.mlp.up_proj.weight"]
     with pytest.raises(WeightFormatError, match=r"blk\.1\.ffn_up"):
-        forward_from_dir(write_safetensors_dir(m, tmp_path / "a"))
+        load_llama(write_safetensors_dir(m, tmp_path / "a"))
     m = make_tiny("llama")
     m.tensors["model.layers.0.self_attn.k_proj.weight"] = np.zeros((3, 32), np.float32)
     with pytest.raises(WeightFormatError, match=r"attn_k.*\(3, 32\)"):
-        forward_from_dir(write_safetensors_dir(m, tmp_path / "b"))
+        load_llama(write_safetensors_dir(m, tmp_path / "b"))
 
 
 def test_bad_geometry_in_config_is_refused() -> None:

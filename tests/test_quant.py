@@ -14,6 +14,7 @@ import pytest
 from gguf.quants import dequantize, quantize
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from numpy_llama.linear import PackedMatrix
 
 from rlx_lm._core import quant_matmul, quant_rows, quant_simd
 from rlx_lm.errors import (
@@ -22,7 +23,6 @@ from rlx_lm.errors import (
     ShapeError,
     TokenOutOfRangeError,
 )
-from rlx_lm.runners.linear import PackedMatrix
 
 T = gguf.GGMLQuantizationType
 QTYPES = [

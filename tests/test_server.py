@@ -33,7 +33,7 @@ def model() -> tuple[Any, Any]:
 def fresh(model: tuple[Any, Any], max_seq: int = MAX_SEQ) -> tuple[Any, Any]:
     """Another runner over the same weights: a runner belongs to one scheduler thread."""
     runner, tok = model
-    return type(runner)(runner.cfg, runner.weights, max_seq=max_seq), tok
+    return runner.clone(max_seq=max_seq), tok
 
 
 @pytest.fixture(scope="module")

@@ -32,7 +32,7 @@ def model() -> tuple[Any, Any]:
 
 def fresh(model: tuple[Any, Any]) -> Any:
     runner, _ = model
-    return type(runner)(runner.cfg, runner.weights, max_seq=256)
+    return runner.clone(max_seq=256)
 
 
 def request(tok: Any, seed: int, n_tokens: int = 12, **kw: Any) -> GenerationRequest:

@@ -279,3 +279,37 @@ class KvSnapshot:
     def __reduce__(self) -> tuple[Any, ...]: ...
 
 def _kv_snapshot_from_state(state: bytes) -> KvSnapshot: ...
+def engine_kernel_types() -> list[int]:
+    """ggml type ids the engine multiplies in place."""
+    ...
+
+class Engine:
+    """A model run in place on its stored weights, with a thread pool of its own."""
+
+    def __init__(
+        self,
+        *,
+        config: dict[str, Any],
+        files: list[str],
+        tensors: list[tuple[str, int, int, int, list[int]]],
+        owned: list[tuple[str, list[int], npt.NDArray[np.float32]]],
+        threads: int,
+    ) -> None: ...
+    def forward(
+        self, cache: KvCache, ids: npt.NDArray[np.int64], all_logits: bool = False
+    ) -> npt.NDArray[np.float32]:
+        """Feed ``ids`` to ``cache``; the last token's logits (every token's with all_logits)."""
+        ...
+    def decode(self, cache: KvCache, token: int) -> npt.NDArray[np.float32]:
+        """Append ``token`` to ``cache``; the next position's logits."""
+        ...
+    def decode_batch(self, caches: list[KvCache], tokens: list[int]) -> npt.NDArray[np.float32]:
+        """One token for each cache in one pass over the weights; logits ``[B, vocab]``."""
+        ...
+    def embed(self, ids: npt.NDArray[np.int64]) -> npt.NDArray[np.float32]:
+        """The float32 embedding rows of ``ids``."""
+        ...
+    @property
+    def threads(self) -> int: ...
+    @property
+    def mapped_bytes(self) -> int: ...

@@ -19,13 +19,13 @@ from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any, Final, get_args, overload
 
-from rlx_lm.config import ConfigSource, Device, Embedded, Explicit, KvDtype
+from rlx_lm.config import ConfigSource, Device, Embedded, Explicit, KvDtype, available_cores
 from rlx_lm.errors import InvalidOptionError, RlxError, UnsupportedError, WeightFormatError
 from rlx_lm.runner import LmCore
 from rlx_lm.sample_opts import SampleOpts
 from rlx_lm.weights import WeightFormat, pick_gguf
 
-__all__ = ["PACKED_GGUF_AUTO_THRESHOLD_BYTES", "KvDtype", "LmRunnerBuilder"]
+__all__ = ["PACKED_GGUF_AUTO_THRESHOLD_BYTES", "KvDtype", "LmRunnerBuilder", "available_cores"]
 
 PACKED_GGUF_AUTO_THRESHOLD_BYTES: Final = 256 * 1024 * 1024
 """GGUF files at least this large load packed (quantised in memory) unless told otherwise."""
@@ -65,6 +65,7 @@ class _Fields:
     packed_weights: bool | None = None
     prefer_gguf: str | None = None
     kv_dtype: KvDtype = "float32"
+    threads: int | None = None
 
 
 class LmRunnerBuilder:
@@ -73,7 +74,8 @@ class LmRunnerBuilder:
     Defaults: no weights, embedded config, CPU, ``max_seq`` 128, no memory cap,
     streaming on, greedy sampling, format detected from the weights, packed
     loading automatic (GGUF of 256 MiB or more), ``Q4_K_M`` preferred when
-    a directory holds several GGUF files, and a float32 KV cache.
+    a directory holds several GGUF files, a float32 KV cache, and as many
+    compute threads as the process may use cores.
     """
 
     __slots__ = ("_f",)
@@ -245,6 +247,18 @@ class LmRunnerBuilder:
         if dtype not in get_args(KvDtype):
             raise InvalidOptionError(f'kv_dtype must be "float32" or "float16", got {dtype!r}')
         return self._with(kv_dtype=dtype)
+
+    @overload
+    def threads(self, /) -> int: ...
+    @overload
+    def threads(self, n: int | None, /) -> LmRunnerBuilder: ...
+    def threads(self, n: int | _Unset | None = _UNSET, /) -> int | LmRunnerBuilder:
+        """Compute threads of the runner's own pool (default, or None: the usable cores)."""
+        if n is _UNSET:
+            return self._f.threads if self._f.threads is not None else available_cores()
+        if n is not None and (isinstance(n, bool) or not isinstance(n, int) or n < 1):
+            raise InvalidOptionError(f"threads must be a positive integer, got {n!r}")
+        return self._with(threads=n)
 
     # -- resolution and build ----------------------------------------------------------
 

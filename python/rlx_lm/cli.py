@@ -250,8 +250,15 @@ def _parser() -> argparse.ArgumentParser:
         "--ctx-size",
         type=int,
         default=0,
-        help="Context size in tokens; 0 fits the prompt and -n "
-        "(with -n -1: the model's trained context).",
+        help="Context size in tokens; 0: the model's trained context, capped by a memory "
+        "budget (the KV cache grows as it is used).",
+    )
+    g.add_argument(
+        "-t",
+        "--threads",
+        type=int,
+        default=None,
+        help="Compute threads (default: the cores this process may use).",
     )
     g.add_argument(
         "-s",
@@ -276,9 +283,7 @@ def _parser() -> argparse.ArgumentParser:
         "--packed",
         action=argparse.BooleanOptionalAction,
         default=None,
-        help="Keep quantised GGUF weights packed (memory of the file size; Q4_0/Q8_0/Q4_K/Q6_K "
-        "multiply in Rust at 1.6-4.6x float32's time); default: packed only when float32 weights "
-        "would not fit in half the free memory.",
+        help="Accepted for compatibility: weights are always memory-mapped and used as stored.",
     )
     for flag, short in (("--cache-type-k", "-ctk"), ("--cache-type-v", "-ctv")):
         g.add_argument(
@@ -360,7 +365,14 @@ def _serve_parser(sub: Any) -> None:
         "--packed",
         action=argparse.BooleanOptionalAction,
         default=None,
-        help="keep quantised GGUF weights packed (default: by free memory, as generate)",
+        help="accepted for compatibility: weights are always memory-mapped and used as stored",
+    )
+    s.add_argument(
+        "-t",
+        "--threads",
+        type=int,
+        default=None,
+        help="compute threads (default: the cores this process may use)",
     )
 
 
@@ -385,9 +397,12 @@ def _serve(args: argparse.Namespace) -> int:
     builder = LmRunnerBuilder().weights(model)
     tokenizer = Tokenizer.load(builder.resolved_weights())
     builder = builder.max_seq(args.ctx_size)
-    packed = args.packed if args.packed is not None else _packed_by_memory(builder)
-    if packed is not None:
-        builder = builder.packed_weights(packed)
+    if args.packed is not None:
+        builder = builder.packed_weights(args.packed)
+    if args.threads is not None:
+        if args.threads < 1:
+            raise _usage(f"-t must be >= 1, got {args.threads}")
+        builder = builder.threads(args.threads)
     runner = builder.build()
     name = args.model_name or Path(builder.resolved_weights()).stem
     config = ServerConfig(
@@ -443,57 +458,9 @@ def _read_prompt(args: argparse.Namespace, err: TextIO) -> str:
     return stdin.read()
 
 
-def _trained_context(path: Any) -> int:
-    """The context the weights say they were trained with (GGUF header or config.json)."""
-    import json
-    from pathlib import Path
-
-    from rlx_lm._headers import read_gguf_header
-
-    p = Path(path)
-    if p.is_file() and p.suffix.lower() == ".gguf":
-        meta = read_gguf_header(p).metadata
-        value = meta.get(f"{meta.get('general.architecture')}.context_length")
-    else:
-        try:
-            cfg = json.loads(((p if p.is_dir() else p.parent) / "config.json").read_text())
-        except (OSError, ValueError):
-            cfg = {}
-        value = cfg.get("max_position_embeddings") if isinstance(cfg, dict) else None
-    return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else 4096
-
-
-def _available_memory() -> int | None:
-    try:
-        return int(os.sysconf("SC_AVPHYS_PAGES")) * int(os.sysconf("SC_PAGE_SIZE"))
-    except (AttributeError, ValueError, OSError):
-        return None
-
-
-def _packed_by_memory(builder: Any) -> bool | None:
-    """For GGUF: dequantise up front when float32 weights fit in half the free memory.
-
-    Dense decoding runs at BLAS speed; packed weights multiply in Rust at 1.6-4.6x
-    float32's time (other formats dequantise with numpy on every use, far slower).
-    None leaves the builder's rule.
-    """
-    import math
-
-    from rlx_lm._headers import read_gguf_header
-    from rlx_lm.weights import WeightFormat
-
-    if builder.resolved_format() is not WeightFormat.GGUF:
-        return None
-    free = _available_memory()
-    if free is None:
-        return None
-    header = read_gguf_header(builder.resolved_weights())
-    elements = sum(math.prod(t.shape) for t in header.tensors)
-    return elements * 4 > free // 2
-
-
 def _generate(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
     from rlx_lm.builder import LmRunnerBuilder
+    from rlx_lm.context import default_context
     from rlx_lm.default_model import default_model_path
     from rlx_lm.generation import GenerationEvent, stream
     from rlx_lm.progress import load_progress
@@ -520,10 +487,10 @@ def _generate(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
     architecture_of(path, builder.resolved_format())
     tokenizer = Tokenizer.load(path)
     ids = tokenizer.encode(prompt)
-    if args.n_predict >= 0:
-        ctx = args.ctx_size or len(ids) + max(args.n_predict, 1)
-    else:
-        ctx = args.ctx_size or _trained_context(path)
+    if args.ctx_size < 0:
+        raise _usage(f"-c must be >= 0, got {args.ctx_size}")
+    kv_dtype = "float16" if {args.cache_type_k, args.cache_type_v} == {"f16"} else "float32"
+    ctx = args.ctx_size or default_context(path, kv_dtype=kv_dtype)
     if len(ids) >= ctx:
         raise _usage(f"the prompt is {len(ids)} tokens, no room left in a context of {ctx}")
     max_tokens = args.n_predict if args.n_predict >= 0 else ctx - len(ids)
@@ -534,9 +501,12 @@ def _generate(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
             f"context {ctx}, up to {max_tokens} new tokens\n"
             f"rlx-lm: sampling {opts}\n"
         )
-    packed = args.packed if args.packed is not None else _packed_by_memory(builder)
-    if packed is not None:
-        builder = builder.packed_weights(packed)
+    if args.packed is not None:
+        builder = builder.packed_weights(args.packed)
+    if args.threads is not None:
+        if args.threads < 1:
+            raise _usage(f"-t must be >= 1, got {args.threads}")
+        builder = builder.threads(args.threads)
     kv = {args.cache_type_k, args.cache_type_v} - {None}
     if len(kv) > 1:
         raise _usage("-ctk and -ctv must match: the KV cache stores keys and values alike")

@@ -1,4 +1,4 @@
-"""Where a model's configuration comes from, the device a runner uses, and its KV dtype."""
+"""Where a model's configuration comes from, the device a runner uses, its KV dtype and threads."""
 
 from __future__ import annotations
 
@@ -10,12 +10,29 @@ from typing import Any, ClassVar, Generic, Literal, TypeVar
 
 from rlx_lm.errors import InvalidOptionError
 
-__all__ = ["ConfigSource", "Device", "Embedded", "Explicit", "JsonFile", "KvDtype"]
+__all__ = [
+    "ConfigSource",
+    "Device",
+    "Embedded",
+    "Explicit",
+    "JsonFile",
+    "KvDtype",
+    "available_cores",
+]
 
 KvDtype = Literal["float32", "float16"]
 """How a runner stores its KV cache: float16 halves its memory."""
 
 _T = TypeVar("_T")
+
+
+def available_cores() -> int:
+    """The cores this process may run on (``os.sched_getaffinity``), else ``os.cpu_count()``:
+    the default number of compute threads of a runner."""
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except (AttributeError, OSError):  # pragma: no cover - platforms without affinity
+        return max(1, os.cpu_count() or 1)
 
 
 class Device(enum.Enum):

@@ -8,8 +8,9 @@ optionally its log-probability); `generate` collects the whole `GenerationResult
 * sample with the Rust `SamplerChain` built from `SampleOpts` (greedy by default), feeding it
   the whole token history (prompt, then output, with ``prompt_len`` marking the split) for
   penalties and DRY; ``chain.sample`` accepts each token, so every step draws afresh;
-* stop on EOS, on ``max_tokens``, or on a stop string, which is never emitted: text that could
-  be the beginning of a stop string is held back until it is clearly not;
+* stop on EOS, on ``max_tokens``, on a stop string, which is never emitted (text that could
+  be the beginning of a stop string is held back until it is clearly not), or at the end of
+  the runner's context (stop reason ``"context"``, not an exception);
 * report phases through one ``on_event`` callback: ``load``, ``cache_lookup``, ``prefill``
   (with ``done``/``total`` tokens), ``decode`` (per token), ``stop`` (with the reason);
 * reuse and refill a `PromptCache` when one is given and the runner has sessions.
@@ -28,7 +29,7 @@ import numpy as np
 import numpy.typing as npt
 
 from rlx_lm._core import SamplerChain
-from rlx_lm.errors import InvalidOptionError, RlxError, SnapshotMismatchError
+from rlx_lm.errors import CapacityError, InvalidOptionError, RlxError, SnapshotMismatchError
 from rlx_lm.host_driven import HostDriven
 from rlx_lm.prompt_cache import PromptCache
 from rlx_lm.runner import (
@@ -58,7 +59,7 @@ __all__ = [
     "stream",
 ]
 
-StopReason = Literal["eos", "stop", "length", "cancelled"]
+StopReason = Literal["eos", "stop", "length", "cancelled", "context"]
 Phase = Literal["load", "cache_lookup", "prefill", "decode", "stop"]
 LogprobMode = Literal["raw", "penalized", "final"]
 
@@ -398,7 +399,15 @@ def _steps(
                 reason = "stop"
                 break
             if step + 1 < max_tokens:
-                logits = as_logits(driver.decode_logits(tok), runner.vocab_size)
+                capacity = getattr(runner, "max_seq", None)
+                if isinstance(capacity, int) and filled > capacity:
+                    reason = "context"
+                    break
+                try:
+                    logits = as_logits(driver.decode_logits(tok), runner.vocab_size)
+                except CapacityError:
+                    reason = "context"
+                    break
         else:
             reason = "length"
         if reason != "stop":
@@ -424,7 +433,9 @@ def load_model(
 ) -> tuple[LmRunner, Tokenizer]:
     """Build the runner for ``path`` through the family registry and load its tokenizer.
 
-    ``builder`` names `LmRunnerBuilder` setters and their values (``max_seq=512``, ...).
+    ``builder`` names `LmRunnerBuilder` setters and their values (``max_seq=512``,
+    ``threads=2``, ...). Without ``max_seq`` the context is the model's trained one, capped
+    by a memory budget (`rlx_lm.context.default_context`).
     The runner is what the family's loader built when it has its own ``generate`` (the
     reference family's does), else that runner wrapped by `with_defaults`: an `LmRunner`
     either way, so ``runner.generate(...)`` type-checks in the caller's code.
@@ -439,6 +450,10 @@ def load_model(
         if setter is None or name.startswith("_") or not callable(setter):
             raise InvalidOptionError(f"LmRunnerBuilder has no setting {name!r}")
         b = setter(value)
+    if "max_seq" not in builder:
+        from rlx_lm.context import default_context
+
+        b = b.max_seq(default_context(b.resolved_weights(), kv_dtype=b.kv_dtype()))
     with load_progress(lambda done, total: _emit(on_event, "load", done, total, str(path))):
         built = b.build()
     tokenizer = Tokenizer.load(b.resolved_weights())

@@ -130,12 +130,21 @@ def _inspect_gguf(p: Path) -> WeightReport:
             raise fail(p, f"directory holds {len(files)} GGUF files; inspect one ({listing})")
         p = files[0]
     shards = _split_siblings(p, ".gguf")
+    from rlx_lm._core import engine_kernel_types
+
+    kernels = frozenset(engine_kernel_types())
+    no_kernel = Counter[str]()
     total, dtypes, arch, tokenizer, version = 0, Counter[str](), None, None, 0
     for shard in shards or (p,):
         header = read_gguf_header(shard)
         version = version or header.version
         total += len(header.tensors)
         dtypes.update(GGMLQuantizationType(t.ggml_type).name for t in header.tensors)
+        no_kernel.update(
+            GGMLQuantizationType(t.ggml_type).name
+            for t in header.tensors
+            if t.ggml_type not in kernels
+        )
         meta = header.metadata
         arch = arch or _str_or_none(meta.get("general.architecture"))
         if tokenizer is None and "tokenizer.ggml.model" in meta:
@@ -143,7 +152,12 @@ def _inspect_gguf(p: Path) -> WeightReport:
             tokenizer = f"embedded ({meta['tokenizer.ggml.model']}" + (
                 f", {n_tokens} tokens)" if n_tokens is not None else ")"
             )
-    details = {"gguf version": version}
+    details: dict[str, Any] = {"gguf version": version}
+    if no_kernel:
+        # the engine dequantises these once at load (or refuses a type gguf.quants cannot read)
+        details["dequantised at load"] = ", ".join(
+            f"{name} x{count}" for name, count in _ordered(no_kernel).items()
+        )
     return WeightReport(
         path=p,
         format=WeightFormat.GGUF,

@@ -16,6 +16,15 @@ pub const MAX_KV_HEADS: usize = 1 << 12;
 /// Most elements per head.
 pub const MAX_HEAD_DIM: usize = 1 << 16;
 
+/// Rows of one head read in place, in the cache's storage dtype.
+#[derive(Clone, Copy, Debug)]
+pub enum Rows<'a> {
+    /// float32 values.
+    F32(&'a [f32]),
+    /// float16 bits.
+    F16(&'a [u16]),
+}
+
 /// Shape and storage of a cache: what must match for a snapshot to fit.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct Geometry {
@@ -311,6 +320,40 @@ impl KvCache {
                 .map(|c| Claim::extent(Arc::clone(c.slab()), c.len()));
         }
         Ok(())
+    }
+
+    /// The stored rows of one head of one layer, `[layer_len, head_dim]`
+    /// row-major in the storage dtype (what attention reads in place).
+    /// Empty for a layer that holds nothing yet.
+    pub fn head_rows(&self, layer: usize, half: Half, head: usize) -> CoreResult<Rows<'_>> {
+        self.check_layer(layer)?;
+        if head >= self.geometry.n_kv_heads {
+            return Err(CoreError::option(
+                "head",
+                format!(
+                    "{head} is out of range for {} kv heads",
+                    self.geometry.n_kv_heads
+                ),
+            ));
+        }
+        let Some(claim) = self.layers[layer].as_ref() else {
+            return Ok(match self.geometry.dtype {
+                Dtype::F32 => Rows::F32(&[]),
+                Dtype::F16 => Rows::F16(&[]),
+            });
+        };
+        let n = claim.len() * self.geometry.head_dim;
+        // SAFETY: this cache's own extent claim covers `claim.len()` rows,
+        // which were written and cannot change while `&self` is borrowed
+        // (writes need `&mut self`). Slab rows are aligned to 64 bytes and
+        // row starts are multiples of the element size.
+        unsafe {
+            let bytes = claim.slab().rows(half, head, claim.len());
+            Ok(match self.geometry.dtype {
+                Dtype::F32 => Rows::F32(std::slice::from_raw_parts(bytes.as_ptr().cast(), n)),
+                Dtype::F16 => Rows::F16(std::slice::from_raw_parts(bytes.as_ptr().cast(), n)),
+            })
+        }
     }
 
     /// A claim on `layer`'s filled rows, keeping them unchanged while it lives

@@ -13,7 +13,7 @@ mod dtype;
 mod slab;
 mod snapshot;
 
-pub use cache::{Geometry, KvCache, MAX_HEAD_DIM, MAX_KV_HEADS, MAX_LAYERS};
+pub use cache::{Geometry, KvCache, Rows, MAX_HEAD_DIM, MAX_KV_HEADS, MAX_LAYERS};
 pub use dtype::{f16_to_f32, f32_to_f16, Dtype};
 pub use slab::{Claim, Half, Slab, HUGE_PAGE};
 pub use snapshot::{KvSnapshot, StorageUse, BLOCK_TOKENS, MAX_SEQ_LIMIT};

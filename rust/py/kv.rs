@@ -121,7 +121,7 @@ fn rows_view<'py>(
 /// Per-layer key/value cache for attention, with cheap snapshots.
 #[pyclass(module = "rlx_lm._core", name = "KvCache")]
 pub struct PyKvCache {
-    inner: kv::KvCache,
+    pub(crate) inner: kv::KvCache,
 }
 
 #[pymethods]

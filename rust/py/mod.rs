@@ -3,6 +3,7 @@
 
 mod argmax;
 mod arrays;
+mod engine;
 mod errors;
 mod kv;
 mod quant;
@@ -17,6 +18,8 @@ mod _core {
 
     #[pymodule_export]
     use super::argmax::argmax;
+    #[pymodule_export]
+    use super::engine::{engine_kernel_types, PyEngine};
     #[pymodule_export]
     use super::kv::{_kv_snapshot_from_state, PyKvCache, PyKvSnapshot};
     #[pymodule_export]

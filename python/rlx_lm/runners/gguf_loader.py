@@ -1,8 +1,11 @@
-"""Read a Llama-family GGUF file: header fields, config, and weights (dequantised or packed)."""
+"""Read a Llama-family GGUF file through ``gguf.GGUFReader``: header fields and config.
+
+The runner no longer loads through this (see `rlx_lm.runners.llama_engine`, which walks the
+header once with the bounds-checked reader); it stays for callers that want typed fields
+and tensor objects, and for the tests' numpy reference."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -10,18 +13,10 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from rlx_lm.errors import UnsupportedError, WeightFormatError
-from rlx_lm.runners.linear import DenseMatrix, Matrix, PackedMatrix
+from rlx_lm.errors import WeightFormatError
 from rlx_lm.runners.llama_config import LlamaConfig, RopeScaling
-from rlx_lm.runners.llama_weights import LlamaWeights, unpermute_rope_rows
 
-__all__ = ["SUPPORTED_QUANTS", "GgufFile", "open_gguf"]
-
-#: GGML tensor types this loader dequantises (by name, as ``GGMLQuantizationType`` spells them).
-SUPPORTED_QUANTS = ("F32", "F16", "BF16", "Q8_0", "Q4_0", "Q4_K", "Q6_K")
-
-# Architectures whose q/k rows llama.cpp's converter permutes for its NORM-style RoPE.
-_PERMUTED_ARCHS = ("llama", "mistral")
+__all__ = ["GgufFile", "open_gguf"]
 
 
 class GgufFile:
@@ -60,15 +55,6 @@ class GgufFile:
             cfg = _replace(cfg, rope_scaling=RopeScaling("factors", freq_factors=factors))
         return cfg
 
-    def check_quant_types(self) -> None:
-        """Raise UnsupportedError naming the first tensor whose type this loader cannot read."""
-        for t in self.tensors.values():
-            if t.tensor_type.name not in SUPPORTED_QUANTS:
-                raise UnsupportedError(
-                    f"{self.path}: tensor {t.name} uses quant type {t.tensor_type.name}, "
-                    f"which is not supported (supported: {', '.join(SUPPORTED_QUANTS)})"
-                )
-
     def _dequant(self, t: Any) -> npt.NDArray[np.float32]:
         from gguf.quants import dequantize
 
@@ -78,42 +64,6 @@ class GgufFile:
         except Exception as exc:
             raise WeightFormatError(f"{self.path}: cannot decode tensor {t.name}: {exc}") from None
         return np.asarray(out, dtype=np.float32).reshape(shape)
-
-    def weights(
-        self,
-        cfg: LlamaConfig,
-        *,
-        packed: bool,
-        on_progress: Callable[[int, int], None] | None = None,
-    ) -> LlamaWeights:
-        """Load every tensor; ``packed`` keeps quantised matrices as blocks, dequantised per use."""
-        self.check_quant_types()
-        permute = cfg.arch in _PERMUTED_ARCHS
-
-        def get(name: str, kind: str) -> Matrix | npt.NDArray[np.float32] | None:
-            t = self.tensors.get(name if name.endswith(".bias") else name + ".weight")
-            if t is None:
-                return None
-            heads = 0
-            if permute and name.endswith(("attn_q", "attn_k", "attn_q.bias", "attn_k.bias")):
-                heads = cfg.n_heads if ".attn_q" in name else cfg.n_kv_heads
-            if kind == "vector":
-                vec = self._dequant(t)
-                return _f32(unpermute_rope_rows(vec, heads)) if heads else vec
-            if len(t.shape) != 2:
-                raise WeightFormatError(f"{self.path}: tensor {t.name} is not a matrix")
-            shape = (int(t.shape[1]), int(t.shape[0]))
-            if packed and t.tensor_type.name != "F32":
-                raw = np.asarray(t.data)
-                if raw.dtype != np.uint8:
-                    raw = raw.view(np.uint8).reshape(shape[0], -1)
-                if heads:
-                    raw = unpermute_rope_rows(raw, heads)
-                return PackedMatrix(raw, t.tensor_type, shape)
-            w = self._dequant(t)
-            return DenseMatrix(_f32(unpermute_rope_rows(w, heads)) if heads else w)
-
-        return LlamaWeights.gather(cfg, get, where=str(self.path), on_progress=on_progress)
 
 
 def open_gguf(path: str | Path) -> GgufFile:

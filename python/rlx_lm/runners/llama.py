@@ -1,9 +1,11 @@
-"""The reference Llama-family runner: llama, mistral, qwen2, qwen3 on numpy with the Rust KV cache.
+"""The reference Llama-family runner: llama, mistral, qwen2, qwen3 on the Rust engine.
 
 `LlamaRunner` meets the whole runner contract natively: cached ``prefill_logits`` /
-``decode_logits`` over one session `rlx_lm.KvCache`, ``predict_logits`` on a throwaway
-cache, greedy ``generate`` on the cached pair, session export/restore and prefix reuse.
-`load_llama` reads GGUF files, safetensors files and HF/MLX directories.
+``decode_logits`` over one session `rlx_lm.KvCache` (one decode step is one call into the
+Rust engine, GIL released), ``predict_logits`` on a throwaway cache, greedy ``generate`` on
+the cached pair, session export/restore, prefix reuse and batched decode of many sessions in
+one pass over the weights. `load_llama` reads GGUF files (split ones from their first shard),
+safetensors files and HF/MLX directories, with the weights memory-mapped and used as stored.
 """
 
 from __future__ import annotations
@@ -17,12 +19,13 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import numpy.typing as npt
 
-from rlx_lm._core import KvCache, argmax
+from rlx_lm._core import Engine, KvCache, argmax
 from rlx_lm.config import KvDtype
 from rlx_lm.errors import (
     CapacityError,
     InvalidOptionError,
     SequenceStateError,
+    ShapeError,
     SnapshotMismatchError,
     TokenOutOfRangeError,
     UnsupportedError,
@@ -30,11 +33,13 @@ from rlx_lm.errors import (
 )
 from rlx_lm.progress import current_load_progress, load_progress
 from rlx_lm.registry import match_architectures, register_model
-from rlx_lm.runners.gguf_loader import open_gguf
 from rlx_lm.runners.llama_config import LLAMA_ARCHITECTURES, LlamaConfig
-from rlx_lm.runners.llama_forward import LlamaForward
-from rlx_lm.runners.llama_weights import LlamaWeights
-from rlx_lm.runners.safetensors_loader import SafetensorsCheckpoint, read_config_json
+from rlx_lm.runners.llama_engine import (
+    EngineLoad,
+    load_gguf_engine,
+    load_safetensors_engine,
+)
+from rlx_lm.runners.safetensors_loader import locate_safetensors, read_config_json
 from rlx_lm.session import ModelFingerprint, SessionSnapshot
 
 if TYPE_CHECKING:
@@ -49,9 +54,6 @@ ProgressCallback = Callable[[int, int], None]
 """Called with ``(tokens_done, tokens_total)`` after each prefill chunk."""
 
 
-"""Storage type of the session KV cache (float16 halves its memory)."""
-
-
 def _new_cache(cfg: LlamaConfig, max_seq: int, dtype: KvDtype = "float32") -> KvCache:
     return KvCache(
         n_layers=cfg.n_layers,
@@ -63,12 +65,11 @@ def _new_cache(cfg: LlamaConfig, max_seq: int, dtype: KvDtype = "float32") -> Kv
 
 
 class LlamaRunner:
-    """A Llama/Mistral/Qwen2/Qwen3 model with a cached decode session (float32 numpy compute)."""
+    """A Llama/Mistral/Qwen2/Qwen3 model on the Rust engine, with a cached decode session."""
 
     def __init__(
         self,
-        cfg: LlamaConfig,
-        weights: LlamaWeights,
+        loaded: EngineLoad,
         *,
         max_seq: int = 128,
         chunk: int = 128,
@@ -77,19 +78,32 @@ class LlamaRunner:
     ) -> None:
         if max_seq <= 0:
             raise InvalidOptionError(f"max_seq must be positive, got {max_seq}")
-        self.cfg = cfg
-        self.weights = weights
+        if chunk <= 0:
+            raise InvalidOptionError(f"chunk must be positive, got {chunk}")
+        self.loaded = loaded
+        self.cfg = loaded.cfg
+        self.engine: Engine = loaded.engine
         self.source = source
-        self.forward = LlamaForward(cfg, weights, chunk=chunk)
+        self.chunk = chunk
         self._max_seq = max_seq
         self.kv_dtype = kv_dtype
-        self._cache = _new_cache(cfg, max_seq, kv_dtype)
+        self._cache = _new_cache(self.cfg, max_seq, kv_dtype)
         self._tokens: list[int] = []
         self._progress: ProgressCallback | None = None
         self._phase_callback: Callable[[str], None] | None = None
         self._stats_source: Any = None
         self.fingerprint = ModelFingerprint(
-            FAMILY, cfg.geometry, _model_id(cfg, weights), kv_dtype=kv_dtype
+            FAMILY, self.cfg.geometry, _model_id(loaded), kv_dtype=kv_dtype
+        )
+
+    def clone(self, *, max_seq: int | None = None) -> LlamaRunner:
+        """A runner over the same loaded weights with a session of its own."""
+        return LlamaRunner(
+            self.loaded,
+            max_seq=self._max_seq if max_seq is None else max_seq,
+            chunk=self.chunk,
+            source=self.source,
+            kv_dtype=self.kv_dtype,
         )
 
     def __repr__(self) -> str:
@@ -115,6 +129,16 @@ class LlamaRunner:
     def max_seq(self) -> int:
         """Capacity of the session cache in tokens."""
         return self._max_seq
+
+    @property
+    def threads(self) -> int:
+        """Threads of the engine's own pool."""
+        return int(self.engine.threads)
+
+    @property
+    def dequantised_tensors(self) -> dict[str, str]:
+        """Tensors with no kernel, dequantised to float32 at load (name -> stored type)."""
+        return dict(self.loaded.dequantised)
 
     @property
     def tokens(self) -> tuple[int, ...]:
@@ -157,29 +181,39 @@ class LlamaRunner:
                 "build the runner with a larger max_seq"
             )
 
+    def _prefill(self, ids: npt.NDArray[np.intp], cache: KvCache, start: int) -> F32:
+        """Feed ``ids`` to ``cache`` in chunks (the engine appends); the last logits row."""
+        ids64 = np.ascontiguousarray(ids, dtype=np.int64)
+        cb = self._progress
+        logits: F32 | None = None
+        for lo in range(0, len(ids64), self.chunk):
+            hi = min(lo + self.chunk, len(ids64))
+            logits = self.engine.forward(cache, ids64[lo:hi])
+            if cb is not None:
+                cb(start + hi, start + len(ids64))
+        assert logits is not None
+        return logits
+
     def _run(self, ids: npt.NDArray[np.intp], start: int) -> F32:
         """Prefill ``ids`` on the session cache from ``start``; on failure roll the cache back."""
         try:
-            logits = self.forward.prefill(
-                ids, self._cache, start, on_chunk=self._on_chunk(start, start + len(ids))
-            )
+            return self._prefill(ids, self._cache, start)
         except BaseException:
-            self._cache.truncate(start)
+            self._cache.truncate(min(start, self._cache.len()))
             raise
-        return logits
-
-    def _on_chunk(self, start: int, total: int) -> ProgressCallback | None:
-        cb = self._progress
-        if cb is None:
-            return None
-        return lambda done, _n: cb(start + done, total)
 
     # ------------------------------------------------------------ contract
 
     def predict_logits(self, prompt_ids: Sequence[int], /) -> F32:
         """Last-position logits of ``prompt_ids`` from scratch (the session is left alone)."""
         ids = self._ids(prompt_ids)
-        return self.forward.prefill(ids, _new_cache(self.cfg, len(ids), self.kv_dtype), 0)
+        cache = _new_cache(self.cfg, len(ids), self.kv_dtype)
+        ids64 = np.ascontiguousarray(ids, dtype=np.int64)
+        logits: F32 | None = None
+        for lo in range(0, len(ids64), self.chunk):
+            logits = self.engine.forward(cache, ids64[lo : lo + self.chunk])
+        assert logits is not None
+        return logits
 
     def prefill_logits(self, prompt_ids: Sequence[int], /) -> F32:
         """Start a new session from ``prompt_ids``; return the last position's logits."""
@@ -198,11 +232,64 @@ class LlamaRunner:
                 f"{self.family}: decode_logits before prefill_logits; there is no sequence "
                 "to continue"
             )
-        ids = self._ids([token])
+        tok = self._token(token)
         self._fits(len(self._tokens) + 1)
-        logits = self._run(ids, len(self._tokens))
-        self._tokens.append(int(ids[0]))
+        logits: F32 = self.engine.decode(self._cache, tok)
+        self._tokens.append(tok)
         return logits
+
+    def _token(self, token: object) -> int:
+        if isinstance(token, bool) or not isinstance(token, int | np.integer):
+            raise InvalidOptionError(f"a token must be an integer, got {token!r}")
+        tok = int(token)
+        if not 0 <= tok < self.vocab_size:
+            raise TokenOutOfRangeError(
+                f"token {tok} is outside the vocabulary (0..{self.vocab_size - 1})"
+            )
+        return tok
+
+    def decode_batch(
+        self, sessions: Sequence[SessionSnapshot], tokens: Sequence[int], /
+    ) -> tuple[F32, list[SessionSnapshot]]:
+        """Decode ``tokens[i]`` after ``sessions[i]`` for every i in one pass over the weights.
+
+        Each sequence gets its own cache restored from its snapshot (rows shared, not copied);
+        row i equals ``restore_session(sessions[i])`` then ``decode_logits(tokens[i])`` bit for
+        bit. The given sessions are left as they were; the runner's own session is untouched.
+        """
+        if len(sessions) != len(tokens):
+            raise ShapeError(
+                f"decode_batch needs one token per session, got {len(sessions)} sessions "
+                f"and {len(tokens)} tokens"
+            )
+        toks = [self._token(t) for t in tokens]
+        caches: list[KvCache] = []
+        for i, snap in enumerate(sessions):
+            if not isinstance(snap, SessionSnapshot):
+                raise TypeError(f"session #{i} is {type(snap).__name__}, not a SessionSnapshot")
+            if len(snap.tokens) + 1 > self._max_seq:
+                raise CapacityError(
+                    f"session #{i} holds {len(snap.tokens)} tokens; one more does not fit "
+                    f"max_seq={self._max_seq}"
+                )
+            cache = _new_cache(self.cfg, self._max_seq, self.kv_dtype)
+            if snap.kv is None:
+                if snap.fingerprint is not None:
+                    snap.check(self.fingerprint)
+                if snap.tokens:
+                    self._prefill(self._ids(list(snap.tokens)), cache, 0)
+            else:
+                self._check_snapshot(snap)
+                snap.restore_into(cache, self.fingerprint)
+            caches.append(cache)
+        if not caches:
+            return np.empty((0, self.vocab_size), dtype=np.float32), []
+        logits: F32 = self.engine.decode_batch(caches, toks)
+        advanced = [
+            SessionSnapshot(c.snapshot(), [*s.tokens, t], self.fingerprint)
+            for c, s, t in zip(caches, sessions, toks, strict=True)
+        ]
+        return logits, advanced
 
     def generate(
         self,
@@ -300,12 +387,12 @@ class LlamaRunner:
         raise UnsupportedError(f"{self.family}: {self.cfg.arch} is a text-only model")
 
 
-def _model_id(cfg: LlamaConfig, w: LlamaWeights) -> str:
+def _model_id(loaded: EngineLoad) -> str:
     """A short hash of the configuration and a sample of the weights."""
+    cfg = loaded.cfg
     h = hashlib.sha256(repr(cfg).encode())
-    h.update(w.embed.rows(np.array([0, cfg.vocab_size - 1], dtype=np.intp)).tobytes())
-    h.update(w.norm.tobytes())
-    h.update(w.layers[-1].ffn_norm.tobytes())
+    h.update(loaded.engine.embed(np.array([0, cfg.vocab_size - 1], dtype=np.int64)).tobytes())
+    h.update(loaded.sample)
     return h.hexdigest()[:16]
 
 
@@ -318,31 +405,34 @@ def load_llama(
     chunk: int = 128,
     on_progress: ProgressCallback | None = None,
     kv_dtype: KvDtype = "float32",
+    threads: int | None = None,
 ) -> LlamaRunner:
-    """Load a GGUF file, a safetensors file, or a Hugging Face / MLX directory.
+    """Load a GGUF file (a split one from its first shard), a safetensors file, or a
+    Hugging Face / MLX directory onto the Rust engine.
 
     ``config`` overrides where the hyper-parameters come from: a `LlamaConfig`, a
     config.json-style mapping, or a path to a JSON file (default: embedded in the GGUF,
-    or config.json beside the safetensors). ``packed`` keeps quantised GGUF matrices as
-    blocks, dequantised per use (default: on for GGUF files of 256 MiB or more).
-    ``on_progress(done, total)`` follows the blocks as they load (default: the callback
-    of an enclosing `load_progress` block). ``kv_dtype="float16"`` halves the KV cache.
+    or config.json beside the safetensors). Weights are memory-mapped and used as stored
+    (``packed`` is accepted for compatibility and changes nothing). ``threads`` sizes the
+    engine's own pool (default: the cores this process may use). ``on_progress(done,
+    total)`` follows the load steps (default: the callback of an enclosing `load_progress`
+    block). ``kv_dtype="float16"`` halves the KV cache.
     """
+    del packed  # weights are always used in place
     p = Path(path)
     if not p.exists():
         raise WeightFormatError(f"{p}: no such file or directory")
+    if threads is not None and (isinstance(threads, bool) or threads < 1):
+        raise InvalidOptionError(f"threads must be a positive integer, got {threads!r}")
     progress = on_progress or current_load_progress()
+    explicit = _explicit_config(config)
     if p.is_file() and _is_gguf(p):
-        g = open_gguf(p)
-        cfg = _explicit_config(config) or g.config()
-        g.check_quant_types()
-        use_packed = packed if packed is not None else p.stat().st_size >= 256 * 1024 * 1024
-        weights = g.weights(cfg, packed=use_packed, on_progress=progress)
+        loaded = load_gguf_engine(p, config=explicit, threads=threads, on_progress=progress)
     else:
-        ckpt, cfg_path = SafetensorsCheckpoint.locate(p)
-        cfg = _explicit_config(config) or _config_beside(cfg_path, p)
-        weights = ckpt.weights(cfg, on_progress=progress)
-    return LlamaRunner(cfg, weights, max_seq=max_seq, chunk=chunk, source=str(p), kv_dtype=kv_dtype)
+        files, cfg_path = locate_safetensors(p)
+        cfg = explicit or _config_beside(cfg_path, p)
+        loaded = load_safetensors_engine(files, cfg, threads=threads, on_progress=progress)
+    return LlamaRunner(loaded, max_seq=max_seq, chunk=chunk, source=str(p), kv_dtype=kv_dtype)
 
 
 def _is_gguf(p: Path) -> bool:
@@ -372,8 +462,8 @@ def _config_beside(cfg_path: Path | None, weights: Path) -> LlamaConfig:
 
 @register_model(
     FAMILY,
-    "Llama, Mistral, Qwen2 and Qwen3 in float32 numpy with the Rust KV cache "
-    "(GGUF F32/F16/BF16/Q8_0/Q4_0/Q4_K/Q6_K, safetensors, MLX)",
+    "Llama, Mistral, Qwen2 and Qwen3 on the Rust engine, weights memory-mapped "
+    "(GGUF of every common type, safetensors, MLX)",
     matches=match_architectures(*LLAMA_ARCHITECTURES),
 )
 def load_from_builder(builder: LmRunnerBuilder) -> LlamaRunner:
@@ -398,9 +488,9 @@ def load_from_builder(builder: LmRunnerBuilder) -> LlamaRunner:
     return load_llama(
         weights,
         config=config,
-        packed=builder.resolved_packed(builder.format()),
         max_seq=builder.max_seq(),
         kv_dtype=builder.kv_dtype(),
+        threads=builder.threads(),
     )
 
 

@@ -1,57 +1,14 @@
-"""Read Llama-family safetensors: one file, sharded Hugging Face dirs, plain MLX dirs."""
+"""Find Llama-family safetensors: one file, sharded Hugging Face dirs, plain MLX dirs."""
 
 from __future__ import annotations
 
-import re
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-import numpy.typing as npt
+from rlx_lm._headers import SAFETENSORS_INDEX, load_json, read_safetensors_index
+from rlx_lm.errors import WeightFormatError
 
-from rlx_lm._headers import (
-    SAFETENSORS_INDEX,
-    load_json,
-    read_safetensors_header,
-    read_safetensors_index,
-)
-from rlx_lm.errors import UnsupportedError, WeightFormatError
-from rlx_lm.runners.linear import DenseMatrix, Matrix
-from rlx_lm.runners.llama_config import LlamaConfig
-from rlx_lm.runners.llama_weights import LlamaWeights
-
-__all__ = ["SafetensorsCheckpoint", "read_config_json"]
-
-_DTYPES: dict[str, np.dtype[Any]] = {
-    "F32": np.dtype("<f4"),
-    "F16": np.dtype("<f2"),
-    "BF16": np.dtype("<u2"),
-    "F64": np.dtype("<f8"),
-}
-
-_LAYER_NAMES = {
-    "input_layernorm.weight": "attn_norm",
-    "self_attn.q_proj.weight": "attn_q",
-    "self_attn.k_proj.weight": "attn_k",
-    "self_attn.v_proj.weight": "attn_v",
-    "self_attn.o_proj.weight": "attn_output",
-    "self_attn.q_proj.bias": "attn_q.bias",
-    "self_attn.k_proj.bias": "attn_k.bias",
-    "self_attn.v_proj.bias": "attn_v.bias",
-    "self_attn.q_norm.weight": "attn_q_norm",
-    "self_attn.k_norm.weight": "attn_k_norm",
-    "post_attention_layernorm.weight": "ffn_norm",
-    "mlp.gate_proj.weight": "ffn_gate",
-    "mlp.up_proj.weight": "ffn_up",
-    "mlp.down_proj.weight": "ffn_down",
-}
-_TOP_NAMES = {
-    "model.embed_tokens.weight": "token_embd",
-    "model.norm.weight": "output_norm",
-    "lm_head.weight": "output",
-}
-_LAYER_RE = re.compile(r"^model\.layers\.(\d+)\.(.+)$")
+__all__ = ["locate_safetensors", "read_config_json"]
 
 
 def read_config_json(path: Path) -> dict[str, Any]:
@@ -69,101 +26,23 @@ def read_config_json(path: Path) -> dict[str, Any]:
     return data
 
 
-class _StFile:
-    """One safetensors file: its parsed header and a memory map of its data."""
-
-    def __init__(self, path: Path) -> None:
-        self.path = path
-        parsed = read_safetensors_header(path)  # the one bounds-checked reader
-        self.header: dict[str, Any] = {
-            name: {"dtype": dtype, "shape": list(shape), "data_offsets": list(parsed.offsets[name])}
-            for name, (dtype, shape) in parsed.tensors.items()
-        }
-        self.base = parsed.data_offset
-        self.size = parsed.file_size
-        self._map: np.memmap[Any, np.dtype[np.uint8]] | None = None
-
-    def tensor(self, name: str) -> npt.NDArray[np.float32]:
-        info = self.header[name]
-        dtype = _DTYPES.get(info.get("dtype", ""))
-        if dtype is None:
-            raise UnsupportedError(
-                f"{self.path}: tensor {name} has dtype {info.get('dtype')}, "
-                f"supported: {', '.join(_DTYPES)}"
-            )
-        shape = tuple(int(d) for d in info["shape"])
-        lo, hi = (int(x) for x in info["data_offsets"])
-        count = int(np.prod(shape, dtype=np.int64))
-        if hi - lo != count * dtype.itemsize or self.base + hi > self.size or lo < 0:
-            raise WeightFormatError(f"{self.path}: tensor {name} has inconsistent offsets")
-        if self._map is None:
-            self._map = np.memmap(self.path, dtype=np.uint8, mode="r")
-        raw = self._map[self.base + lo : self.base + hi].view(dtype).reshape(shape)
-        if info["dtype"] == "BF16":
-            return (raw.astype(np.uint32) << 16).view(np.float32)
-        return np.asarray(raw, dtype=np.float32)
-
-
-class SafetensorsCheckpoint:
-    """The safetensors files of one model and the map from tensor name to file."""
-
-    def __init__(self, files: list[Path]) -> None:
+def locate_safetensors(path: Path) -> tuple[list[Path], Path | None]:
+    """The weight files of ``path`` (a file or a directory) and the config.json beside them."""
+    if path.is_dir():
+        index = path / SAFETENSORS_INDEX
+        shards = read_safetensors_index(path)  # names confined to the directory
+        if shards is not None:
+            files = list(shards)
+            missing = [str(f) for f in files if not f.is_file()]
+            if missing:
+                raise WeightFormatError(f"{index}: shard files missing: {', '.join(missing)}")
+        else:
+            files = sorted(path.glob("*.safetensors"))
+        cfg = path / "config.json"
         if not files:
-            raise WeightFormatError("no .safetensors files found")
-        self.files = [_StFile(f) for f in files]
-        self.index: dict[str, _StFile] = {}
-        for f in self.files:
-            for name in f.header:
-                self.index[name] = f
-        if any(n.endswith((".scales", ".biases")) for n in self.index):
-            raise UnsupportedError(
-                f"{files[0]}: MLX-quantised weights (.scales/.biases) are not supported; "
-                "use an unquantized checkpoint or a GGUF file"
-            )
-
-    @classmethod
-    def locate(cls, path: Path) -> tuple[SafetensorsCheckpoint, Path | None]:
-        """The weight files of ``path`` (a file or a directory) and the config.json beside them."""
-        if path.is_dir():
-            index = path / SAFETENSORS_INDEX
-            shards = read_safetensors_index(path)  # names confined to the directory
-            if shards is not None:
-                files = list(shards)
-                missing = [str(f) for f in files if not f.is_file()]
-                if missing:
-                    raise WeightFormatError(f"{index}: shard files missing: {', '.join(missing)}")
-            else:
-                files = sorted(path.glob("*.safetensors"))
-            cfg = path / "config.json"
-            if not files:
-                raise WeightFormatError(f"{path}: directory holds no .safetensors files")
-            return cls(files), cfg if cfg.is_file() else None
-        if not path.is_file():
-            raise WeightFormatError(f"{path}: no such file or directory")
-        cfg = path.parent / "config.json"
-        return cls([path]), cfg if cfg.is_file() else None
-
-    def weights(
-        self, cfg: LlamaConfig, *, on_progress: Callable[[int, int], None] | None = None
-    ) -> LlamaWeights:
-        """Load every tensor under llama.cpp's names as float32."""
-        renamed: dict[str, str] = {}
-        for hf_name in self.index:
-            short = _TOP_NAMES.get(hf_name)
-            if short is None and (m := _LAYER_RE.match(hf_name)) and m.group(2) in _LAYER_NAMES:
-                short = f"blk.{m.group(1)}.{_LAYER_NAMES[m.group(2)]}"
-            if short is not None:
-                renamed[short] = hf_name
-
-        def get(name: str, kind: str) -> Matrix | npt.NDArray[np.float32] | None:
-            hf_name = renamed.get(name)
-            if hf_name is None:
-                return None
-            arr = self.index[hf_name].tensor(hf_name)
-            if kind == "vector":
-                return arr
-            if arr.ndim != 2:
-                raise WeightFormatError(f"tensor {hf_name} is not a matrix: shape {arr.shape}")
-            return DenseMatrix(arr)
-
-        return LlamaWeights.gather(cfg, get, where=str(self.files[0].path), on_progress=on_progress)
+            raise WeightFormatError(f"{path}: directory holds no .safetensors files")
+        return files, cfg if cfg.is_file() else None
+    if not path.is_file():
+        raise WeightFormatError(f"{path}: no such file or directory")
+    cfg = path.parent / "config.json"
+    return [path], cfg if cfg.is_file() else None

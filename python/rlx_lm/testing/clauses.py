@@ -503,6 +503,74 @@ def _sessions_foreign(ctx: ClauseContext) -> str | None:
     return None
 
 
+def _batched_decode(ctx: ClauseContext) -> str | None:
+    """decode_batch (the runner's own, else the adapter's loop) equals one by one."""
+    from hypothesis import strategies as st
+
+    from rlx_lm.runner import supports_batched_decode, with_defaults
+
+    own = supports_batched_decode(ctx.fresh())
+    # Sessions only when the runner has them and its pair works; else token-only sessions.
+    sessions = ctx.caps.sessions is None and ctx.caps.own_pair
+
+    def body(ex: dict[str, Any]) -> None:
+        prompts, nexts = ex["prompts"], ex["next"][: len(ex["prompts"])]
+        runner = ctx.fresh()
+        snaps: list[SessionSnapshot] = []
+        for p in prompts:
+            if sessions:
+                call(f"prefill_logits({show_tokens(p)})", runner.prefill_logits, list(p))
+                snaps.append(_export(runner, f"after prefill_logits({show_tokens(p)})"))
+            else:
+                snaps.append(SessionSnapshot(None, p))
+        what = f"decode_batch(sessions of {[show_tokens(p) for p in prompts]}, {nexts})"
+        batched = runner.decode_batch if own else with_defaults(runner).decode_batch
+        logits, advanced = call(what, batched, snaps, list(nexts))
+        rows = np.asarray(logits)
+        if rows.ndim != 2 or rows.shape[0] != len(prompts) or len(advanced) != len(prompts):
+            raise ClauseFailure(
+                f"{what} returned logits of shape {rows.shape} and {len(advanced)} sessions; "
+                f"expected {len(prompts)} rows and sessions"
+            )
+        one = ctx.fresh()
+        for i, (p, t) in enumerate(zip(prompts, nexts, strict=True)):
+            if sessions:
+                _restore(one, snaps[i], f"snapshot of {show_tokens(p)}")
+                want_what = f"decode_logits({t}) after restoring {show_tokens(p)}"
+                want = as_row(call(want_what, one.decode_logits, t), want_what)
+            else:
+                want_what = f"predict_logits({show_tokens([*p, t])})"
+                want = as_row(call(want_what, one.predict_logits, [*p, t]), want_what)
+            assert_close(
+                as_row(rows[i], f"row {i}"), want, f"row {i} of {what}", want_what, ctx.opts
+            )
+            if tuple(advanced[i].tokens) != (*p, t):
+                raise ClauseFailure(
+                    f"{what}: session {i} holds {show_tokens(advanced[i].tokens)} afterwards, "
+                    f"expected {show_tokens([*p, t])}"
+                )
+
+    examples = st.fixed_dictionaries(
+        {
+            "prompts": st.lists(ctx.prompts(), min_size=1, max_size=4),
+            "next": ctx.tokens(4, 4),
+        }
+    )
+    if own:
+        ctx.for_all(examples, body)
+        return None
+    try:
+        ctx.for_all(examples, body)
+    except ClauseFailure as exc:
+        # The adapter's loop is the runner's own one-by-one path: a mismatch here is a defect
+        # of the methods it calls, which their own clauses report.
+        raise ClauseSkip(
+            "the runner has no decode_batch, and RunnerAdapter's loop over its own methods "
+            f"did not hold (see the other clauses): {exc.message}"
+        ) from exc
+    return "via RunnerAdapter.decode_batch (one sequence at a time)"
+
+
 def _multimodal_phases(ctx: ClauseContext) -> str | None:
     if ctx.caps.multimodal is not None:
         raise ClauseSkip(f"the runner does not claim multimodal generation: {ctx.caps.multimodal}")
@@ -617,6 +685,12 @@ CLAUSES: tuple[Clause, ...] = (
         "restoring a foreign snapshot raises and leaves the session as it was",
         _sessions_foreign,
         uses=("prefill_logits", "decode_logits", "export_session", "restore_session"),
+    ),
+    Clause(
+        "batched.decode",
+        "decode_batch row i equals decoding sessions[i] alone (the adapter's loop without it)",
+        _batched_decode,
+        uses=("predict_logits",),
     ),
     Clause(
         "multimodal.phases",

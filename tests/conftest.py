@@ -14,5 +14,14 @@ settings.register_profile(
     print_blob=True,
     suppress_health_check=[HealthCheck.too_slow],
 )
+# CI's second runs (lowest dependency versions, the aarch64 wheel under emulation): an API
+# check on slow ground, so fewer examples and no too-slow health check.
+settings.register_profile(
+    "ci-fast",
+    max_examples=50,
+    deadline=None,
+    print_blob=True,
+    suppress_health_check=[HealthCheck.too_slow],
+)
 settings.register_profile("deep", max_examples=5000, deadline=None, print_blob=True)
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "fast"))

@@ -235,6 +235,7 @@ def write_gguf(
     raw: dict[str, np.ndarray] | None = None,
     tokenizer: dict[str, Any] | None = None,
     arch_override: str | None = None,
+    split_max_tensors: int = 0,
 ) -> Path:
     """Write ``model`` as GGUF (matrices as ``qtype``, from ``raw`` blocks when given).
 
@@ -243,7 +244,7 @@ def write_gguf(
     """
     c = model.config
     arch = arch_override or ("llama" if model.arch == "mistral" else model.arch)
-    w = gguf.GGUFWriter(str(path), arch)
+    w = gguf.GGUFWriter(str(path), arch, split_max_tensors=split_max_tensors)
     w.add_block_count(c["num_hidden_layers"])
     w.add_context_length(c["max_position_embeddings"])
     w.add_embedding_length(c["hidden_size"])

@@ -154,3 +154,20 @@ def test_a_type_without_a_kernel_is_dequantised_once_at_load_and_inspect_says_so
     )
     report = rlx_lm.inspect(path)
     assert "TQ2_0" in str(report.details["dequantised at load"])
+
+
+def test_a_split_gguf_loads_from_its_first_shard(tmp_path: Path) -> None:
+    from rlx_lm.errors import WeightFormatError
+
+    m = make_tiny("qwen2", seed=6)
+    whole = load_llama(write_gguf(m, tmp_path / "one.gguf"), max_seq=32)
+    write_gguf(m, tmp_path / "m.gguf", split_max_tensors=8)
+    shards = sorted(tmp_path.glob("m-*-of-*.gguf"))
+    assert len(shards) > 2, shards
+    split = load_llama(shards[0], max_seq=32)
+    np.testing.assert_array_equal(split.prefill_logits(IDS), whole.prefill_logits(IDS))
+    with pytest.raises(WeightFormatError, match="first shard"):
+        load_llama(shards[1])
+    shards[-1].unlink()
+    with pytest.raises(WeightFormatError, match="missing"):
+        load_llama(shards[0])

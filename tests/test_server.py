@@ -242,6 +242,66 @@ def test_eos_ends_a_chat_turn_with_stop(client: openai.OpenAI, reference: tuple[
     assert more.choices[0].finish_reason == "length"
 
 
+def test_chat_uses_the_models_template(model: tuple[Any, Any]) -> None:
+    from pathlib import Path
+
+    from rlx_lm.default_model import default_model_path
+    from rlx_lm.tokenizer import Tokenizer
+
+    tok = Tokenizer.load(default_model_path())  # its own: the template is set on it
+    chatml = Path(__file__).parent / "data" / "chat_templates" / "chatml.jinja"
+    tok.set_chat_template(chatml)
+    runner, _ = fresh(model)
+    ref, _ = fresh(model)
+    messages = [
+        {"role": "system", "content": "You are Miss Bennet."},
+        {"role": "user", "content": "Who is Mr Darcy?"},
+    ]
+    ids = tok.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
+    assert isinstance(ids, list)
+    want = rlx_lm.generate(ref, tok, ids, opts=SampleOpts(), max_tokens=8)
+    app = create_app(runner, tok, config=ServerConfig(model_name="m"))
+    with live_server(app) as s:
+        c = openai.OpenAI(base_url=f"{s.url}/v1", api_key="x", max_retries=0)
+        r = c.chat.completions.create(
+            model="m",
+            messages=messages,  # type: ignore[arg-type]
+            max_tokens=8,
+            temperature=0,
+        )
+        assert r.usage is not None
+        assert r.usage.prompt_tokens == len(ids)
+        assert r.choices[0].message.content == want.text
+
+
+def test_a_template_that_raises_is_a_400(model: tuple[Any, Any]) -> None:
+    from rlx_lm.default_model import default_model_path
+    from rlx_lm.tokenizer import Tokenizer
+
+    tok = Tokenizer.load(default_model_path())
+    tok.set_chat_template(
+        "{% if messages[0]['role'] != 'user' %}{{ raise_exception('begin with a user') }}"
+        "{% endif %}{% for m in messages %}{{ m['content'] }}{% endfor %}"
+    )
+    runner, _ = fresh(model)
+    app = create_app(runner, tok, config=ServerConfig(model_name="m"))
+    with live_server(app) as s:
+        ok = httpx.post(
+            f"{s.url}/v1/chat/completions",
+            json={"messages": [{"role": "user", "content": "Emma"}], "max_tokens": 1},
+            timeout=30,
+        )
+        assert ok.status_code == 200
+        bad = httpx.post(
+            f"{s.url}/v1/chat/completions",
+            json={"messages": [{"role": "assistant", "content": "Emma"}], "max_tokens": 1},
+            timeout=30,
+        )
+        assert bad.status_code == 400
+        assert bad.json()["error"]["param"] == "messages"
+        assert "begin with a user" in bad.json()["error"]["message"]
+
+
 def test_chat_streaming_chunks(client: openai.OpenAI) -> None:
     kw: dict[str, Any] = {
         "model": "austen",
@@ -670,3 +730,19 @@ def test_rlx_lm_serve_command_starts_answers_and_stops_on_sigint() -> None:
         if proc.poll() is None:
             proc.kill()
             proc.wait()
+
+
+def test_a_non_streaming_client_that_goes_away_frees_its_slot(model: tuple[Any, Any]) -> None:
+    runner, tok = fresh(model)
+    app = create_app(runner, tok, config=ServerConfig(model_name="m", max_batch=1))
+    scheduler = app.state.scheduler
+    with live_server(app) as s:
+        body = {"prompt": PROMPT, "max_tokens": 300, "ignore_eos": True}
+        with pytest.raises(httpx.ReadTimeout):
+            httpx.post(f"{s.url}/v1/completions", json=body, timeout=httpx.Timeout(10, read=1.0))
+        deadline = time.monotonic() + 20
+        while scheduler.metrics.finished["cancelled"] == 0 and time.monotonic() < deadline:
+            time.sleep(0.02)
+        assert scheduler.metrics.finished["cancelled"] == 1
+        assert scheduler.running == 0
+        assert scheduler.metrics.generation_tokens < 300

@@ -20,7 +20,7 @@ ROUNDS = 3  # the first warms up; memory is compared between the later ones
 PER_ROUND = 1
 SEEDS = 8
 TOKENS = 8
-TIME_LIMIT = 300.0
+TIME_LIMIT = 600.0  # generous: CI machines are shared; the test stops by itself
 PROMPTS = ["It is a truth universally acknowledged", "She was", "Mr Darcy"]
 
 
@@ -80,7 +80,7 @@ def test_32_concurrent_streaming_clients() -> None:
             dict[int, str], list[list[tuple[int, str, str | None]]], list[int]
         ]:
             limits = httpx.Limits(max_connections=CLIENTS + 4)
-            async with httpx.AsyncClient(timeout=120, limits=limits) as client:
+            async with httpx.AsyncClient(timeout=TIME_LIMIT, limits=limits) as client:
                 alone = {}
                 for seed in range(SEEDS):  # one at a time: the reference
                     text, err = await _stream(client, url, seed)

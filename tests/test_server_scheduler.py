@@ -211,3 +211,25 @@ def test_validation_names_the_field(model: tuple[Any, Any]) -> None:
         with pytest.raises(ValueError, match=field):
             sched.submit(req, lambda e: None)
     sched.close()
+
+
+def test_a_cached_prefix_of_another_model_falls_back_to_a_full_prefill(
+    model: tuple[Any, Any],
+) -> None:
+    from dataclasses import replace
+
+    from rlx_lm import PromptCache
+
+    runner, tok = model
+    ids = tok.encode(PROMPT)
+    other = fresh(model)
+    other.prefill_logits(ids)
+    snap = other.export_session()
+    alien = SessionSnapshot(snap.kv, snap.tokens, replace(snap.fingerprint, model_id="other"))
+    cache = PromptCache(1 << 24)
+    cache.insert(alien)
+    want = rlx_lm.generate(runner, tok, PROMPT, opts=SampleOpts(), max_tokens=6)
+    with BatchScheduler(fresh(model), tok, prompt_cache=cache) as sched:
+        got = sched.generate(GenerationRequest(tuple(ids), max_tokens=6), timeout=60)[0]
+    assert got.tokens == want.tokens
+    assert got.finish_reason == "length"

@@ -56,7 +56,8 @@ def quant_matmul(
     """``x @ W.T`` for ``W`` stored as GGUF blocks (``raw`` is ``[rows, row_bytes]``).
 
     F32, F16, BF16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q2_K..Q6_K, IQ4_NL and IQ4_XS;
-    ``threads`` runs it on a pool of that many threads (default: the global pool)."""
+    ``threads`` runs it on a pool of that many threads (1: on the calling thread;
+    default: the global pool)."""
 
 def quant_rows(
     raw: npt.NDArray[np.uint8], qtype: int, cols: int, ids: npt.NDArray[np.int64]

@@ -81,8 +81,8 @@ fn weight(raw: &[u8], rows: usize, qtype: u32, cols: usize) -> PyResult<QuantTyp
 
 /// `x @ W.T` for `W` stored as GGUF blocks: `raw` is `[rows, row_bytes]`
 /// uint8, `qtype` the ggml type id, `x` float32 `[n, cols]`; float32
-/// `[n, rows]`. `threads` runs it on a pool of that many threads (default:
-/// rayon's global pool).
+/// `[n, rows]`. `threads` runs it on a pool of that many threads (1: on the
+/// calling thread; default: rayon's global pool).
 #[pyfunction]
 #[pyo3(signature = (raw, qtype, cols, x, *, threads = None))]
 pub fn quant_matmul<'py>(
@@ -106,12 +106,13 @@ pub fn quant_matmul<'py>(
     }
     let (x_s, _x_pin) = pinned(&x)?;
     let mut out = output(n.checked_mul(rows))?;
-    let pool = threads.filter(|&t| t > 0).map(pool).transpose()?;
+    let pool = threads.filter(|&t| t > 1).map(pool).transpose()?;
     py.detach(|| {
         let mut go = || quant::matmul(qtype, raw_s, rows, cols, x_s, &mut out);
-        match &pool {
-            Some(p) => p.install(go),
-            None => go(),
+        match (&pool, threads) {
+            (Some(p), _) => p.install(go),
+            (None, Some(1)) => quant::matmul_serial(qtype, raw_s, rows, cols, x_s, &mut out),
+            (None, _) => go(),
         }
     })
     .py()?;

@@ -175,12 +175,28 @@ pub fn matmul(
     x: &[f32],
     out: &mut [f32],
 ) -> CoreResult<()> {
-    matmul_with(best_build(), qtype, raw, rows, cols, x, out)
+    matmul_with(best_build(), true, qtype, raw, rows, cols, x, out)
 }
 
-/// [`matmul`] with a given build (tests compare builds).
+/// [`matmul`] on the calling thread only, whatever pool it is in (the
+/// same results, bit for bit).
+pub fn matmul_serial(
+    qtype: QuantType,
+    raw: &[u8],
+    rows: usize,
+    cols: usize,
+    x: &[f32],
+    out: &mut [f32],
+) -> CoreResult<()> {
+    matmul_with(best_build(), false, qtype, raw, rows, cols, x, out)
+}
+
+/// [`matmul`] with a given build (tests compare builds), in parallel when
+/// `parallel` and the pool has threads to spare.
+#[allow(clippy::too_many_arguments)]
 pub(crate) fn matmul_with(
     build: Build,
+    parallel: bool,
     qtype: QuantType,
     raw: &[u8],
     rows: usize,
@@ -219,7 +235,7 @@ pub(crate) fn matmul_with(
     let threads = rayon::current_num_threads();
     let work = raw.len().saturating_mul(n.div_ceil(8));
     let tiles = rows.div_ceil(4);
-    let chunks = if threads <= 1 || work < PARALLEL_BYTES {
+    let chunks = if !parallel || threads <= 1 || work < PARALLEL_BYTES {
         1
     } else {
         (threads * CHUNKS_PER_THREAD).min(tiles)

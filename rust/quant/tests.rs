@@ -165,7 +165,7 @@ fn check_matmul(build: Build, qtype: QuantType, rows: usize, cols: usize, n: usi
     let off = offsets(qtype, &raw, rows, cols);
     let x: Vec<f32> = (0..n * cols).map(|_| rng.unit()).collect();
     let mut out = vec![f32::NAN; n * rows];
-    matmul_with(build, qtype, &raw, rows, cols, &x, &mut out).unwrap();
+    matmul_with(build, true, qtype, &raw, rows, cols, &x, &mut out).unwrap();
     for t in 0..n {
         for r in 0..rows {
             let (mut want, mut abs, mut abs_off) = (0.0f64, 0.0f64, 0.0f64);
@@ -236,6 +236,14 @@ fn one_row_gives_the_same_bits_alone_in_a_batch_and_on_any_thread_count() {
                 let mut part = vec![0.0f32; m * rows];
                 let xs = &x[t * cols..(t + m) * cols];
                 pool(threads).install(|| matmul(qtype, &raw, rows, cols, xs, &mut part).unwrap());
+                if threads == 1 {
+                    let mut serial = vec![0.0f32; m * rows];
+                    matmul_serial(qtype, &raw, rows, cols, xs, &mut serial).unwrap();
+                    assert!(serial
+                        .iter()
+                        .zip(&part)
+                        .all(|(a, b)| a.to_bits() == b.to_bits()));
+                }
                 for j in 0..m {
                     let (a, b) = (&part[j * rows..(j + 1) * rows], &batch[(t + j) * rows..]);
                     for r in 0..rows {

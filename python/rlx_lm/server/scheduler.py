@@ -572,10 +572,14 @@ class BatchScheduler:
         if cache is not None:
             snap, reuse = cache.lookup(prompt) if use_cache else (None, 0)
             reuse = min(reuse, len(prompt) - 1)
+            raw = None
             if snap is not None and reuse > 0:
-                raw = self._adapter.prefill_logits_reusing(prompt, snap, reuse)
-                reused = reuse
-            else:
+                try:
+                    raw = self._adapter.prefill_logits_reusing(prompt, snap, reuse)
+                    reused = reuse
+                except SnapshotMismatchError as exc:  # an entry this runner cannot use
+                    log.warning("prompt cache: cached prefix unusable (%s); prefilling", exc)
+            if raw is None:
                 raw = self._driver.prefill_logits(prompt)
             session = self._adapter.export_session()
             if session is not None and session.kv is not None:
@@ -593,7 +597,7 @@ class BatchScheduler:
             return
         try:
             cache.insert(session)
-        except (RlxError, TypeError) as exc:  # a cache problem never fails a request
+        except (RlxError, TypeError, OSError) as exc:  # a cache problem never fails a request
             log.warning("prompt cache refused a snapshot: %s", exc)
 
     # ---------------------------------------------------------------- sample

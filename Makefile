@@ -6,7 +6,7 @@ PY := $(VENV)/bin/python
 PYPATHS := python tests benches .ci $(wildcard examples) $(wildcard tools)
 export HYPOTHESIS_PROFILE ?= ci
 
-.PHONY: dev lint test test-py test-rust test-bench check bench fmt fuzz fuzz-io
+.PHONY: dev lint test test-py test-rust test-bench check bench fmt fuzz fuzz-io fuzz-sampling fuzz-sampling-short
 
 dev:
 	test -x $(PY) || python3 -m venv $(VENV)
@@ -42,7 +42,7 @@ test-bench:
 
 test: test-rust test-py test-bench
 
-check: lint test
+check: lint test fuzz-sampling-short
 
 bench:
 	$(PY) -m pytest -q -p no:cacheprovider benches --benchmark-only
@@ -61,4 +61,23 @@ fuzz-io:
 	done
 	HYPOTHESIS_PROFILE=deep nice -n 19 $(PY) -m pytest -q -p no:cacheprovider tests/test_kv_stateful.py
 
-fuzz: fuzz-io
+# The sampler chain (issue 16): the hypothesis harness against the numpy
+# reference (tests/test_fuzz_sampling.py, also in test-py), then the cargo-fuzz
+# targets of the Rust chain and its pickled state (fuzz/, nightly + cargo-fuzz).
+FUZZ_CARGO := cd fuzz && nice -n 19 cargo +nightly fuzz run
+FUZZ_RUN_FLAGS := -timeout=10 -rss_limit_mb=2048 -print_final_stats=1
+fuzz-sampling:
+	mkdir -p fuzz/artifacts
+	nice -n 19 $(PY) tests/test_fuzz_sampling.py $(FUZZ_SECONDS)
+	$(FUZZ_CARGO) sampler_chain -- -max_total_time=$(FUZZ_SECONDS) $(FUZZ_RUN_FLAGS)
+	$(FUZZ_CARGO) sampler_state -- -max_total_time=$(FUZZ_SECONDS) -malloc_limit_mb=64 $(FUZZ_RUN_FLAGS)
+
+# A few seconds of each cargo-fuzz target (the hypothesis harness runs in
+# test-py); skipped, saying so, where nightly Rust or cargo-fuzz is missing.
+fuzz-sampling-short:
+	@if cargo +nightly fuzz --version >/dev/null 2>&1; then \
+	  $(FUZZ_CARGO) sampler_chain -- -max_total_time=10 $(FUZZ_RUN_FLAGS) && \
+	  $(FUZZ_CARGO) sampler_state -- -max_total_time=5 -malloc_limit_mb=64 $(FUZZ_RUN_FLAGS); \
+	else echo "fuzz-sampling-short: skipped (needs nightly Rust and cargo-fuzz)"; fi
+
+fuzz: fuzz-io fuzz-sampling

@@ -17,6 +17,9 @@ pub enum CoreError {
     NanLogit { index: usize },
     /// Every logit is `-inf`: no token is allowed.
     AllBanned,
+    /// A bug: a panic inside the core, caught at the binding's boundary
+    /// (the message says where). Never the answer to bad input.
+    Internal(String),
     /// A token id outside `0..vocab`.
     TokenOutOfRange { token: i64, vocab: usize },
     /// An option or argument with an invalid value; `field` names it.
@@ -66,6 +69,10 @@ impl fmt::Display for CoreError {
                     "token id {token} is out of range for a vocabulary of {vocab}"
                 )
             }
+            Self::Internal(msg) => write!(
+                f,
+                "internal error in rlx_lm's core (please report it): {msg}"
+            ),
             Self::InvalidOption { field, reason } => write!(f, "{field}: {reason}"),
             Self::Shape(msg)
             | Self::SnapshotMismatch(msg)

@@ -103,3 +103,23 @@ class FaultyRunner:
 
     def restore_session(self, snap: SessionSnapshot, /) -> bool:
         return bool(self.inner.restore_session(snap))
+
+
+class SlowSteps:
+    """The runner, ``delay`` seconds slower per decode step.
+
+    The Rust engine finishes a few hundred tokens of the bundled model in well under a
+    second, so a test that must act while a request is still running (cancel it, close
+    the scheduler, drop the client) slows the steps down instead of racing the engine.
+    """
+
+    def __init__(self, inner: Any, delay: float = 0.01) -> None:
+        self._inner = inner
+        self._delay = delay
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._inner, name)
+
+    def decode_batch(self, sessions: Any, tokens: Any) -> Any:
+        time.sleep(self._delay)
+        return self._inner.decode_batch(sessions, tokens)

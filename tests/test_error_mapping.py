@@ -14,7 +14,7 @@ from rlx_lm._core import quant_matmul, quant_rows
 
 RUST_PY = Path(__file__).resolve().parents[1] / "rust" / "py"
 # Bindings still building exceptions themselves (owned elsewhere; to move onto the mapping).
-PENDING = {"sampling.rs"}
+PENDING = {"sampling.rs", "engine.rs"}
 
 
 @pytest.mark.skipif(not RUST_PY.is_dir(), reason="needs the source tree")

@@ -7,7 +7,12 @@ always show exactly the rows appended.
 
 from __future__ import annotations
 
+import os
+import shutil
+import tempfile
+import warnings
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -20,6 +25,9 @@ from rlx_lm import (
     InvalidOptionError,
     KvCache,
     KvSnapshot,
+    ModelFingerprint,
+    PromptCache,
+    SessionSnapshot,
     ShapeError,
     SnapshotMismatchError,
 )
@@ -197,3 +205,124 @@ TestKvCacheFloat16Stateful = Float16Machine.TestCase
 TestKvCacheFloat16Stateful.settings = settings(stateful_step_count=25, max_examples=50)
 TestKvCachePageRowsStateful = PageRowsMachine.TestCase
 TestKvCachePageRowsStateful.settings = settings(stateful_step_count=30, max_examples=60)
+
+
+# -- the prompt cache over KV sessions, persisted, reopened and damaged ------------------
+
+PC_FP = ModelFingerprint("stateful", (1, 1, 2), "m")
+PC_BLOCK_BYTES = 16 * 2 * 1 * 2 * 4
+
+
+class PromptCacheMachine(RuleBasedStateMachine):
+    """A persistent PromptCache fed by a session that grows, backtracks and diverges.
+
+    Rows encode their token, so every snapshot the cache hands back proves it is
+    the right one; reopening with the same budget loses no entry; damaged files
+    are refused (never raised) and nothing else is lost with them.
+    """
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.dir = Path(tempfile.mkdtemp(prefix="rlx-pc-machine-"))
+        self.budget = 6 * PC_BLOCK_BYTES + 5
+        self.cache = PromptCache(self.budget, fingerprint=PC_FP, directory=self.dir)
+        self.kv = KvCache(n_layers=1, n_kv_heads=1, head_dim=2, max_seq=96)
+        self.tokens: list[int] = []
+        self.next_token = 1
+        self.damaged: set[tuple[int, ...]] = set()
+
+    def teardown(self) -> None:
+        shutil.rmtree(self.dir, ignore_errors=True)
+
+    def entries(self) -> list[tuple[int, ...]]:
+        return [e for e in self.cache._lru]
+
+    @rule(n=st.integers(1, 40))
+    def grow(self, n: int) -> None:
+        n = min(n, 96 - len(self.tokens))
+        for _ in range(n):
+            t = self.next_token
+            self.next_token += 1
+            row = np.full((1, 1, 2), t, np.float32)
+            self.kv.append(0, row, row)
+            self.tokens.append(t)
+
+    @rule(data=st.data())
+    def backtrack(self, data: st.DataObject) -> None:
+        n = data.draw(st.integers(0, len(self.tokens)))
+        self.kv.truncate(n)
+        del self.tokens[n:]
+
+    @precondition(lambda self: self.tokens)
+    @rule()
+    def insert(self) -> None:
+        snap = SessionSnapshot(self.kv.snapshot(), self.tokens, PC_FP)
+        fits = -(-len(self.tokens) // 16) * PC_BLOCK_BYTES <= self.budget
+        assert self.cache.insert(snap) == fits
+        if fits:
+            assert tuple(self.tokens) in self.cache
+            self.damaged.discard(tuple(self.tokens))
+        assert self.cache.stats().bytes <= self.budget
+
+    @rule(data=st.data())
+    def lookup(self, data: st.DataObject) -> None:
+        known = self.entries()
+        base = list(data.draw(st.sampled_from(known))) if known else []
+        cut = data.draw(st.integers(0, len(base)))
+        prompt = base[:cut] + data.draw(st.lists(st.integers(0, 300), max_size=3))
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", RuntimeWarning)  # damaged files are refused
+            found, n = self.cache.lookup(prompt)
+        if found is not None:
+            assert n > 0
+            assert found.tokens[:n] == tuple(prompt[:n])
+            # (a damaged file may still be served whole: as a prefix of an intact relative)
+            np.testing.assert_array_equal(found.kv.keys(0)[0, :, 0], found.tokens)
+
+    @rule()
+    def reopen(self) -> None:
+        before = set(self.entries())
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", RuntimeWarning)
+            self.cache = PromptCache(self.budget, fingerprint=PC_FP, directory=self.dir)
+        after = set(self.entries())
+        assert after == before - self.damaged, "a reopen with the same budget lost entries"
+        assert self.cache.stats().evictions == 0
+        damaged_files = {self.dir / self.cache._file_name(t) for t in self.damaged}
+        assert set(self.cache.refused) == {p for p in damaged_files if p.exists()}
+        for path in self.cache.refused:
+            path.unlink()  # the user cleans up what was refused
+        self.damaged.clear()
+
+    @precondition(lambda self: self.cache._lru)
+    @rule(data=st.data(), how=st.sampled_from(["truncate", "flip", "garbage"]))
+    def damage_a_file(self, data: st.DataObject, how: str) -> None:
+        tokens = data.draw(st.sampled_from(self.entries()))
+        entry = self.cache._lru[tokens]
+        if entry.path is None or entry.snapshot is not None:
+            return  # held in memory: the file is only read again after a reopen
+        raw = entry.path.read_bytes()
+        if how == "truncate":
+            raw = raw[: len(raw) // 2]
+        elif how == "flip":
+            raw = raw[:-1] + bytes([raw[-1] ^ 1]) + b"x"
+        else:
+            raw = b"\0" * 8
+        entry.path.write_bytes(raw)
+        self.damaged.add(tokens)
+
+    @invariant()
+    def every_entry_on_disk_has_its_file(self) -> None:
+        for tokens, entry in self.cache._lru.items():
+            assert entry.path is not None, tokens
+            assert entry.path.exists(), tokens
+        names = {p.name for p in self.dir.iterdir() if p.name.endswith(".rlxkv")}
+        assert {e.path.name for e in self.cache._lru.values() if e.path} <= names
+        assert not [p for p in self.dir.iterdir() if p.name.endswith(".tmp")]
+
+
+TestPromptCacheStateful = PromptCacheMachine.TestCase
+_DEEP = os.environ.get("HYPOTHESIS_PROFILE") == "deep"  # make fuzz-io: the long campaign
+TestPromptCacheStateful.settings = settings(
+    stateful_step_count=60 if _DEEP else 30, max_examples=5000 if _DEEP else 30, deadline=None
+)

@@ -11,12 +11,20 @@ import math
 import subprocess
 import sys
 import textwrap
+import threading
 from typing import Any
 
 import numpy as np
 import pytest
 
-from rlx_lm import InvalidLogitsError, MirostatMode, SampleOpts, argmax
+from rlx_lm import (
+    DtypeError,
+    InvalidLogitsError,
+    InvalidOptionError,
+    MirostatMode,
+    SampleOpts,
+    argmax,
+)
 
 F32_MIN = float(np.finfo(np.float32).min)
 
@@ -165,8 +173,13 @@ def test_mirostat_mu_stays_finite() -> None:
                 mirostat=mode, mirostat_eta=eta, mirostat_tau=tau, seed=1
             ).into_chain()
             for step in range(12):
-                tok = chain.sample(row if step % 2 else -row)
-                chain.accept(tok)
+                # Both paths that move mu: sample() alone, and peek() + accept().
+                r = row if step % 2 else -row
+                if step % 4 < 2:
+                    chain.sample(r)
+                else:
+                    chain.accept(chain.peek(r))
+                assert chain.step == step + 1
                 mu = chain.mu
                 assert mu is not None
                 assert math.isfinite(mu), (mode, eta, tau, step, mu)
@@ -222,3 +235,181 @@ def test_every_logit_banned_is_still_a_typed_error() -> None:
     chain = SampleOpts(temperature=0.7, top_p=0.9, seed=1).into_chain()
     with pytest.raises(InvalidLogitsError):
         chain.sample(np.full(5, -np.inf, np.float32))
+
+
+# --- the binding: refused input, panics, threads, detached calls -------------
+
+
+def test_masked_arrays_are_refused_not_read_without_their_mask() -> None:
+    m = np.ma.masked_array(np.array([5, 1, 0], np.float32), mask=[True, False, False])
+    chain = SampleOpts(temperature=1.0, seed=1).into_chain()
+    with pytest.raises(DtypeError, match="masked"):
+        chain.sample(m)
+    with pytest.raises(DtypeError, match="masked"):
+        argmax(m)
+    hist = np.ma.masked_array(np.array([1, 2], np.int64), mask=[True, False])
+    with pytest.raises(DtypeError, match="masked"):
+        chain.sample(np.zeros(3, np.float32), hist)
+
+
+@pytest.mark.parametrize(
+    "history",
+    [b"\x01\x02", bytearray(b"\x01"), memoryview(b"\x01"), "ab", [1.0, 2.0], [True], [1, 2.5]],
+)
+def test_histories_of_bytes_bools_or_floats_are_refused(history: object) -> None:
+    chain = SampleOpts(temperature=1.0, repetition_penalty=1.5, seed=1).into_chain()
+    with pytest.raises(DtypeError):
+        chain.sample(np.zeros(300, np.float32), history)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("token", [1.0, 1.5, True, np.float64(2.0), "1"])
+def test_accept_refuses_a_token_that_is_not_an_integer(token: object) -> None:
+    chain = SampleOpts(temperature=1.0, seed=1).into_chain()
+    chain.peek(np.zeros(8, np.float32))
+    with pytest.raises(DtypeError):
+        chain.accept(token)  # type: ignore[arg-type]
+    assert chain.step == 0
+    chain.accept(np.int64(3))
+    assert chain.step == 1
+
+
+def test_sequence_ids_must_be_integers() -> None:
+    chain = SampleOpts(temperature=1.0, seed=1).into_chain()
+    logits = np.zeros((2, 8), np.float32)
+    with pytest.raises(DtypeError):
+        chain.sample_batch(logits, sequence_ids=[0, 1.5])  # type: ignore[list-item]
+    with pytest.raises(InvalidOptionError):
+        chain.sample_batch(logits, sequence_ids=[0, -1])
+    assert list(chain.sample_batch(logits, sequence_ids=[np.uint64(3), 4], advance=False)) == list(
+        chain.sample_batch(logits, sequence_ids=[3, 4])
+    )
+
+
+@pytest.mark.parametrize(
+    ("field", "value"),
+    [
+        ("temperature", 1e39),
+        ("temperature", 1e-50),
+        ("top_p", 1e-50),
+        ("min_p", 1e-60),
+        ("mirostat_eta", 1e300),
+        ("dry_multiplier", 5e-46),
+    ],
+)
+def test_float64_knobs_that_float32_cannot_hold_are_refused(field: str, value: float) -> None:
+    # They used to be narrowed silently: 1e-50 became 0 (greedy, or "top_p
+    # must be in (0, 1], got 0"), 1e39 became inf.
+    with pytest.raises(InvalidOptionError, match=f"{field}.*float32"):
+        SampleOpts(seed=1, **{field: value}).into_chain()
+
+
+def test_float64_knobs_narrow_only_in_their_documented_rounding() -> None:
+    with pytest.raises(InvalidOptionError, match=r"logit_bias.*float32"):
+        SampleOpts(seed=1, logit_bias={1: -1e39}).into_chain()
+    with pytest.raises(InvalidOptionError, match=r"dynamic_temp.*float32"):
+        SampleOpts(seed=1, dynamic_temp=(1e-50, 1.0)).into_chain()
+    # Ordinary values round to the nearest float32 and are accepted.
+    chain = SampleOpts(temperature=0.1, top_p=0.3, seed=1).into_chain()
+    assert chain.stages == ["temperature", "top_p", "dist"]
+
+
+def test_a_panic_in_the_core_is_an_internal_error_not_a_panic_exception() -> None:
+    from rlx_lm import InternalError, RlxError
+    from rlx_lm._core import _panic_for_tests
+
+    with pytest.raises(InternalError, match="boom") as info:
+        _panic_for_tests("boom")
+    assert isinstance(info.value, RlxError)
+    assert isinstance(info.value, Exception)
+
+
+def test_a_chain_shared_by_two_threads_has_a_defined_behaviour() -> None:
+    # One thread in sample_batch (GIL released) while another samples and
+    # accepts on the same chain: this used to raise "Already borrowed".
+    rng = np.random.default_rng(0)
+    logits = rng.normal(size=(8, 1 << 17)).astype(np.float32)
+    row = logits[0].copy()
+    chain = SampleOpts(temperature=1.0, top_p=0.9, seed=5).into_chain()
+    want_batch = chain.clone().sample_batch(logits)
+    errors: list[BaseException] = []
+    batches: list[list[int]] = []
+
+    def batch_worker() -> None:
+        try:
+            for _ in range(6):
+                batches.append(list(chain.clone().sample_batch(logits)))
+                batches.append(list(chain.sample_batch(logits, advance=False)))
+        except BaseException as e:  # pragma: no cover - the failure being tested
+            errors.append(e)
+
+    threads = [threading.Thread(target=batch_worker) for _ in range(2)]
+    for t in threads:
+        t.start()
+    tokens = []
+    for _ in range(40):
+        tokens.append(chain.peek(row))
+    for t in threads:
+        t.join()
+    assert errors == []
+    assert len(batches) == 24
+    assert all(b == list(want_batch) for b in batches)
+    # peek() is pure: the same token at the same step, whatever ran beside it.
+    assert len(set(tokens)) == 1
+    assert chain.step == 0
+    assert chain.sample(row) == tokens[0]
+    assert chain.step == 1
+
+
+def test_resizing_the_logits_during_sample_batch_is_refused_not_a_crash() -> None:
+    # numpy's unsafe resize(refcheck=False) used to free the buffer a
+    # detached sample_batch was reading: a segfault. The array is pinned.
+    out = run_bounded(
+        """
+        import threading
+        import time
+        import numpy as np
+        from rlx_lm import SampleOpts
+        rng = np.random.default_rng(0)
+        chain = SampleOpts(temperature=1.0, top_p=0.9, seed=1).into_chain()
+        refused, resized = [], []
+        def resizer(a, done):
+            # Grow the array (a realloc that frees the old buffer) over and
+            # over: between calls it may succeed, during one it must not.
+            while not done.is_set():
+                try:
+                    a.resize((a.shape[0] + 1, a.shape[1]), refcheck=False)
+                    resized.append(1)
+                except ValueError:
+                    refused.append(1)
+        base = rng.normal(size=(16, 1 << 16)).astype(np.float32)
+        done = threading.Event()
+        t = threading.Thread(target=resizer, args=(base, done))
+        t.start()
+        for _ in range(40):
+            assert len(chain.sample_batch(base)) == base.shape[0]
+        done.set()
+        t.join()
+        # A view: its base owns the buffer, and is pinned too. A long batch
+        # runs in a thread; once it is inside, resizing the base must fail.
+        base = rng.normal(size=(64, 1 << 17)).astype(np.float32)
+        view = base[1:]
+        inside = threading.Event()
+        def batch():
+            inside.set()
+            for _ in range(5):
+                chain.sample_batch(view)
+        w = threading.Thread(target=batch)
+        w.start()
+        inside.wait()
+        time.sleep(0.05)
+        try:
+            base.resize((70, 1 << 17), refcheck=False)
+            print("RESIZED UNDER A CALL")
+        except ValueError:
+            print("view pinned")
+        w.join()
+        print("refused", len(refused) > 0)
+        """
+    )
+    assert "refused True" in out
+    assert "view pinned" in out

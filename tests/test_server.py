@@ -19,7 +19,7 @@ import pytest
 import rlx_lm
 from rlx_lm import SampleOpts
 from rlx_lm.server import ServerConfig, create_app
-from tests.server_harness import FaultyRunner, LiveServer, live_server
+from tests.server_harness import FaultyRunner, LiveServer, SlowSteps, live_server
 
 MAX_SEQ = 384
 PROMPT = "It is a truth universally acknowledged"
@@ -734,6 +734,7 @@ def test_rlx_lm_serve_command_starts_answers_and_stops_on_sigint() -> None:
 
 def test_a_non_streaming_client_that_goes_away_frees_its_slot(model: tuple[Any, Any]) -> None:
     runner, tok = fresh(model)
+    runner = SlowSteps(runner)  # the engine is fast enough to finish before the client leaves
     app = create_app(runner, tok, config=ServerConfig(model_name="m", max_batch=1))
     scheduler = app.state.scheduler
     with live_server(app) as s:

@@ -21,6 +21,7 @@ from rlx_lm.server import (
     ShuttingDownError,
 )
 from rlx_lm.session import SessionSnapshot
+from tests.server_harness import SlowSteps
 
 PROMPT = "It is a truth universally acknowledged"
 
@@ -146,7 +147,8 @@ def test_the_runners_own_decode_batch_is_given_the_whole_batch(model: tuple[Any,
 
 def test_cancel_frees_the_slot_and_close_refuses_new_work(model: tuple[Any, Any]) -> None:
     _, tok = model
-    sched = BatchScheduler(fresh(model), tok, ServerConfig(max_batch=1, max_queue=1)).start()
+    slow = SlowSteps(fresh(model))  # 200 tokens outlast the cancel on any machine
+    sched = BatchScheduler(slow, tok, ServerConfig(max_batch=1, max_queue=1)).start()
     events: list[Any] = []
     long = sched.submit(request(tok, seed=1, n_tokens=200, ignore_eos=True), events.append)
     deadline = time.monotonic() + 30
@@ -171,7 +173,7 @@ def test_cancel_frees_the_slot_and_close_refuses_new_work(model: tuple[Any, Any]
 
 def test_close_cancels_what_does_not_finish_in_time(model: tuple[Any, Any]) -> None:
     _, tok = model
-    sched = BatchScheduler(fresh(model), tok).start()
+    sched = BatchScheduler(SlowSteps(fresh(model)), tok).start()  # 200 steps take >= 2 s
     events: list[Any] = []
     sched.submit(request(tok, seed=1, n_tokens=200, ignore_eos=True), events.append)
     deadline = time.monotonic() + 30

@@ -13,15 +13,18 @@ __all__ = [
     "KV_MAX_KV_HEADS",
     "KV_MAX_LAYERS",
     "KV_MAX_SEQ",
+    "Engine",
     "KvCache",
     "KvSnapshot",
     "SampleResult",
     "SamplerChain",
     "__version__",
     "_kv_snapshot_from_state",
+    "_panic_for_tests",
     "_sampler_chain_from_state",
     "argmax",
     "build_profile",
+    "engine_kernel_types",
     "quant_matmul",
     "quant_rows",
     "quant_simd",
@@ -42,6 +45,9 @@ KV_MAX_HEAD_DIM: Final[int]
 
 def argmax(logits: npt.NDArray[np.float32]) -> int:
     """Index of the largest logit in a float32 row (lowest index on ties)."""
+
+def _panic_for_tests(message: str) -> None:
+    """Panics on purpose inside the binding's panic boundary (raises InternalError)."""
 
 # --- GGUF block-quantised weights (rust/py/quant.rs) ------------------------
 
@@ -136,7 +142,11 @@ class SamplerChain:
         uniforms: Sequence[float] | None = None,
         advance: bool = True,
     ) -> npt.NDArray[np.int64]:
-        """Sample every row of a 2-D float32 array (in parallel, GIL released), then step on."""
+        """Sample every row of a 2-D float32 array (rows in parallel, GIL released), then step on.
+
+        The rows are sampled with the chain as it is when the call starts; the
+        logits array is pinned (numpy refuses to resize it) until it returns.
+        """
     def accept(self, token: int) -> None:
         """Record the emitted token after `peek`: advances the step and mirostat's mu."""
     def reset(self) -> None:
@@ -284,18 +294,19 @@ def engine_kernel_types() -> list[int]:
     """ggml type ids the engine multiplies in place."""
     ...
 
+@final
 class Engine:
     """A model run in place on its stored weights, with a thread pool of its own."""
 
-    def __init__(
-        self,
+    def __new__(
+        cls,
         *,
         config: dict[str, Any],
         files: list[str],
         tensors: list[tuple[str, int, int, int, list[int]]],
         owned: list[tuple[str, list[int], npt.NDArray[np.float32]]],
         threads: int,
-    ) -> None: ...
+    ) -> Self: ...
     def forward(
         self, cache: KvCache, ids: npt.NDArray[np.int64], all_logits: bool = False
     ) -> npt.NDArray[np.float32]:

@@ -374,6 +374,41 @@ def _serve_parser(sub: Any) -> None:
         default=None,
         help="compute threads (default: the cores this process may use)",
     )
+    s.add_argument(
+        "--ray",
+        action="store_true",
+        help="serve as Ray Serve replicas with prefix-aware routing (needs rlx-lm[ray]; "
+        "joins the cluster in RAY_ADDRESS, else starts a local one)",
+    )
+    s.add_argument("--replicas", type=int, default=2, help="with --ray: model replicas")
+    s.add_argument(
+        "--cpus-per-replica", type=float, default=1.0, help="with --ray: CPUs each replica reserves"
+    )
+
+
+def _serve_on_ray(args: argparse.Namespace, model: str, server: dict[str, Any]) -> int:
+    import importlib.util
+
+    if importlib.util.find_spec("ray") is None:
+        raise _usage("rlx-lm serve --ray needs the ray extra: pip install 'rlx-lm[ray]'")
+    import ray
+    from ray import serve
+
+    from rlx_lm.ray.serve import serve_app
+
+    if args.replicas < 1:
+        raise _usage(f"--replicas must be >= 1, got {args.replicas}")
+    app = serve_app(
+        model,
+        num_replicas=args.replicas,
+        num_cpus_per_replica=args.cpus_per_replica,
+        server=server,
+    )
+    if not ray.is_initialized():
+        ray.init()
+    serve.start(http_options={"host": args.host, "port": args.port})
+    serve.run(app, name="rlx-lm", route_prefix="/", blocking=True)
+    return 0
 
 
 def _serve(args: argparse.Namespace) -> int:
@@ -394,6 +429,21 @@ def _serve(args: argparse.Namespace) -> int:
     model = str(default_model_path()) if args.model is None else args.model
     if args.ctx_size < 2:
         raise _usage(f"-c must be >= 2, got {args.ctx_size}")
+    if args.ray:
+        return _serve_on_ray(
+            args,
+            model,
+            {
+                "model_name": args.model_name or Path(model).stem,
+                "max_batch": args.max_batch,
+                "max_queue": args.max_queue,
+                "max_context": args.ctx_size,
+                "max_tokens": args.max_tokens,
+                "max_n": args.max_batch,
+                "prompt_cache_bytes": args.prompt_cache_mb * 1024 * 1024,
+                "shutdown_timeout": args.shutdown_timeout,
+            },
+        )
     builder = LmRunnerBuilder().weights(model)
     tokenizer = Tokenizer.load(builder.resolved_weights())
     builder = builder.max_seq(args.ctx_size)

@@ -13,6 +13,7 @@ naturally catch, so ``except ValueError`` keeps working::
     ├── UnknownArchitectureError (ValueError)  no registered family claims a model
     ├── ChatTemplateError    (ValueError)   a chat template that is broken, hostile or refuses
     ├── SequenceStateError   (RuntimeError) a call out of order, e.g. decode before prefill
+    ├── InternalError        (RuntimeError) a bug in the Rust core, caught at its boundary
     ├── DtypeError           (TypeError)    wrong dtype or memory layout
     ├── TokenOutOfRangeError (IndexError)   a token id outside the vocabulary
     └── UnsupportedError     (NotImplementedError)  a runner lacks a capability
@@ -28,6 +29,7 @@ __all__ = [
     "CapacityError",
     "ChatTemplateError",
     "DtypeError",
+    "InternalError",
     "InvalidLogitsError",
     "InvalidOptionError",
     "RlxError",
@@ -71,6 +73,10 @@ class WeightFormatError(RlxError, ValueError):
 
 class UnknownArchitectureError(RlxError, ValueError):
     """No registered model family claims an architecture; the message lists the families."""
+
+
+class InternalError(RlxError, RuntimeError):
+    """A bug in the Rust core: a panic caught at the binding's boundary (please report it)."""
 
 
 class ChatTemplateError(RlxError, ValueError):

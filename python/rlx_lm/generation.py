@@ -175,13 +175,16 @@ class Generator:
 
 
 def _make_chain(
-    opts: SampleOpts | None, seed: int | None, order: str | Sequence[str] | None
+    opts: SampleOpts | None,
+    seed: int | None,
+    order: str | Sequence[str] | None,
+    sequence_id: int = 0,
 ) -> SamplerChain:
     if opts is None:
         opts = SampleOpts()
     if seed is not None:
         opts = replace(opts, seed=seed)
-    return opts.into_chain(order)
+    return opts.into_chain(order, sequence_id=sequence_id)
 
 
 def _encode(tokenizer: Tokenizer, prompt: str | Sequence[int]) -> list[int]:
@@ -205,19 +208,23 @@ def stream(
     logprob_mode: LogprobMode = "raw",
     on_event: EventCallback | None = None,
     prompt_cache: PromptCache | None = None,
+    sequence_id: int = 0,
 ) -> Generator:
     """Generate from ``prompt`` one token at a time (see the module docstring).
 
     ``logprobs=n`` records each token's log-probability and the ``n`` likeliest
     alternatives, under the raw, penalized or final distribution (``logprob_mode``).
     ``order`` is the chain's order (`SampleOpts.into_chain`): None, a preset, or stage names.
+    ``sequence_id`` keys the seeded draw together with ``seed`` and the step, so
+    sequences generated side by side (a server's batch, a Ray job's rows) each
+    get their own random stream, reproducible from (seed, sequence_id) alone.
     """
     if max_tokens < 0:
         raise InvalidOptionError(f"max_tokens must be >= 0, got {max_tokens}")
     if logprobs is not None and logprobs < 0:
         raise InvalidOptionError(f"logprobs must be >= 0, got {logprobs}")
     ids = _encode(tokenizer, prompt)
-    chain = _make_chain(opts, seed, order)
+    chain = _make_chain(opts, seed, order, sequence_id)
     result = GenerationResult(prompt_tokens=len(ids), logprobs=[] if logprobs is not None else None)
     steps = _steps(
         runner,
@@ -249,6 +256,7 @@ def generate(
     logprob_mode: LogprobMode = "raw",
     on_event: EventCallback | None = None,
     prompt_cache: PromptCache | None = None,
+    sequence_id: int = 0,
 ) -> GenerationResult:
     """Run `stream` to the end and return its `GenerationResult`."""
     gen = stream(
@@ -264,6 +272,7 @@ def generate(
         logprob_mode=logprob_mode,
         on_event=on_event,
         prompt_cache=prompt_cache,
+        sequence_id=sequence_id,
     )
     for _ in gen:
         pass

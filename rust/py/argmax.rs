@@ -3,11 +3,13 @@
 use pyo3::prelude::*;
 
 use super::arrays::f32_row;
-use super::errors::IntoPyResult;
+use super::errors::{catch_panics, IntoPyResult};
 
 /// Index of the largest logit in a float32 row (lowest index on ties).
 #[pyfunction]
 pub fn argmax(logits: &Bound<'_, PyAny>) -> PyResult<usize> {
-    let row = f32_row(logits, "logits")?;
-    crate::argmax::argmax(row.as_slice()?).py()
+    catch_panics(|| {
+        let row = f32_row(logits, "logits")?;
+        crate::argmax::argmax(row.as_slice()?).py()
+    })
 }

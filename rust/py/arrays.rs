@@ -11,6 +11,8 @@ use numpy::{
     PyUntypedArrayMethods,
 };
 use pyo3::prelude::*;
+use pyo3::sync::PyOnceLock;
+use pyo3::types::PyType;
 
 use super::errors::IntoPyResult;
 use crate::CoreError;
@@ -20,6 +22,21 @@ fn describe(obj: &Bound<'_, PyAny>) -> String {
         .name()
         .map(|n| n.to_string())
         .unwrap_or_else(|_| "object".to_owned())
+}
+
+/// Refuse a `numpy.ma.MaskedArray`: its data would be read and its mask
+/// ignored, so masked entries would count as ordinary values.
+pub fn refuse_masked(obj: &Bound<'_, PyAny>, what: &str) -> PyResult<()> {
+    static MASKED: PyOnceLock<Py<PyType>> = PyOnceLock::new();
+    let masked = MASKED.import(obj.py(), "numpy.ma", "MaskedArray")?;
+    if obj.is_instance(masked)? {
+        return Err(CoreError::Dtype(format!(
+            "{what} is a numpy masked array, whose mask would be ignored; fill it \
+             first, e.g. np.ma.filled(x, -np.inf) to ban the masked entries"
+        )))
+        .py();
+    }
+    Ok(())
 }
 
 /// A read-only borrow of a C-contiguous `T` array of rank `D` (`dtype` names
@@ -59,6 +76,7 @@ pub fn borrow<'py, T: Element, D: Dimension>(
         )))
         .py();
     }
+    refuse_masked(obj, what)?;
     arr.try_readonly()
         .map_err(|e| CoreError::Dtype(format!("{what} cannot be read now: {e}")))
         .py()

@@ -9,7 +9,7 @@ use numpy::{PyArray1, PyArray2, PyArrayMethods, PyReadonlyArray1};
 use pyo3::prelude::*;
 use pyo3::types::PyDict;
 
-use super::errors::{IntoPyResult, InvalidOptionError};
+use super::errors::IntoPyResult;
 use super::kv::PyKvCache;
 use crate::engine::{BlockVariant, Config, Model, RopeStyle, Step, Store, TensorEntry};
 use crate::kv::KvCache;
@@ -25,20 +25,17 @@ pub struct PyEngine {
 
 fn item<'py, T: FromPyObjectOwned<'py>>(cfg: &Bound<'py, PyDict>, key: &str) -> PyResult<T> {
     let Some(value) = cfg.get_item(key)? else {
-        return Err(InvalidOptionError::new_err(format!(
-            "engine config: missing {key:?}"
-        )));
+        return Err(CoreError::option("config", format!("missing {key:?}"))).py();
     };
-    value.extract::<T>().map_err(|_| {
-        InvalidOptionError::new_err(format!(
-            "engine config: {key:?} has the wrong type ({})",
-            value
-                .get_type()
-                .name()
-                .map(|n| n.to_string())
-                .unwrap_or_default()
-        ))
-    })
+    let kind = value
+        .get_type()
+        .name()
+        .map(|n| n.to_string())
+        .unwrap_or_default();
+    value
+        .extract::<T>()
+        .map_err(|_| CoreError::option("config", format!("{key:?} has the wrong type ({kind})")))
+        .py()
 }
 
 fn config(cfg: &Bound<'_, PyDict>) -> PyResult<Config> {
@@ -47,9 +44,11 @@ fn config(cfg: &Bound<'_, PyDict>) -> PyResult<Config> {
         "halves" => RopeStyle::Halves,
         "interleaved" => RopeStyle::Interleaved,
         other => {
-            return Err(InvalidOptionError::new_err(format!(
-                "engine config: rope_style {other:?} is not \"halves\" or \"interleaved\""
-            )))
+            return Err(CoreError::option(
+                "rope_style",
+                format!("{other:?} is not \"halves\" or \"interleaved\""),
+            ))
+            .py()
         }
     };
     Ok(Config {
@@ -78,11 +77,14 @@ fn borrow_all<'py>(caches: &[Bound<'py, PyKvCache>]) -> PyResult<Vec<PyRefMut<'p
         .iter()
         .enumerate()
         .map(|(i, c)| {
-            c.try_borrow_mut().map_err(|_| {
-                InvalidOptionError::new_err(format!(
-                    "cache #{i} is in use (the same KvCache given twice?)"
-                ))
-            })
+            c.try_borrow_mut()
+                .map_err(|_| {
+                    CoreError::option(
+                        "caches",
+                        format!("cache #{i} is in use (the same KvCache given twice?)"),
+                    )
+                })
+                .py()
         })
         .collect()
 }
@@ -126,9 +128,11 @@ impl PyEngine {
     ) -> PyResult<Self> {
         let cfg = self::config(config)?;
         if threads == 0 || threads > 1024 {
-            return Err(InvalidOptionError::new_err(format!(
-                "threads must be between 1 and 1024, got {threads}"
-            )));
+            return Err(CoreError::option(
+                "threads",
+                format!("must be between 1 and 1024, got {threads}"),
+            ))
+            .py();
         }
         let entries = tensors
             .into_iter()

@@ -7,6 +7,7 @@ use pyo3::prelude::*;
 
 use crate::CoreError;
 
+pyo3::import_exception!(rlx_lm.errors, InternalError);
 pyo3::import_exception!(rlx_lm.errors, InvalidLogitsError);
 pyo3::import_exception!(rlx_lm.errors, DtypeError);
 pyo3::import_exception!(rlx_lm.errors, TokenOutOfRangeError);
@@ -21,6 +22,7 @@ pyo3::import_exception!(rlx_lm.errors, UnsupportedError);
 pub fn to_py(err: CoreError) -> PyErr {
     let msg = err.to_string();
     match err {
+        CoreError::Internal(_) => InternalError::new_err(msg),
         CoreError::EmptyLogits | CoreError::NanLogit { .. } | CoreError::AllBanned => {
             InvalidLogitsError::new_err(msg)
         }
@@ -48,4 +50,29 @@ impl<T> IntoPyResult<T> for crate::CoreResult<T> {
     fn py(self) -> PyResult<T> {
         self.map_err(to_py)
     }
+}
+
+/// Run a binding's body, turning a panic into `rlx_lm.errors.InternalError`
+/// (through [`to_py`]) instead of PyO3's `PanicException`, which derives
+/// from `BaseException` and so escapes `except Exception`. Every entry point
+/// of the binding runs its body through this.
+pub fn catch_panics<T>(f: impl FnOnce() -> PyResult<T>) -> PyResult<T> {
+    match std::panic::catch_unwind(std::panic::AssertUnwindSafe(f)) {
+        Ok(r) => r,
+        Err(payload) => {
+            let msg = payload
+                .downcast_ref::<&str>()
+                .map(|s| (*s).to_owned())
+                .or_else(|| payload.downcast_ref::<String>().cloned())
+                .unwrap_or_else(|| "a panic with no message".to_owned());
+            Err(to_py(CoreError::Internal(msg)))
+        }
+    }
+}
+
+/// Panics on purpose, inside [`catch_panics`]: lets the tests check that a
+/// panic in the core reaches Python as `InternalError`, not `PanicException`.
+#[pyfunction]
+pub fn _panic_for_tests(message: &str) -> PyResult<()> {
+    catch_panics(|| panic!("{message}"))
 }

@@ -5,12 +5,16 @@ use numpy::{
     PyArray1, PyArray2, PyArrayMethods, PyReadonlyArray2, PyUntypedArray, PyUntypedArrayMethods,
 };
 use pyo3::prelude::*;
-use pyo3::types::{PyBytes, PyDict, PyList, PyTuple};
+use pyo3::types::{
+    PyBool, PyByteArray, PyBytes, PyDict, PyFloat, PyList, PyMemoryView, PyString, PyTuple,
+};
 
-use super::arrays::f32_row;
+use super::arrays::{f32_row, refuse_masked};
+use super::errors::catch_panics;
 use super::errors::{
     DtypeError, IntoPyResult, InvalidOptionError, ShapeError, TokenOutOfRangeError,
 };
+use super::gil::{detached, pin};
 use crate::sampling::batch::Batch;
 use crate::sampling::chain::{
     ChainState, History, Knobs, LogprobMode, Mirostat, OrderSpec, Sampled, SamplerChain, Scratch,
@@ -18,15 +22,33 @@ use crate::sampling::chain::{
 };
 use crate::sampling::knobs::Window;
 
+pyo3::import_exception!(rlx_lm.errors, SequenceStateError);
+
 fn bad(field: &str, reason: impl std::fmt::Display) -> PyErr {
     InvalidOptionError::new_err(format!("{field}: {reason}"))
 }
 
+/// A knob as the float32 the chain computes with. Rounding to the nearest
+/// float32 is the documented contract; a value float32 cannot hold at all
+/// (finite but beyond its range, or nonzero but below its smallest
+/// subnormal) is refused rather than turned into inf or 0.
+fn narrow(field: &str, v: f64) -> PyResult<f32> {
+    let x = v as f32;
+    if (x.is_infinite() && v.is_finite()) || (x == 0.0 && v != 0.0) {
+        return Err(bad(
+            field,
+            format!("{v} does not fit float32, which the sampler chain computes in"),
+        ));
+    }
+    Ok(x)
+}
+
 fn get_f32(opts: &Bound<'_, PyAny>, field: &str) -> PyResult<f32> {
-    opts.getattr(field)?
+    let v = opts
+        .getattr(field)?
         .extract::<f64>()
-        .map(|v| v as f32)
-        .map_err(|_| bad(field, "must be a number"))
+        .map_err(|_| bad(field, "must be a number"))?;
+    narrow(field, v)
 }
 
 fn get_usize(opts: &Bound<'_, PyAny>, field: &str) -> PyResult<usize> {
@@ -105,7 +127,7 @@ fn knobs_from(opts: &Bound<'_, PyAny>) -> PyResult<Knobs> {
             let (t, b): (i64, f64) = item?
                 .extract()
                 .map_err(|_| bad("logit_bias", "keys must be token ids and values numbers"))?;
-            logit_bias.push((token_id("logit_bias", t)?, b as f32));
+            logit_bias.push((token_id("logit_bias", t)?, narrow("logit_bias", b)?));
         }
     }
     Ok(Knobs {
@@ -119,7 +141,9 @@ fn knobs_from(opts: &Bound<'_, PyAny>) -> PyResult<Knobs> {
         frequency_penalty: get_f32(opts, "frequency_penalty")?,
         presence_penalty: get_f32(opts, "presence_penalty")?,
         repetition_window,
-        dynamic_temp: dynamic_temp.map(|(a, b)| (a as f32, b as f32)),
+        dynamic_temp: dynamic_temp
+            .map(|(a, b)| Ok::<_, PyErr>((narrow("dynamic_temp", a)?, narrow("dynamic_temp", b)?)))
+            .transpose()?,
         dynamic_temp_exponent: get_f32(opts, "dynamic_temp_exponent")?,
         xtc_threshold: get_f32(opts, "xtc_threshold")?,
         xtc_prob: get_f32(opts, "xtc_prob")?,
@@ -171,7 +195,19 @@ fn history_from(obj: Option<&Bound<'_, PyAny>>, what: &str) -> PyResult<Vec<u32>
     let Some(obj) = obj.filter(|o| !o.is_none()) else {
         return Ok(Vec::new());
     };
+    if obj.is_instance_of::<PyBytes>()
+        || obj.is_instance_of::<PyByteArray>()
+        || obj.is_instance_of::<PyString>()
+        || obj.is_instance_of::<PyMemoryView>()
+    {
+        return Err(DtypeError::new_err(format!(
+            "{what} must be token ids (a sequence of ints or a 1-D integer array), got {}; \
+             bytes are not read as ids: pass list(b) if they are",
+            describe(obj)
+        )));
+    }
     let values: Vec<i64> = if let Ok(arr) = obj.cast::<PyUntypedArray>() {
+        refuse_masked(obj, what)?;
         if arr.ndim() != 1 {
             return Err(ShapeError::new_err(format!(
                 "{what} must be 1-D (one sequence of token ids), got an array of shape {:?}",
@@ -205,15 +241,17 @@ fn history_from(obj: Option<&Bound<'_, PyAny>>, what: &str) -> PyResult<Vec<u32>
             )));
         }
     } else {
-        obj.extract().map_err(|_| {
+        let items = obj.try_iter().map_err(|_| {
             DtypeError::new_err(format!(
                 "{what} must be a sequence of token ids or a 1-D numpy integer array, got {}",
-                obj.get_type()
-                    .name()
-                    .map(|n| n.to_string())
-                    .unwrap_or_default()
+                describe(obj)
             ))
-        })?
+        })?;
+        let mut v = Vec::with_capacity(obj.len().unwrap_or(0));
+        for (i, item) in items.enumerate() {
+            v.push(token_value(&item?, &format!("{what}[{i}]"))?);
+        }
+        v
     };
     values
         .into_iter()
@@ -239,6 +277,54 @@ fn history_of(tokens: &[u32], prompt_len: usize) -> PyResult<History<'_>> {
         ));
     }
     Ok(History { tokens, prompt_len })
+}
+
+fn describe(obj: &Bound<'_, PyAny>) -> String {
+    obj.get_type()
+        .name()
+        .map(|n| n.to_string())
+        .unwrap_or_else(|_| "object".to_owned())
+}
+
+/// One token id given as a Python object: an int (or anything with
+/// `__index__`, such as numpy integers), never a bool or a float.
+fn token_value(obj: &Bound<'_, PyAny>, what: &str) -> PyResult<i64> {
+    if obj.is_instance_of::<PyBool>() || obj.is_instance_of::<PyFloat>() {
+        return Err(DtypeError::new_err(format!(
+            "{what}: token ids are integers, got {} {obj}",
+            describe(obj)
+        )));
+    }
+    obj.extract::<i64>().map_err(|_| {
+        DtypeError::new_err(format!(
+            "{what}: token ids are integers, got {}",
+            describe(obj)
+        ))
+    })
+}
+
+/// Sequence ids (ints in `0..2**64`, never bools or floats).
+fn sequence_ids_from(obj: &Bound<'_, PyAny>) -> PyResult<Vec<u64>> {
+    let items = obj
+        .try_iter()
+        .map_err(|_| DtypeError::new_err("sequence_ids must be a sequence of integers"))?;
+    let mut out = Vec::new();
+    for (i, item) in items.enumerate() {
+        let item = item?;
+        if item.is_instance_of::<PyBool>() || item.is_instance_of::<PyFloat>() {
+            return Err(DtypeError::new_err(format!(
+                "sequence_ids[{i}] must be an integer, got {}",
+                describe(&item)
+            )));
+        }
+        out.push(item.extract::<u64>().map_err(|_| {
+            bad(
+                &format!("sequence_ids[{i}]"),
+                "must be an integer in 0..2**64",
+            )
+        })?);
+    }
+    Ok(out)
 }
 
 fn mode_from(mode: &str) -> PyResult<LogprobMode> {
@@ -295,31 +381,46 @@ impl PySamplerChain {
     }
 }
 
-impl PySamplerChain {
-    /// One row: convert, then the core's sample (advancing) or peek.
-    #[allow(clippy::too_many_arguments)]
-    fn run(
-        &mut self,
-        logits: &Bound<'_, PyAny>,
-        history: Option<&Bound<'_, PyAny>>,
-        prompt_len: usize,
-        uniform: Option<f64>,
-        logprobs: Option<(usize, LogprobMode)>,
-        advance: bool,
-    ) -> PyResult<Sampled> {
-        let row = f32_row(logits, "logits")?;
-        let tokens = history_from(history, "history")?;
-        let hist = history_of(&tokens, prompt_len)?;
-        let row = row.as_slice()?;
-        if advance {
-            self.chain
-                .sample(row, hist, uniform, logprobs, &mut self.scratch)
-        } else {
-            self.chain
-                .peek(row, hist, uniform, logprobs, &mut self.scratch)
-        }
-        .py()
+/// The chain, borrowed for a call that runs no Python code while it holds
+/// it. Calls from several threads are serialised by the GIL and none keeps
+/// the borrow across a GIL release (sample_batch works on a copy), so this
+/// fails only when a call re-enters the same chain from inside its own
+/// argument conversion: a typed error, not PyO3's "Already borrowed".
+fn borrow_chain<'py>(slf: &Bound<'py, PySamplerChain>) -> PyResult<PyRefMut<'py, PySamplerChain>> {
+    slf.try_borrow_mut().map_err(|_| {
+        SequenceStateError::new_err(
+            "this SamplerChain is in use by a call that has not returned \
+             (a call re-entered it from its own arguments)",
+        )
+    })
+}
+
+/// One row: convert the inputs, then borrow the chain for the core's
+/// sample (advancing) or peek. Inputs are converted before the chain is
+/// borrowed: converting may run Python code (a history's iterator), during
+/// which another thread may use this chain.
+fn run_row(
+    slf: &Bound<'_, PySamplerChain>,
+    logits: &Bound<'_, PyAny>,
+    history: Option<&Bound<'_, PyAny>>,
+    prompt_len: usize,
+    uniform: Option<f64>,
+    logprobs: Option<(usize, LogprobMode)>,
+    advance: bool,
+) -> PyResult<Sampled> {
+    let row = f32_row(logits, "logits")?;
+    let tokens = history_from(history, "history")?;
+    let hist = history_of(&tokens, prompt_len)?;
+    let row = row.as_slice()?;
+    let mut me = borrow_chain(slf)?;
+    let me = &mut *me;
+    if advance {
+        me.chain
+            .sample(row, hist, uniform, logprobs, &mut me.scratch)
+    } else {
+        me.chain.peek(row, hist, uniform, logprobs, &mut me.scratch)
     }
+    .py()
 }
 
 #[pymethods]
@@ -331,11 +432,13 @@ impl PySamplerChain {
         order: Option<&Bound<'_, PyAny>>,
         sequence_id: u64,
     ) -> PyResult<Self> {
-        let knobs = knobs_from(opts)?;
-        let order = order_from(order)?;
-        Ok(Self::wrap(
-            SamplerChain::new(knobs, &order, sequence_id).py()?,
-        ))
+        catch_panics(|| {
+            let knobs = knobs_from(opts)?;
+            let order = order_from(order)?;
+            Ok(Self::wrap(
+                SamplerChain::new(knobs, &order, sequence_id).py()?,
+            ))
+        })
     }
 
     /// Sample one token from a float32 logits row given the history so far,
@@ -343,37 +446,35 @@ impl PySamplerChain {
     /// is false.
     #[pyo3(signature = (logits, history=None, *, prompt_len=0, uniform=None, advance=true))]
     fn sample(
-        &mut self,
+        slf: &Bound<'_, Self>,
         logits: &Bound<'_, PyAny>,
         history: Option<&Bound<'_, PyAny>>,
         prompt_len: usize,
         uniform: Option<f64>,
         advance: bool,
     ) -> PyResult<u32> {
-        Ok(self
-            .run(logits, history, prompt_len, uniform, None, advance)?
-            .token)
+        catch_panics(|| {
+            Ok(run_row(slf, logits, history, prompt_len, uniform, None, advance)?.token)
+        })
     }
 
     /// The token `sample` would return, without moving the chain on.
     #[pyo3(signature = (logits, history=None, *, prompt_len=0, uniform=None))]
     fn peek(
-        &mut self,
+        slf: &Bound<'_, Self>,
         logits: &Bound<'_, PyAny>,
         history: Option<&Bound<'_, PyAny>>,
         prompt_len: usize,
         uniform: Option<f64>,
     ) -> PyResult<u32> {
-        Ok(self
-            .run(logits, history, prompt_len, uniform, None, false)?
-            .token)
+        catch_panics(|| Ok(run_row(slf, logits, history, prompt_len, uniform, None, false)?.token))
     }
 
     /// Sample one token and report log-probabilities under `mode`'s distribution.
     #[pyo3(signature = (logits, history=None, top_n=0, *, mode="raw", prompt_len=0, uniform=None, advance=true))]
     #[allow(clippy::too_many_arguments)]
     fn sample_with_logprobs(
-        &mut self,
+        slf: &Bound<'_, Self>,
         logits: &Bound<'_, PyAny>,
         history: Option<&Bound<'_, PyAny>>,
         top_n: i64,
@@ -382,100 +483,128 @@ impl PySamplerChain {
         uniform: Option<f64>,
         advance: bool,
     ) -> PyResult<SampleResult> {
-        let m = mode_from(mode)?;
-        let n = usize::try_from(top_n)
-            .map_err(|_| bad("top_n", format!("must be >= 0, got {top_n}")))?;
-        let out = self.run(logits, history, prompt_len, uniform, Some((n, m)), advance)?;
-        let lp = out.logprobs.unwrap_or(crate::sampling::Logprobs {
-            logprob: 0.0,
-            top: Vec::new(),
-        });
-        Ok(SampleResult {
-            token: out.token,
-            logprob: lp.logprob,
-            top: lp.top,
-            mode: match m {
-                LogprobMode::Raw => "raw",
-                LogprobMode::Penalized => "penalized",
-                LogprobMode::Final => "final",
-            },
+        catch_panics(|| {
+            let m = mode_from(mode)?;
+            let n = usize::try_from(top_n)
+                .map_err(|_| bad("top_n", format!("must be >= 0, got {top_n}")))?;
+            let out = run_row(
+                slf,
+                logits,
+                history,
+                prompt_len,
+                uniform,
+                Some((n, m)),
+                advance,
+            )?;
+            let lp = out.logprobs.unwrap_or(crate::sampling::Logprobs {
+                logprob: 0.0,
+                top: Vec::new(),
+            });
+            Ok(SampleResult {
+                token: out.token,
+                logprob: lp.logprob,
+                top: lp.top,
+                mode: match m {
+                    LogprobMode::Raw => "raw",
+                    LogprobMode::Penalized => "penalized",
+                    LogprobMode::Final => "final",
+                },
+            })
         })
     }
 
     /// Sample every row of a 2-D float32 array (rows in parallel, GIL
     /// released), then move one step on unless `advance` is false.
+    ///
+    /// The rows are sampled with the chain as it is when the call starts: no
+    /// borrow of the chain is held while the GIL is released, so another
+    /// thread may use the same chain meanwhile (its `accept` counts for the
+    /// next call); the logits array is pinned until the call returns.
     #[pyo3(signature = (logits, histories=None, *, prompt_lens=None, sequence_ids=None, uniforms=None, advance=true))]
     #[allow(clippy::too_many_arguments)]
     fn sample_batch<'py>(
-        &mut self,
+        slf: &Bound<'py, Self>,
         py: Python<'py>,
         logits: &Bound<'py, PyAny>,
         histories: Option<&Bound<'py, PyAny>>,
         prompt_lens: Option<Vec<usize>>,
-        sequence_ids: Option<Vec<u64>>,
+        sequence_ids: Option<&Bound<'py, PyAny>>,
         uniforms: Option<Vec<f64>>,
         advance: bool,
     ) -> PyResult<Bound<'py, PyArray1<i64>>> {
-        let arr: PyReadonlyArray2<'py, f32> = batch_rows(logits)?;
-        let shape = arr.shape().to_vec();
-        let (rows, vocab) = (shape[0], shape[1]);
-        let data = arr.as_slice()?;
-        let hists: Vec<Vec<u32>> = match histories.filter(|h| !h.is_none()) {
-            None => vec![Vec::new(); rows],
-            Some(h) => {
-                let items: Vec<Bound<'py, PyAny>> = h
-                    .try_iter()
-                    .map_err(|_| {
-                        DtypeError::new_err("histories must be a sequence with one history per row")
-                    })?
-                    .collect::<PyResult<_>>()?;
-                if items.len() != rows {
-                    return Err(ShapeError::new_err(format!(
-                        "histories has {} entries for {rows} rows of logits",
-                        items.len()
-                    )));
+        catch_panics(|| {
+            let (chain, mut scratches) = {
+                let mut me = borrow_chain(slf)?;
+                (me.chain.clone(), std::mem::take(&mut me.batch_scratch))
+            };
+            let arr: PyReadonlyArray2<'py, f32> = batch_rows(logits)?;
+            let shape = arr.shape().to_vec();
+            let (rows, vocab) = (shape[0], shape[1]);
+            let data = arr.as_slice()?;
+            let hists: Vec<Vec<u32>> = match histories.filter(|h| !h.is_none()) {
+                None => vec![Vec::new(); rows],
+                Some(h) => {
+                    let items: Vec<Bound<'py, PyAny>> = h
+                        .try_iter()
+                        .map_err(|_| {
+                            DtypeError::new_err(
+                                "histories must be a sequence with one history per row",
+                            )
+                        })?
+                        .collect::<PyResult<_>>()?;
+                    if items.len() != rows {
+                        return Err(ShapeError::new_err(format!(
+                            "histories has {} entries for {rows} rows of logits",
+                            items.len()
+                        )));
+                    }
+                    items
+                        .iter()
+                        .enumerate()
+                        .map(|(i, h)| history_from(Some(h), &format!("histories[{i}]")))
+                        .collect::<PyResult<_>>()?
                 }
-                items
-                    .iter()
-                    .enumerate()
-                    .map(|(i, h)| history_from(Some(h), &format!("histories[{i}]")))
-                    .collect::<PyResult<_>>()?
+            };
+            let seqs: Vec<u64> = match sequence_ids.filter(|s| !s.is_none()) {
+                None => (0..rows as u64)
+                    .map(|r| chain.sequence.wrapping_add(r))
+                    .collect(),
+                Some(s) => sequence_ids_from(s)?,
+            };
+            let batch = Batch {
+                logits: data,
+                vocab,
+                histories: &hists,
+                prompt_lens: prompt_lens.as_deref(),
+                sequences: &seqs,
+                uniforms: uniforms.as_deref(),
+            };
+            let pinned = pin(logits)?;
+            let result = detached(py, &[&pinned], || chain.sample_rows(&batch, &mut scratches));
+            drop(pinned);
+            let mut me = borrow_chain(slf)?;
+            if me.batch_scratch.len() < scratches.len() {
+                me.batch_scratch = scratches;
             }
-        };
-        let seqs: Vec<u64> = sequence_ids.unwrap_or_else(|| {
-            (0..rows as u64)
-                .map(|r| self.chain.sequence.wrapping_add(r))
-                .collect()
-        });
-        let batch = Batch {
-            logits: data,
-            vocab,
-            histories: &hists,
-            prompt_lens: prompt_lens.as_deref(),
-            sequences: &seqs,
-            uniforms: uniforms.as_deref(),
-        };
-        let (chain, scratches) = (&mut self.chain, &mut self.batch_scratch);
-        let out = py
-            .detach(|| {
-                if advance {
-                    chain.sample_batch(&batch, scratches)
-                } else {
-                    chain.sample_rows(&batch, scratches)
-                }
-            })
-            .py()?;
-        Ok(PyArray1::from_vec(py, out))
+            let out = result.py()?;
+            if advance {
+                me.chain.advance(vocab);
+            }
+            Ok(PyArray1::from_vec(py, out))
+        })
     }
 
     /// Record the emitted token after `peek`: advances the step and mirostat's mu.
-    fn accept(&mut self, token: i64) -> PyResult<()> {
-        let t = u32::try_from(token).map_err(|_| {
-            TokenOutOfRangeError::new_err(format!(
-                "accept: token id {token} is negative or too large"
-            ))
-        })?;
-        self.chain.accept(t).py()
+    fn accept(&mut self, token: &Bound<'_, PyAny>) -> PyResult<()> {
+        catch_panics(|| {
+            let token = token_value(token, "accept")?;
+            let t = u32::try_from(token).map_err(|_| {
+                TokenOutOfRangeError::new_err(format!(
+                    "accept: token id {token} is negative or too large"
+                ))
+            })?;
+            self.chain.accept(t).py()
+        })
     }
 
     /// Return to step 0 and the initial mirostat mu (same seed, same tokens).
@@ -498,12 +627,14 @@ impl PySamplerChain {
 
     /// Pickles as its state (knobs, order, sequence, step, mu, pending).
     fn __reduce__<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyTuple>> {
-        let state = self.chain.state().to_bytes();
-        let rebuild = py
-            .import("rlx_lm._core")?
-            .getattr("_sampler_chain_from_state")?;
-        let args = PyTuple::new(py, [PyBytes::new(py, &state)])?;
-        PyTuple::new(py, [rebuild, args.into_any()])
+        catch_panics(|| {
+            let state = self.chain.state().to_bytes();
+            let rebuild = py
+                .import("rlx_lm._core")?
+                .getattr("_sampler_chain_from_state")?;
+            let args = PyTuple::new(py, [PyBytes::new(py, &state)])?;
+            PyTuple::new(py, [rebuild, args.into_any()])
+        })
     }
 
     /// Tokens accepted since construction or the last reset.
@@ -571,8 +702,10 @@ impl PySamplerChain {
 /// Rebuild a SamplerChain from its pickled state (validated like a new chain).
 #[pyfunction]
 pub fn _sampler_chain_from_state(state: &[u8]) -> PyResult<PySamplerChain> {
-    let state = ChainState::from_bytes(state).py()?;
-    Ok(PySamplerChain::wrap(SamplerChain::from_state(state).py()?))
+    catch_panics(|| {
+        let state = ChainState::from_bytes(state).py()?;
+        Ok(PySamplerChain::wrap(SamplerChain::from_state(state).py()?))
+    })
 }
 
 /// Borrow a 2-D C-contiguous float32 array (one row of logits per sequence).

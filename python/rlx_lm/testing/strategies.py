@@ -39,6 +39,16 @@ Row = npt.NDArray[np.float32]
 F32_MAX = float(np.finfo(np.float32).max)
 
 
+def _flush(x: float) -> float:
+    # A float64 knob below float32's normal range is refused by SampleOpts (it would
+    # round to 0 in the chain); such draws mean "off", so they are drawn as 0.
+    return 0.0 if abs(x) < 1e-30 else x
+
+
+def _knob(lo: float, hi: float) -> st.SearchStrategy[float]:
+    return st.floats(lo, hi).map(_flush)
+
+
 def _f32(x: float) -> float:
     return float(np.float32(x))
 
@@ -159,7 +169,7 @@ def _or_default(default: object, other: st.SearchStrategy[object]) -> st.SearchS
 def _sample_opts(draw: st.DrawFn, vocab_size: int | None, greedy: bool | None) -> SampleOpts:
     vocab = vocab_size if vocab_size is not None else 1024
     token = st.integers(0, vocab - 1)
-    unit = st.floats(0.0, 1.0)
+    unit = _knob(0.0, 1.0)
     kw: dict[str, object] = {}
 
     if greedy is True:
@@ -169,31 +179,31 @@ def _sample_opts(draw: st.DrawFn, vocab_size: int | None, greedy: bool | None) -
     else:
         kw["temperature"] = draw(_or_default(0.0, st.floats(0.05, 2.0)))
     if greedy is not True and kw["temperature"] == 0.0 and draw(st.booleans()):
-        lo = draw(st.floats(0.0, 2.0))
+        lo = draw(_knob(0.0, 2.0))
         kw["dynamic_temp"] = (lo, draw(st.floats(lo, 2.0)))
-        kw["dynamic_temp_exponent"] = draw(st.floats(0.0, 2.0))
+        kw["dynamic_temp_exponent"] = draw(_knob(0.0, 2.0))
     if greedy is not True:
         kw["mirostat"] = mode = draw(st.sampled_from(list(MirostatMode)))
         if mode != MirostatMode.OFF:
-            kw["mirostat_tau"] = draw(st.floats(0.0, 10.0))
-            kw["mirostat_eta"] = draw(st.floats(0.0, 1.0))
+            kw["mirostat_tau"] = draw(_knob(0.0, 10.0))
+            kw["mirostat_eta"] = draw(_knob(0.0, 1.0))
             kw["mirostat_m"] = draw(st.integers(2, 200))
 
     kw["top_k"] = draw(_or_default(None, st.integers(0, vocab)))
     kw["top_p"] = draw(_or_default(1.0, st.floats(0.01, 1.0)))
     kw["min_p"] = draw(_or_default(0.0, unit))
     kw["typical_p"] = draw(_or_default(1.0, st.floats(0.01, 1.0)))
-    kw["top_n_sigma"] = draw(_or_default(0.0, st.floats(0.0, 3.0)))
+    kw["top_n_sigma"] = draw(_or_default(0.0, _knob(0.0, 3.0)))
     xtc_prob: float = draw(st.one_of(st.just(0.0), unit))
     kw["xtc_prob"] = xtc_prob
     kw["xtc_threshold"] = draw(
         st.floats(0.01, 1.0) if xtc_prob > 0 else _or_default(0.0, st.floats(0.01, 1.0))
     )
     kw["repetition_penalty"] = draw(_or_default(1.0, st.floats(0.5, 2.0)))
-    kw["frequency_penalty"] = draw(_or_default(0.0, st.floats(-2.0, 2.0)))
-    kw["presence_penalty"] = draw(_or_default(0.0, st.floats(-2.0, 2.0)))
+    kw["frequency_penalty"] = draw(_or_default(0.0, _knob(-2.0, 2.0)))
+    kw["presence_penalty"] = draw(_or_default(0.0, _knob(-2.0, 2.0)))
     kw["repetition_window"] = draw(_or_default(None, st.integers(1, 128) | st.just(-1)))
-    kw["dry_multiplier"] = draw(_or_default(0.0, st.floats(0.0, 2.0)))
+    kw["dry_multiplier"] = draw(_or_default(0.0, _knob(0.0, 2.0)))
     kw["dry_base"] = draw(_or_default(1.75, st.floats(1.0, 3.0)))
     kw["dry_allowed_length"] = draw(_or_default(2, st.integers(1, 4)))
     kw["dry_max_ngram"] = draw(_or_default(32, st.integers(0, 32)))
@@ -205,7 +215,7 @@ def _sample_opts(draw: st.DrawFn, vocab_size: int | None, greedy: bool | None) -
     kw["min_keep"] = draw(_or_default(1, st.integers(1, 4))) if reads_min_keep else 1
     kw["seed"] = draw(_or_default(None, st.integers(0, 2**64 - 1)))
     # Never ban the whole vocabulary: at most vocab - 1 entries.
-    bias = st.one_of(st.floats(-10.0, 10.0), st.just(-math.inf))
+    bias = st.one_of(_knob(-10.0, 10.0), st.just(-math.inf))
     kw["logit_bias"] = draw(st.dictionaries(token, bias, max_size=min(8, vocab - 1)))
     return SampleOpts(**kw)  # type: ignore[arg-type]
 

@@ -21,7 +21,8 @@ def test_the_default_order_is_llama_cpps_and_help_says_why(
         _parser().parse_args(["generate", "--help"])
     out = " ".join(capsys.readouterr().out.split())
     assert "--sampler-order" in out
-    assert "default: llama.cpp, since every sampling flag here is llama.cpp's" in out
+    assert "Every sampling flag here is llama.cpp's, so the chain is llama.cpp's too" in out
+    assert "(default: llama.cpp)" in out
     assert "--samplers" in out
 
 

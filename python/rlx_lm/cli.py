@@ -137,9 +137,9 @@ _LLAMA_STAGES: dict[str, str] = {
 }
 
 _ORDER_HELP = (
-    "sampler order preset (default: llama.cpp, since every sampling flag here is llama.cpp's, "
-    "so the chain is llama.cpp's too: temperature last, after every filter; the library's own "
-    "default order tempers first, see docs/samplers.md)"
+    "The sampler order preset. Every sampling flag here is llama.cpp's, so the chain is "
+    "llama.cpp's too unless this says otherwise: temperature last, after every filter (the "
+    "library's own default order tempers first; see docs/samplers.md). (default: llama.cpp)"
 )
 
 
@@ -318,8 +318,9 @@ def _parser() -> argparse.ArgumentParser:
         type=_samplers,
         default=None,
         metavar="LIST",
-        help="llama.cpp's stage list, separated by ';' (e.g. 'penalties;top_k;top_p;temperature'); "
-        "logit bias runs first and the draw last; replaces --sampler-order",
+        help="The stages in order, as llama.cpp's --samplers names them, separated by ';' "
+        "(e.g. 'penalties;top_k;top_p;temperature'); logit bias runs first and the draw last. "
+        "Replaces --sampler-order.",
     )
 
     i = sub.add_parser("inspect", help="describe a model file or directory")

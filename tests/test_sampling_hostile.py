@@ -413,3 +413,25 @@ def test_resizing_the_logits_during_sample_batch_is_refused_not_a_crash() -> Non
     )
     assert "refused True" in out
     assert "view pinned" in out
+
+
+@pytest.mark.parametrize("scale", [1e-30, 1e-20, 1e-10, 1.0, 1e10, 1e20, 1e30, 1e37])
+@pytest.mark.parametrize("first", [True, False])
+def test_top_n_sigma_moments_hold_at_every_scale(scale: float, first: bool) -> None:
+    # Top-n-sigma took its mean and standard deviation in float32 on the raw
+    # row: near 1e20 the squares overflowed (sigma inf, nothing cut), near
+    # 1e-30 they underflowed (sigma 0, only the max kept). The moments are now
+    # accumulated in float64; the cut is the float64 reference's at every scale.
+    base = np.array([2.0, 1.5, 1.0, 0.25, -1.0, -3.0, 0.5, -0.5])
+    row = (base * scale).astype(np.float32)
+    vals = row.astype(np.float64)
+    for n in (0.5, 1.0, 2.0):
+        want = {i for i, v in enumerate(vals) if v >= vals.max() - n * vals.std()}
+        # A temperature equal to the scale brings the survivors' probabilities
+        # back to ordinary sizes, so the final distribution shows every one.
+        order = ["top_n_sigma", "temperature"] if first else ["temperature", "top_n_sigma"]
+        chain = SampleOpts(temperature=scale, top_n_sigma=n, seed=1).into_chain(order)
+        r = chain.sample_with_logprobs(row, None, len(row), mode="final", advance=False)
+        got = {t for t, lp in r.top if lp > -math.inf}
+        assert got == want, (scale, n, first, sorted(got), sorted(want))
+        assert 1 < len(want) < len(row), n

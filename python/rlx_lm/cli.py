@@ -323,13 +323,13 @@ def _add_sampler_args(parser: argparse.ArgumentParser) -> None:
             default=None,
             help=f"{sentence} (default: {shown})".replace("%", "%%"),
         )
-    g.add_argument(
+    parser.add_argument(
         "--sampler-order",
         choices=("llama.cpp", "default", "hf", "vllm"),
         default=None,
         help=_ORDER_HELP,
     )
-    g.add_argument(
+    parser.add_argument(
         "--samplers",
         type=_samplers,
         default=None,
@@ -483,6 +483,7 @@ def _chat(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
         tokenizer,
         system_prompt=args.system_prompt,
         opts=opts,
+        order=_sampler_order(args),
         max_tokens=None if args.n_predict < 0 else args.n_predict,
         context=ctx,
         chat_template=template,

@@ -11,7 +11,9 @@ use pyo3::types::PyDict;
 
 use super::errors::IntoPyResult;
 use super::kv::PyKvCache;
-use crate::engine::{BlockVariant, Config, Model, RopeStyle, Step, Store, TensorEntry};
+use crate::engine::{
+    Activations, BlockVariant, Config, Model, RopeStyle, Step, Store, TensorEntry,
+};
 use crate::kv::KvCache;
 use crate::CoreError;
 
@@ -117,7 +119,8 @@ impl PyEngine {
 #[pymethods]
 impl PyEngine {
     #[new]
-    #[pyo3(signature = (*, config, files, tensors, owned, threads))]
+    #[pyo3(signature = (*, config, files, tensors, owned, threads, activations = "exact"))]
+    #[allow(clippy::too_many_arguments)]
     fn new(
         py: Python<'_>,
         config: &Bound<'_, PyDict>,
@@ -125,8 +128,10 @@ impl PyEngine {
         tensors: Vec<(String, usize, u64, u32, Vec<usize>)>,
         owned: Vec<(String, Vec<usize>, PyReadonlyArray1<'_, f32>)>,
         threads: usize,
+        activations: &str,
     ) -> PyResult<Self> {
         let cfg = self::config(config)?;
+        let activations = Activations::from_name(activations).py()?;
         if threads == 0 || threads > 1024 {
             return Err(CoreError::option(
                 "threads",
@@ -151,6 +156,10 @@ impl PyEngine {
         let model = py
             .detach(|| Store::open(&files, entries, owned).and_then(|s| Model::new(cfg, s)))
             .py()?;
+        let model = Model {
+            activations,
+            ..model
+        };
         let pool = rayon::ThreadPoolBuilder::new()
             .num_threads(threads)
             .thread_name(|i| format!("rlx-engine-{i}"))
@@ -240,6 +249,12 @@ impl PyEngine {
     #[getter]
     fn threads(&self) -> usize {
         self.threads
+    }
+
+    /// How activations meet the weights: `"exact"` or `"q8"`.
+    #[getter]
+    fn activations(&self) -> &'static str {
+        self.model.activations.name()
     }
 
     /// Bytes of the memory-mapped weight files.

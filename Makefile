@@ -76,8 +76,8 @@ fuzz-sampling:
 # test-py); skipped, saying so, where nightly Rust or cargo-fuzz is missing.
 fuzz-sampling-short:
 	@if cargo +nightly fuzz --version >/dev/null 2>&1; then \
-	  $(FUZZ_CARGO) sampler_chain -- -max_total_time=10 $(FUZZ_RUN_FLAGS) && \
-	  $(FUZZ_CARGO) sampler_state -- -max_total_time=5 -malloc_limit_mb=64 $(FUZZ_RUN_FLAGS); \
+	  ( $(FUZZ_CARGO) sampler_chain -- -max_total_time=10 $(FUZZ_RUN_FLAGS) ) && \
+	  ( $(FUZZ_CARGO) sampler_state -- -max_total_time=5 -malloc_limit_mb=64 $(FUZZ_RUN_FLAGS) ); \
 	else echo "fuzz-sampling-short: skipped (needs nightly Rust and cargo-fuzz)"; fi
 
 fuzz: fuzz-io fuzz-sampling

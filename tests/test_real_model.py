@@ -107,3 +107,37 @@ def test_fast_mode_greedy_text_is_sensible(smollm2: Path) -> None:
     runner, tok = rlx_lm.load_model(smollm2, max_seq=64, activations="q8")
     result = rlx_lm.generate(runner, tok, "The capital of France is", max_tokens=6)
     assert "Paris" in result.text
+
+
+def test_chat_answers_with_the_models_own_template(smollm2: Path) -> None:
+    """The GGUF's chat template is read and applied; the reply ends at <|im_end|>."""
+    import rlx_lm
+    from rlx_lm.chat import ChatSession
+
+    runner, tok = rlx_lm.load_model(smollm2, max_seq=512)
+    assert tok.chat_template is not None
+    chat = ChatSession(runner, tok, max_tokens=48)
+    assert not chat.transcript
+    first = chat.send("What is the capital of France?")
+    assert "Paris" in first.text
+    assert first.stop_reason == "eos", "the end-of-turn token stopped the reply"
+    second = chat.send("And what is it famous for?")
+    assert second.reused_tokens >= first.prompt_tokens + len(first.tokens) - 1
+    assert second.text.strip()
+
+
+def test_chat_command_on_the_real_model(smollm2: Path) -> None:
+    import subprocess
+    import sys
+
+    proc = subprocess.run(
+        [sys.executable, "-m", "rlx_lm.cli", "chat", str(smollm2), "-n", "48"],
+        input="What is the capital of France?\n",
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert "Paris" in proc.stdout
+    assert "no chat template" not in proc.stderr

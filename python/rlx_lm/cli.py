@@ -1,4 +1,4 @@
-"""The ``rlx-lm`` command: ``generate`` text from a model file, ``inspect`` one, or ``serve`` it.
+"""The ``rlx-lm`` command: ``generate`` text, ``chat``, ``inspect`` a model file, or ``serve`` it.
 
 Flags keep llama.cpp's names (``-m``, ``-p``, ``-f``, ``-n``, ``-s``, ``-e``, ``-c`` and the
 sampler flags); a sampler flag left out keeps the `SampleOpts` default (greedy decoding
@@ -157,7 +157,6 @@ def _resolve_model(args: argparse.Namespace) -> None:
 
 def _parser() -> argparse.ArgumentParser:
     from rlx_lm import __version__
-    from rlx_lm.sample_opts import SampleOpts
 
     p = argparse.ArgumentParser(
         prog="rlx-lm",
@@ -254,13 +253,30 @@ def _parser() -> argparse.ArgumentParser:
             help="How the KV cache stores keys and values (they must match); f16 halves it "
             "(default: f32).",
         )
+    _add_chat_args(g)
+    _add_sampler_args(g)
+
+    i = sub.add_parser("inspect", help="describe a model file or directory")
+    _add_model_args(i, what="GGUF file, safetensors file, or model directory")
+
+    _serve_parser(sub)
+    _chat_parser(sub)
+
+    # Listed for --help; main() hands "check" and its arguments to rlx_lm.testing.
+    sub.add_parser("check", help="check a runner factory against the conformance clauses")
+    return p
+
+
+def _add_sampler_args(parser: argparse.ArgumentParser) -> None:
+    from rlx_lm.sample_opts import SampleOpts
+
     defaults = SampleOpts()
     for flag, (field, typ) in _SAMPLER_FLAGS.items():
         default = getattr(defaults, field)
         default = getattr(default, "value", default)  # an enum shows as its number
         shown = "unset" if default is None else default
         sentence = _SAMPLER_HELP.get(field, f"SampleOpts.{field}.")
-        g.add_argument(
+        parser.add_argument(
             flag,
             dest=field,
             type=typ,
@@ -268,14 +284,157 @@ def _parser() -> argparse.ArgumentParser:
             help=f"{sentence} (default: {shown})".replace("%", "%%"),
         )
 
-    i = sub.add_parser("inspect", help="describe a model file or directory")
-    _add_model_args(i, what="GGUF file, safetensors file, or model directory")
 
-    _serve_parser(sub)
+def _add_chat_args(parser: argparse.ArgumentParser, *, repl: bool = False) -> None:
+    """The chat flags of ``generate`` and ``chat`` (llama.cpp's and mlx-lm's names)."""
+    if not repl:
+        parser.add_argument(
+            "-cnv",
+            "--conversation",
+            action="store_true",
+            help="The prompt is a user's message: render it with the chat template (the "
+            "default when the model has one; an error when it has none).",
+        )
+        parser.add_argument(
+            "-no-cnv",
+            "--no-chat-template",
+            dest="no_chat_template",
+            action="store_true",
+            help="Use the prompt as it is, even when the model has a chat template.",
+        )
+    parser.add_argument(
+        "-sys",
+        "--system-prompt",
+        default=None,
+        help="A system message put before the conversation.",
+    )
+    parser.add_argument(
+        "--chat-template",
+        default=None,
+        metavar="FILE",
+        help="Render the chat with this Jinja template file (or tokenizer_config.json) "
+        "instead of the model's.",
+    )
+    parser.add_argument(
+        "--pre-tokenizer",
+        default=None,
+        metavar="NAME",
+        help="Split text as this tokenizer.ggml.pre name does (for a GGUF whose own name is "
+        "unknown, or wrong).",
+    )
 
-    # Listed for --help; main() hands "check" and its arguments to rlx_lm.testing.
-    sub.add_parser("check", help="check a runner factory against the conformance clauses")
-    return p
+
+def _chat_parser(sub: Any) -> None:
+    c = sub.add_parser(
+        "chat",
+        help="chat with a model in the terminal, turn by turn",
+        formatter_class=_Formatter,
+        description="An interactive chat: each line you type is a user turn; the reply "
+        "streams back. The KV cache is kept between turns, so only the new turn is computed. "
+        "/clear starts over, /exit or Ctrl-D leaves, Ctrl-C cuts a reply short.",
+    )
+    _add_model_args(
+        c, what="GGUF file, safetensors file, or model directory (default: the bundled model)"
+    )
+    _add_chat_args(c, repl=True)
+    c.add_argument(
+        "-n",
+        "--n-predict",
+        type=int,
+        default=-1,
+        help="Tokens per reply at most; -1 replies until the end of the turn or a full context.",
+    )
+    c.add_argument(
+        "-c",
+        "--ctx-size",
+        type=int,
+        default=0,
+        help="Context size in tokens for the whole conversation; 0: the model's trained "
+        "context, capped by a memory budget (the KV cache grows as it is used).",
+    )
+    c.add_argument(
+        "-t",
+        "--threads",
+        type=int,
+        default=None,
+        help="Compute threads (default: the cores this process may use).",
+    )
+    c.add_argument("-s", "--seed", type=int, default=None, help="Sampling seed.")
+    c.add_argument(
+        "-v", "--verbose", action="store_true", help="Print token counts after each reply."
+    )
+    c.add_argument(
+        "--packed",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="Accepted for compatibility: weights are always memory-mapped and used as stored.",
+    )
+    _add_sampler_args(c)
+
+
+def _chat_template_for(args: argparse.Namespace, tokenizer: Any, *, repl: bool) -> Any:
+    """The template to render a chat with, or None to use the prompt as given."""
+    from pathlib import Path
+
+    from rlx_lm.chat_template import ChatTemplate
+
+    if not repl and args.no_chat_template:
+        if args.conversation or args.chat_template:
+            raise _usage("--no-chat-template contradicts -cnv / --chat-template")
+        return None
+    if args.chat_template is not None:
+        return ChatTemplate.from_file(Path(args.chat_template))
+    if tokenizer.chat_templates.has_default():
+        return tokenizer.chat_templates.select()
+    if not repl and args.conversation:
+        raise _usage("-cnv: the model has no chat template; give one with --chat-template FILE")
+    return None
+
+
+def _chat(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
+    from rlx_lm.builder import LmRunnerBuilder
+    from rlx_lm.chat import ChatSession, run_repl
+    from rlx_lm.context import default_context
+    from rlx_lm.default_model import default_model_path
+    from rlx_lm.progress import load_progress
+    from rlx_lm.tokenizer import Tokenizer
+    from rlx_lm.weight_report import architecture_of
+
+    if args.n_predict < -1 or args.n_predict == 0:
+        raise _usage(f"-n must be > 0, or -1 for no limit, got {args.n_predict}")
+    opts = _sample_opts(args)
+    model = str(default_model_path()) if args.model is None else args.model
+    builder = LmRunnerBuilder().weights(model)
+    path = builder.resolved_weights()
+    architecture_of(path, builder.resolved_format())
+    tokenizer = Tokenizer.load(path, pre_tokenizer=args.pre_tokenizer)
+    template = _chat_template_for(args, tokenizer, repl=True)
+    if args.ctx_size < 0:
+        raise _usage(f"-c must be >= 0, got {args.ctx_size}")
+    ctx = args.ctx_size or default_context(path)
+    builder = builder.max_seq(ctx)
+    if args.packed is not None:
+        builder = builder.packed_weights(args.packed)
+    if args.threads is not None:
+        if args.threads < 1:
+            raise _usage(f"-t must be >= 1, got {args.threads}")
+        builder = builder.threads(args.threads)
+    progress = _Progress(err)
+    with load_progress(lambda done, total: progress.update("loading", done, total)):
+        runner = builder.build()
+    progress.clear()
+    session = ChatSession(
+        runner,
+        tokenizer,
+        system_prompt=args.system_prompt,
+        opts=opts,
+        max_tokens=None if args.n_predict < 0 else args.n_predict,
+        context=ctx,
+        chat_template=template,
+    )
+    if session.transcript:
+        err.write("rlx-lm chat: the model has no chat template; using a plain transcript\n")
+    return run_repl(session, stdin=sys.stdin, out=out, err=err, verbose=args.verbose)
 
 
 def _serve_parser(sub: Any) -> None:
@@ -478,8 +637,15 @@ def _generate(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
     # read first, so a damaged file is reported as such and not as a missing tokenizer
     path = builder.resolved_weights()
     architecture_of(path, builder.resolved_format())
-    tokenizer = Tokenizer.load(path)
-    ids = tokenizer.encode(prompt)
+    tokenizer = Tokenizer.load(path, pre_tokenizer=args.pre_tokenizer)
+    template = _chat_template_for(args, tokenizer, repl=False)
+    if template is None:
+        ids = tokenizer.encode(prompt)
+    else:
+        turns = [{"role": "user", "content": prompt}]
+        if args.system_prompt:
+            turns.insert(0, {"role": "system", "content": args.system_prompt})
+        ids = tokenizer.apply_chat_template(turns, chat_template=template)
     if args.ctx_size < 0:
         raise _usage(f"-c must be >= 0, got {args.ctx_size}")
     kv_dtype = "float16" if {args.cache_type_k, args.cache_type_v} == {"f16"} else "float32"
@@ -576,6 +742,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             return _generate(args, sys.stdout, sys.stderr)
         if args.command == "serve":
             return _serve(args)
+        if args.command == "chat":
+            return _chat(args, sys.stdout, sys.stderr)
         return _inspect(args, sys.stdout)
     except BrokenPipeError:
         # the reader went away (`| head`): that ends the run, it is not an error

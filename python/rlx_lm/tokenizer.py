@@ -20,7 +20,7 @@ import json
 import warnings
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal, overload
 
 from rlx_lm.errors import ChatTemplateError, UnsupportedError, WeightFormatError
 
@@ -335,6 +335,42 @@ class Tokenizer:
         self._chat_templates = self.chat_templates.with_default(template)
         self._template_stops = None
         self._stop_cache = None
+
+    @overload
+    def apply_chat_template(
+        self,
+        messages: Sequence[Mapping[str, Any]],
+        add_generation_prompt: bool = ...,
+        tokenize: Literal[True] = ...,
+        *,
+        tools: Sequence[Mapping[str, Any]] | None = ...,
+        chat_template: str | Path | ChatTemplate | None = ...,
+        **kwargs: Any,
+    ) -> list[int]: ...
+
+    @overload
+    def apply_chat_template(
+        self,
+        messages: Sequence[Mapping[str, Any]],
+        add_generation_prompt: bool = ...,
+        *,
+        tokenize: Literal[False],
+        tools: Sequence[Mapping[str, Any]] | None = ...,
+        chat_template: str | Path | ChatTemplate | None = ...,
+        **kwargs: Any,
+    ) -> str: ...
+
+    @overload
+    def apply_chat_template(
+        self,
+        messages: Sequence[Mapping[str, Any]],
+        add_generation_prompt: bool = ...,
+        tokenize: bool = ...,
+        *,
+        tools: Sequence[Mapping[str, Any]] | None = ...,
+        chat_template: str | Path | ChatTemplate | None = ...,
+        **kwargs: Any,
+    ) -> list[int] | str: ...
 
     def apply_chat_template(
         self,

@@ -50,7 +50,7 @@ bench:
 # The long fuzz campaign (see docs/fuzzing.md). FUZZ_SECONDS per target, nice'd:
 # the machine is shared. Crashes land in fuzz/artifacts/, corpora in fuzz/corpus/.
 FUZZ_SECONDS ?= 600
-FUZZ_IO_TARGETS := gguf safetensors snapshot kv_state cache_dir
+FUZZ_IO_TARGETS := gguf safetensors snapshot kv_state cache_dir gguf_engine
 fuzz-io:
 	$(PY) -c "import atheris" 2>/dev/null || $(PY) -m pip install -q -e '.[fuzz]'
 	mkdir -p fuzz/artifacts

@@ -109,9 +109,27 @@ fn quantize_q8_0(x: &[f32], q: &mut [i8]) -> f32 {
     let d = amax / 127.0;
     let id = if d != 0.0 { 1.0 / d } else { 0.0 };
     for (q, &v) in q.iter_mut().zip(x) {
-        *q = (v * id).round() as i8;
+        *q = round_away(v * id) as i8;
     }
     d
+}
+
+/// `v.round()` (halves away from zero) for `|v| < 2^31`, without a libm
+/// call: the fraction `v - trunc(v)` is exact in float32.
+#[inline(always)]
+pub(crate) fn round_away(v: f32) -> i32 {
+    let t = v as i32;
+    let f = v - t as f32;
+    t + i32::from(f >= 0.5) - i32::from(f <= -0.5)
+}
+
+/// `v.round_ties_even()` for `|v| < 2^31`, without a libm call.
+#[inline(always)]
+pub(crate) fn round_even(v: f32) -> i32 {
+    let t = v as i32;
+    let f = v - t as f32;
+    let odd = t & 1 != 0;
+    t + i32::from(f > 0.5 || (f == 0.5 && odd)) - i32::from(f < -0.5 || (f == -0.5 && odd))
 }
 
 /// ggml's `quantize_row_q8_K_ref` for one block.
@@ -129,7 +147,7 @@ fn quantize_q8_k(x: &[f32], q: &mut [i8]) -> f32 {
     }
     let iscale = -127.0 / max;
     for (q, &v) in q.iter_mut().zip(x) {
-        *q = (iscale * v).round_ties_even().min(127.0) as i8;
+        *q = round_even(iscale * v).min(127) as i8;
     }
     1.0 / iscale
 }

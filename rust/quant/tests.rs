@@ -576,7 +576,14 @@ fn q8_rounding_without_libm_is_libms() {
     let mut values: Vec<f32> = (0..20_000).map(|_| rng.unit() * 130.0).collect();
     for k in -130..=130 {
         let h = k as f32 + 0.5;
-        values.extend([h, -h, k as f32, h - 1e-5, h + 1e-5, f32::from_bits(h.to_bits() - 1)]);
+        values.extend([
+            h,
+            -h,
+            k as f32,
+            h - 1e-5,
+            h + 1e-5,
+            f32::from_bits(h.to_bits() - 1),
+        ]);
     }
     for v in values {
         assert_eq!(q8::round_away(v), v.round() as i32, "{v}");

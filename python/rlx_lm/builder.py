@@ -166,6 +166,7 @@ class LmRunnerBuilder:
         prefer_gguf: str | _Unset | None = _UNSET,
         kv_dtype: KvDtype | _Unset = _UNSET,
         threads: int | _Unset | None = _UNSET,
+        activations: Activations | _Unset = _UNSET,
     ) -> None:
         """A builder with the defaults, changed by each keyword given (validated by its setter)."""
         self._f = _Fields()
@@ -182,6 +183,7 @@ class LmRunnerBuilder:
             "prefer_gguf": prefer_gguf,
             "kv_dtype": kv_dtype,
             "threads": threads,
+            "activations": activations,
         }
         b: LmRunnerBuilder = self
         for name, value in given.items():

@@ -22,6 +22,7 @@
 
 pub mod format;
 mod kernel;
+pub mod q8;
 mod simd;
 #[cfg(test)]
 mod tests;

@@ -50,7 +50,7 @@ bench:
 # The long fuzz campaign (see docs/fuzzing.md). FUZZ_SECONDS per target, nice'd:
 # the machine is shared. Crashes land in fuzz/artifacts/, corpora in fuzz/corpus/.
 FUZZ_SECONDS ?= 600
-FUZZ_IO_TARGETS := gguf safetensors snapshot kv_state cache_dir
+FUZZ_IO_TARGETS := gguf safetensors snapshot kv_state cache_dir gguf_engine
 fuzz-io:
 	$(PY) -c "import atheris" 2>/dev/null || $(PY) -m pip install -q -e '.[fuzz]'
 	mkdir -p fuzz/artifacts
@@ -76,8 +76,8 @@ fuzz-sampling:
 # test-py); skipped, saying so, where nightly Rust or cargo-fuzz is missing.
 fuzz-sampling-short:
 	@if cargo +nightly fuzz --version >/dev/null 2>&1; then \
-	  $(FUZZ_CARGO) sampler_chain -- -max_total_time=10 $(FUZZ_RUN_FLAGS) && \
-	  $(FUZZ_CARGO) sampler_state -- -max_total_time=5 -malloc_limit_mb=64 $(FUZZ_RUN_FLAGS); \
+	  ( $(FUZZ_CARGO) sampler_chain -- -max_total_time=10 $(FUZZ_RUN_FLAGS) ) && \
+	  ( $(FUZZ_CARGO) sampler_state -- -max_total_time=5 -malloc_limit_mb=64 $(FUZZ_RUN_FLAGS) ); \
 	else echo "fuzz-sampling-short: skipped (needs nightly Rust and cargo-fuzz)"; fi
 
 fuzz: fuzz-io fuzz-sampling

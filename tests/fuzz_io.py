@@ -1,5 +1,5 @@
 """Fuzz targets for the file readers: GGUF, safetensors, session snapshots, the prompt-cache
-directory loader and the pickled KV state.
+directory loader and the pickled KV state, and a GGUF file loaded onto the engine.
 
 Each target takes bytes and either accepts them, checking invariants of what
 it read, or refuses them with the typed error that reader promises; anything
@@ -25,6 +25,7 @@ if __name__ == "__main__":  # pragma: no cover - atheris: instrument rlx_lm only
     with atheris.instrument_imports(include=["rlx_lm"]):
         import rlx_lm._headers
         import rlx_lm.prompt_cache
+        import rlx_lm.runners.llama
         import rlx_lm.session  # noqa: F401
 
 import io
@@ -40,7 +41,14 @@ from pathlib import Path
 
 import numpy as np
 
-from rlx_lm import KvCache, ModelFingerprint, PromptCache, SessionSnapshot, WeightFormatError
+from rlx_lm import (
+    KvCache,
+    ModelFingerprint,
+    PromptCache,
+    SessionSnapshot,
+    UnsupportedError,
+    WeightFormatError,
+)
 from rlx_lm._core import _kv_snapshot_from_state
 from rlx_lm._headers import parse_safetensors_header, walk_gguf
 
@@ -161,12 +169,39 @@ def cache_directory(data: bytes) -> None:
     assert len(list(d.iterdir())) == len(pieces)  # nothing within budget is deleted
 
 
+def gguf_engine(data: bytes) -> None:
+    """A GGUF file through ``load_llama`` onto the Rust engine: refused with WeightFormatError
+    or UnsupportedError (the file is the problem, whatever it lies about), or a runner that
+    answers a prefill and a decode with one logit per token of its vocabulary. The file is
+    never changed."""
+    from rlx_lm.runners.llama import load_llama
+
+    fd, path = _memfile(data)
+    try:
+        try:
+            runner = load_llama(path, max_seq=4, threads=1)
+        except (WeightFormatError, UnsupportedError):
+            return
+        vocab = runner.vocab_size
+        assert runner.prefill_logits([0, vocab - 1]).shape == (vocab,)
+        assert runner.decode_logits(vocab // 2).shape == (vocab,)
+        assert len(runner.tokens) == 3
+    finally:
+        with open(path, "rb") as f:
+            assert f.read() == data, "the model file was changed"
+        if fd >= 0:
+            os.close(fd)
+        else:  # pragma: no cover
+            os.unlink(path)
+
+
 TARGETS: dict[str, Callable[[bytes], None]] = {
     "gguf": gguf_header,
     "safetensors": safetensors_header,
     "snapshot": snapshot_file,
     "kv_state": kv_state,
     "cache_dir": cache_directory,
+    "gguf_engine": gguf_engine,
 }
 
 
@@ -226,8 +261,30 @@ def _safetensors_seed() -> bytes:
     return struct.pack("<Q", len(raw)) + raw + bytes(22)
 
 
+def _model_seed(qtype: str, hidden: int, vocab: int, tie: bool) -> bytes:
+    from model_factory import make_tiny, write_gguf
+
+    d = Path(tempfile.mkdtemp(prefix="rlx-fuzz-seed-"))
+    try:
+        model = make_tiny(
+            "llama",
+            hidden=hidden,
+            layers=1,
+            heads=2,
+            kv_heads=1,
+            inter=hidden,
+            vocab=vocab,
+            tie=tie,
+        )
+        return write_gguf(model, d / "m.gguf", qtype=qtype).read_bytes()
+    finally:
+        shutil.rmtree(d)
+
+
 def seeds(target: str) -> list[bytes]:
     """Valid inputs for a target, for mutation."""
+    if target == "gguf_engine":
+        return [_model_seed("F32", 8, 8, False), _model_seed("Q8_0", 32, 16, True)]
     if target == "gguf":
         return [_gguf_seed()]
     if target == "safetensors":

@@ -428,3 +428,34 @@ def test_pre_tokenizer_flag_overrides_an_unknown_name(
     assert main(["generate", str(path), "-p", "hi", "-n", "1"]) == 2
     assert "--pre-tokenizer" in capsys.readouterr().err
     assert main(["generate", str(path), "-p", "hi", "-n", "1", "--pre-tokenizer", "gpt-2"]) == 0
+
+
+GEMMA = Path(__file__).parent / "data" / "chat_templates" / "gemma.jinja"
+
+
+def test_a_system_prompt_is_folded_into_a_template_that_refuses_one(chat_model: Path) -> None:
+    from rlx_lm.chat import render_conversation
+    from rlx_lm.chat_template import ChatTemplate
+    from rlx_lm.errors import ChatTemplateError
+
+    tok = Tokenizer.load(chat_model)
+    gemma = ChatTemplate.from_file(GEMMA)
+    msgs = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi"}]
+    with pytest.raises(ChatTemplateError, match="System role not supported"):
+        gemma.render(msgs)
+    # as llama.cpp does: the system message goes first in the first user turn
+    text = render_conversation(tok, msgs, chat_template=gemma, tokenize=False)
+    bos = tok.special_tokens["bos_token"]
+    assert text == f"{bos}<start_of_turn>user\nBe brief.\nHi<end_of_turn>\n<start_of_turn>model\n"
+    # a refusal that folding does not cure is the template's own error
+    alternate = [msgs[0], msgs[1], msgs[1]]
+    with pytest.raises(ChatTemplateError, match="System role not supported"):
+        render_conversation(tok, alternate, chat_template=gemma)
+    # a multi-turn chat with a system prompt on such a template
+    runner, _ = load_model(chat_model, max_seq=256)
+    chat = ChatSession(runner, tok, system_prompt="Be brief.", max_tokens=3, chat_template=gemma)
+    chat.send("Hi")
+    again = chat.send("More")
+    assert again.reused_tokens > 0
+    assert main(["generate", str(chat_model), "-p", "Hi", "-n", "1", "--chat-template",
+                 str(GEMMA), "-sys", "Be brief."]) == 0  # fmt: skip

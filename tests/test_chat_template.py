@@ -1,7 +1,8 @@
 """Chat templates: published templates render as their authors document; hostile ones fail.
 
 The templates in tests/data/chat_templates are the models' own (see the README there); the
-expected texts are the renderings their authors document.
+expected texts are the renderings their authors document, and cases ported from llama.cpp's
+tests/test-chat-template.cpp and mistral.rs's chat template tests.
 """
 
 from __future__ import annotations
@@ -163,6 +164,111 @@ def test_qwen25_renders_tool_calls_and_tool_results() -> None:
     # Without tools the template writes its plain default system turn.
     plain = template("qwen2.5").render([msgs[0]])
     assert plain.startswith("<|im_start|>system\nYou are Qwen, created by Alibaba Cloud.")
+
+
+# ------------------------------------------------- cases ported from other engines' tests
+
+# llama.cpp tests/test-chat-template.cpp renders every template over this conversation with
+# add_generation_prompt=True (bos_token and eos_token "" unless a case says otherwise).
+LLAMA_CPP_CONVERSATION = [
+    {"role": "system", "content": "You are a helpful assistant"},
+    {"role": "user", "content": "Hello"},
+    {"role": "assistant", "content": "Hi there"},
+    {"role": "user", "content": "Who are you"},
+    {"role": "assistant", "content": "   I am an assistant   "},
+    {"role": "user", "content": "Another question"},
+]
+# For a template that refuses a system turn, llama.cpp's jinja path folds the system message
+# into the first user message ("...assistant\nHello"); its expected text is that rendering.
+FOLDED = [
+    {"role": "user", "content": "You are a helpful assistant\nHello"},
+    *LLAMA_CPP_CONVERSATION[2:],
+]
+LLAMA_CPP_CASES = [
+    (  # "teknium/OpenHermes-2.5-Mistral-7B"
+        "chatml",
+        LLAMA_CPP_CONVERSATION,
+        {},
+        "<|im_start|>system\nYou are a helpful assistant<|im_end|>\n<|im_start|>user\nHello"
+        "<|im_end|>\n<|im_start|>assistant\nHi there<|im_end|>\n<|im_start|>user\nWho are you"
+        "<|im_end|>\n<|im_start|>assistant\n   I am an assistant   <|im_end|>\n<|im_start|>user"
+        "\nAnother question<|im_end|>\n<|im_start|>assistant\n",
+    ),
+    (  # "Llama-3"
+        "llama3",
+        LLAMA_CPP_CONVERSATION,
+        {},
+        "<|start_header_id|>system<|end_header_id|>\n\nYou are a helpful assistant<|eot_id|>"
+        "<|start_header_id|>user<|end_header_id|>\n\nHello<|eot_id|><|start_header_id|>assistant"
+        "<|end_header_id|>\n\nHi there<|eot_id|><|start_header_id|>user<|end_header_id|>\n\n"
+        "Who are you<|eot_id|><|start_header_id|>assistant<|end_header_id|>\n\nI am an assistant"
+        "<|eot_id|><|start_header_id|>user<|end_header_id|>\n\nAnother question<|eot_id|>"
+        "<|start_header_id|>assistant<|end_header_id|>\n\n",
+    ),
+    (  # "google/gemma-7b-it" (expected_output_jinja)
+        "gemma",
+        FOLDED,
+        {},
+        "<start_of_turn>user\nYou are a helpful assistant\nHello<end_of_turn>\n<start_of_turn>"
+        "model\nHi there<end_of_turn>\n<start_of_turn>user\nWho are you<end_of_turn>\n"
+        "<start_of_turn>model\nI am an assistant<end_of_turn>\n<start_of_turn>user\nAnother "
+        "question<end_of_turn>\n<start_of_turn>model\n",
+    ),
+]
+# EricLBuehler/mistral.rs mistralrs-core/src/pipeline/mod.rs `test_chat_templates`: the same
+# conversation (without the system turn for templates that have none), expected texts made
+# with transformers' apply_chat_template, bos "<s>"/"<bos>", eos "</s>"/"<eos>".
+MISTRAL_RS_CASES = [
+    (  # "mistralai/Mistral-7B-Instruct-v0.1"
+        "mistral",
+        LLAMA_CPP_CONVERSATION[1:],
+        {"bos_token": "<s>", "eos_token": "</s>"},
+        "<s>[INST] Hello [/INST]Hi there</s> [INST] Who are you [/INST]   I am an assistant   "
+        "</s> [INST] Another question [/INST]",
+    ),
+    (  # "google/gemma-7b-it"
+        "gemma",
+        LLAMA_CPP_CONVERSATION[1:],
+        {"bos_token": "<bos>", "eos_token": "<eos>"},
+        "<bos><start_of_turn>user\nHello<end_of_turn>\n<start_of_turn>model\nHi there"
+        "<end_of_turn>\n<start_of_turn>user\nWho are you<end_of_turn>\n<start_of_turn>model\n"
+        "I am an assistant<end_of_turn>\n<start_of_turn>user\nAnother question<end_of_turn>\n"
+        "<start_of_turn>model\n",
+    ),
+    (  # ChatML: "https://huggingface.co/teknium/OpenHermes-2.5-Mistral-7B"
+        "chatml",
+        LLAMA_CPP_CONVERSATION,
+        {"bos_token": "<s>", "eos_token": "</s>"},
+        LLAMA_CPP_CASES[0][3],
+    ),
+]
+
+
+@pytest.mark.parametrize(
+    ("name", "messages", "special", "want"),
+    [*LLAMA_CPP_CASES, *MISTRAL_RS_CASES],
+    ids=[f"llama.cpp-{c[0]}" for c in LLAMA_CPP_CASES]
+    + [f"mistral.rs-{c[0]}" for c in MISTRAL_RS_CASES],
+)
+def test_other_engines_expected_renderings(
+    name: str, messages: list[dict[str, str]], special: dict[str, str], want: str
+) -> None:
+    got = template(name).render(
+        messages, add_generation_prompt=True, special_tokens=special or {"bos_token": ""}
+    )
+    assert got == want
+
+
+def test_smollm2_is_chatml_with_a_default_system_turn() -> None:
+    user = [{"role": "user", "content": "What is the capital of France?"}]
+    assert template("smollm2").render(user, add_generation_prompt=True) == (
+        "<|im_start|>system\nYou are a helpful AI assistant named SmolLM, trained by Hugging "
+        "Face<|im_end|>\n<|im_start|>user\nWhat is the capital of France?<|im_end|>\n"
+        "<|im_start|>assistant\n"
+    )
+    # with a system turn of its own it is ChatML exactly
+    msgs = LLAMA_CPP_CONVERSATION
+    assert template("smollm2").render(msgs, add_generation_prompt=True) == LLAMA_CPP_CASES[0][3]
 
 
 # ------------------------------------------------------------ Hugging Face conventions

@@ -57,7 +57,7 @@ def test_mutated_inputs_are_accepted_or_refused_typed(name: str) -> None:
     pool = seeds(name)
 
     @settings(
-        max_examples=150 if name != "cache_dir" else 40,
+        max_examples={"cache_dir": 40, "gguf_engine": 100}.get(name, 150),
         deadline=None,
         suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
         database=None,

@@ -278,3 +278,16 @@ def test_packed_matrix_uses_the_kernels_and_agrees_with_its_gguf_fallback(qtype:
     np.testing.assert_allclose(native.apply(x), fallback.apply(x), rtol=1e-5, atol=1e-5)
     ids = np.array([1, 31], dtype=np.intp)
     np.testing.assert_array_equal(native.rows(ids), fallback.rows(ids))
+
+
+def test_the_cores_quant_type_table_is_ggmls() -> None:
+    """Quant ids and block geometry are defined once, in the core (rust/quant/format.rs),
+    and exported; they must be the gguf package's (llama.cpp's) numbers."""
+    from rlx_lm._core import QUANT_TYPES, engine_kernel_types
+
+    assert QUANT_TYPES, "the core exports its formats"
+    for name, (ggml_id, values, size) in QUANT_TYPES.items():
+        qt = T(ggml_id)
+        assert qt.name == name
+        assert gguf.GGML_QUANT_SIZES[qt] == (values, size), name
+    assert sorted(engine_kernel_types()) == sorted(i for i, _, _ in QUANT_TYPES.values())

@@ -110,14 +110,32 @@ def _generation_actor_pids() -> list[int]:
     return pids
 
 
+def _held_until(flag: str, from_id: int) -> Any:
+    """A row map that holds rows ``id >= from_id`` until ``flag`` exists (at most 300 s).
+
+    The engine can finish the whole job in less time than it takes to find an actor's
+    pid, so the test holds the job open instead of hoping it is still running."""
+
+    def hold(row: dict[str, Any]) -> dict[str, Any]:
+        if row["id"] >= from_id:
+            deadline = time.monotonic() + 300
+            while not os.path.exists(flag) and time.monotonic() < deadline:
+                time.sleep(0.05)
+        return row
+
+    return hold
+
+
 @pytest.mark.skipif(not Path("/proc/self/cmdline").exists(), reason="needs Linux /proc")
-def test_an_actor_killed_mid_job_costs_no_row() -> None:
+def test_an_actor_killed_mid_job_costs_no_row(tmp_path: Path) -> None:
     rows = _rows(300)
     result: dict[str, Any] = {}
+    flag = str(tmp_path / "release")
 
     def run() -> None:
+        data = ray.data.from_items(rows).map(_held_until(flag, 150))
         result["rows"] = ray_generate(
-            ray.data.from_items(rows), opts=OPTS, seed=3, max_tokens=16, num_actors=2, batch_size=8
+            data, opts=OPTS, seed=3, max_tokens=16, num_actors=2, batch_size=8
         ).take_all()
 
     before = set(_generation_actor_pids())
@@ -128,13 +146,14 @@ def test_an_actor_killed_mid_job_costs_no_row() -> None:
     while victim is None and time.monotonic() < deadline and job.is_alive():
         fresh = sorted(set(_generation_actor_pids()) - before)
         if fresh:
-            time.sleep(2.0)  # let it take a batch or two
+            time.sleep(1.0)  # let it take a batch or two
             victim = fresh[0]
         else:
             time.sleep(0.2)
     assert victim is not None, "no generation actor appeared"
-    assert job.is_alive(), "the job ended before an actor could be killed; make it longer"
+    assert job.is_alive(), "the job is held open until the flag exists"
     os.kill(victim, signal.SIGKILL)
+    Path(flag).touch()
     job.join(timeout=600)
     assert not job.is_alive()
     out = result["rows"]

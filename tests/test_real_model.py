@@ -91,3 +91,11 @@ def test_chat_command_on_the_real_model(smollm2: Path) -> None:
     assert proc.returncode == 0, proc.stderr
     assert "Paris" in proc.stdout
     assert "no chat template" not in proc.stderr
+
+
+def test_the_smollm2_fixture_is_the_ggufs_own_template(smollm2: Path) -> None:
+    from rlx_lm._headers import read_gguf_header
+
+    fixture = Path(__file__).parent / "data" / "chat_templates" / "smollm2.jinja"
+    meta = read_gguf_header(smollm2).metadata
+    assert fixture.read_text(encoding="utf-8") == meta["tokenizer.chat_template"]

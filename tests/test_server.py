@@ -601,6 +601,9 @@ def test_context_limit_ends_with_length(model: tuple[Any, Any]) -> None:
 
 def test_queue_full_is_503_with_retry_after(model: tuple[Any, Any]) -> None:
     runner, tok = fresh(model)
+    # 200 steps of 10 ms: the slot is still held when the second request arrives, and the
+    # client leaves before the first finishes (the engine alone can finish in between).
+    runner = SlowSteps(runner)
     cfg = ServerConfig(model_name="m", max_batch=1, max_queue=0, retry_after=2)
     app = create_app(runner, tok, config=cfg)
     with live_server(app) as s:
@@ -669,6 +672,9 @@ def test_a_failing_request_fails_alone(model: tuple[Any, Any]) -> None:
 
 def test_graceful_shutdown_finishes_in_flight_requests(model: tuple[Any, Any]) -> None:
     runner, tok = fresh(model)
+    # 40 steps of 25 ms: the request is in flight when the poll below sees it and when the
+    # server is stopped (the engine alone can finish it between two polls).
+    runner = SlowSteps(runner, delay=0.025)
     app = create_app(runner, tok, config=ServerConfig(model_name="m", shutdown_timeout=20))
     server = LiveServer(app).start()
     out: dict[str, Any] = {}

@@ -13,6 +13,7 @@ __all__ = [
     "KV_MAX_KV_HEADS",
     "KV_MAX_LAYERS",
     "KV_MAX_SEQ",
+    "QUANT_TYPES",
     "Engine",
     "KvCache",
     "KvSnapshot",
@@ -42,6 +43,9 @@ KV_MAX_KV_HEADS: Final[int]
 """Most key/value heads per layer."""
 KV_MAX_HEAD_DIM: Final[int]
 """Most elements per head."""
+QUANT_TYPES: Final[dict[str, tuple[int, int, int]]]
+"""Weight formats the core reads: ggml name -> (ggml type id, values per block, bytes per
+block), defined once in ``rust/quant/format.rs``."""
 
 def argmax(logits: npt.NDArray[np.float32]) -> int:
     """Index of the largest logit in a float32 row (lowest index on ties)."""

@@ -288,6 +288,7 @@ def _walk_gguf(buf: memoryview, path: Path, wanted: Container[str] = frozenset()
                 f"truncated: tensor {info.name!r} needs bytes up to {end}, but the file has "
                 f"{cur.size}",
             )
+    _check_tensor_layout(path, infos, alignment)
     return GgufHeader(
         version=version,
         byte_order=order,
@@ -299,6 +300,34 @@ def _walk_gguf(buf: memoryview, path: Path, wanted: Container[str] = frozenset()
         arrays=values,
         array_types=types,
     )
+
+
+def _check_tensor_layout(path: Path, infos: list[GgufTensorInfo], alignment: int) -> None:
+    """Tensor data lies packed, as every GGUF writer lays it out (llama.cpp refuses any other
+    layout): in offset order each tensor starts where the previous one ends, rounded up to
+    the alignment. A tensor whose type or shape lies about its size overlaps its neighbour or
+    leaves a gap, so it is refused here instead of being read as the wrong numbers."""
+    ordered = sorted(infos, key=lambda t: (t.offset, t.n_bytes))
+    expected = 0
+    previous: GgufTensorInfo | None = None
+    for info in ordered:
+        if info.offset < expected and previous is not None:
+            raise fail(
+                path,
+                f"tensor {info.name!r} (data offset {info.offset}) overlaps tensor "
+                f"{previous.name!r} (bytes {previous.offset}..{previous.offset + previous.n_bytes})"
+                "; a tensor's type or shape does not match its data",
+            )
+        if info.offset > expected:
+            after = f"after tensor {previous.name!r}" if previous else "before the first tensor"
+            raise fail(
+                path,
+                f"{info.offset - expected} bytes of tensor data {after} belong to no tensor "
+                f"(tensor {info.name!r} starts at {info.offset}, expected {expected}); a "
+                "tensor's type or shape does not match its data",
+            )
+        expected = -(-(info.offset + info.n_bytes) // alignment) * alignment
+        previous = info
 
 
 _TOKENIZER_ARRAY_TYPES = {

@@ -21,19 +21,19 @@ over, ``/exit`` (or Ctrl-D) to leave, Ctrl-C to cut a reply short.
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, TextIO
+from typing import Any, Literal, TextIO, overload
 
 from rlx_lm.chat_template import ChatTemplate
-from rlx_lm.errors import CapacityError, InvalidOptionError
+from rlx_lm.errors import CapacityError, ChatTemplateError, InvalidOptionError
 from rlx_lm.generation import GenerationResult, stream
 from rlx_lm.prompt_cache import PromptCache
 from rlx_lm.runner import LmCore
 from rlx_lm.sample_opts import SampleOpts
 from rlx_lm.tokenizer import Tokenizer
 
-__all__ = ["TRANSCRIPT_TEMPLATE", "ChatSession", "run_repl"]
+__all__ = ["TRANSCRIPT_TEMPLATE", "ChatSession", "render_conversation", "run_repl"]
 
 TRANSCRIPT_TEMPLATE = (
     "{% for m in messages %}{{ m.role | capitalize }}:"
@@ -98,16 +98,12 @@ class ChatSession:
     def _prompt(self, user: str) -> tuple[list[int], str]:
         """(prompt ids, prompt text) for the next turn."""
         turns = [*self.messages, {"role": "user", "content": user}]
-        text = self.tokenizer.apply_chat_template(
-            turns, add_generation_prompt=True, tokenize=False, chat_template=self.chat_template
-        )
+        template = self.chat_template
+        text = render_conversation(self.tokenizer, turns, chat_template=template, tokenize=False)
         if self._history is not None and text.startswith(self._history_text):
             tail = text[len(self._history_text) :]
             return [*self._history, *self.tokenizer.encode(tail, add_special_tokens=False)], text
-        ids = self.tokenizer.apply_chat_template(
-            turns, add_generation_prompt=True, chat_template=self.chat_template
-        )
-        return ids, text
+        return render_conversation(self.tokenizer, turns, chat_template=template), text
 
     def send(self, user: str, *, on_text: Callable[[str], None] | None = None) -> GenerationResult:
         """Add ``user``'s message, generate the reply (streamed to ``on_text``), keep both.
@@ -155,6 +151,68 @@ class ChatSession:
                 self._history = [*ids, *result.tokens]
                 self._history_text = text + reply
         return gen.result
+
+
+@overload
+def render_conversation(
+    tokenizer: Tokenizer,
+    messages: Sequence[Mapping[str, Any]],
+    *,
+    chat_template: ChatTemplate | None,
+    tokenize: Literal[True] = ...,
+) -> list[int]: ...
+
+
+@overload
+def render_conversation(
+    tokenizer: Tokenizer,
+    messages: Sequence[Mapping[str, Any]],
+    *,
+    chat_template: ChatTemplate | None,
+    tokenize: Literal[False],
+) -> str: ...
+
+
+def render_conversation(
+    tokenizer: Tokenizer,
+    messages: Sequence[Mapping[str, Any]],
+    *,
+    chat_template: ChatTemplate | None,
+    tokenize: bool = True,
+) -> list[int] | str:
+    """``messages`` rendered with the generation prompt, as token ids or text.
+
+    A template that refuses a system turn (Gemma's, Mistral's first ones) gets the system
+    message folded into the first user message, separated by a newline, as llama.cpp does;
+    if that is refused too, the template's own error is raised.
+    """
+    try:
+        return tokenizer.apply_chat_template(
+            messages, add_generation_prompt=True, tokenize=tokenize, chat_template=chat_template
+        )
+    except ChatTemplateError:
+        folded = _fold_system(messages)
+        if folded is None:
+            raise
+        try:
+            return tokenizer.apply_chat_template(
+                folded, add_generation_prompt=True, tokenize=tokenize, chat_template=chat_template
+            )
+        except ChatTemplateError:
+            pass
+        raise
+
+
+def _fold_system(messages: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]] | None:
+    if len(messages) < 2 or messages[0].get("role") != "system":
+        return None
+    first, user = messages[0].get("content"), messages[1]
+    if user.get("role") != "user" or not isinstance(first, str):
+        return None
+    if not isinstance(user.get("content"), str):
+        return None
+    merged = {**user, "content": f"{first}\n{user['content']}"}
+    return [merged, *(dict(m) for m in messages[2:])]
 
 
 def _chunks(gen: Any) -> Iterator[str]:

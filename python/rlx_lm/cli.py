@@ -599,6 +599,7 @@ def _read_prompt(args: argparse.Namespace, err: TextIO) -> str:
 
 def _generate(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
     from rlx_lm.builder import LmRunnerBuilder
+    from rlx_lm.chat import render_conversation
     from rlx_lm.context import default_context
     from rlx_lm.default_model import default_model_path
     from rlx_lm.generation import GenerationEvent, stream
@@ -630,7 +631,7 @@ def _generate(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
         turns = [{"role": "user", "content": prompt}]
         if args.system_prompt:
             turns.insert(0, {"role": "system", "content": args.system_prompt})
-        ids = tokenizer.apply_chat_template(turns, chat_template=template)
+        ids = render_conversation(tokenizer, turns, chat_template=template)
     if args.ctx_size < 0:
         raise _usage(f"-c must be >= 0, got {args.ctx_size}")
     kv_dtype = "float16" if {args.cache_type_k, args.cache_type_v} == {"f16"} else "float32"

@@ -12,6 +12,7 @@ import os
 from pathlib import Path
 from typing import Any
 
+from rlx_lm._core import KV_MAX_SEQ
 from rlx_lm._headers import read_gguf_header
 
 __all__ = ["FALLBACK_CONTEXT", "KV_BUDGET_FRACTION", "default_context", "kv_bytes_per_token"]
@@ -101,7 +102,8 @@ def default_context(
     budget_bytes: int | None = None,
 ) -> int:
     """The model's trained context (``<arch>.context_length`` or ``max_position_embeddings``),
-    capped so its KV cache fits ``budget_bytes`` (default: half the available memory)."""
+    capped so its KV cache fits ``budget_bytes`` (default: half the available memory) and at
+    the cache's limit, ``rlx_lm._core.KV_MAX_SEQ`` tokens."""
     p = Path(path)
     g = _geometry(p)
     trained = g.get("context") or FALLBACK_CONTEXT
@@ -112,4 +114,6 @@ def default_context(
         budget = None if free is None else int(free * KV_BUDGET_FRACTION)
     if per_token and budget is not None:
         trained = min(trained, max(256, budget // per_token))
-    return max(1, int(trained))
+    # A header may claim any context (2^32 - 1 fits its field); the cache holds at most
+    # KV_MAX_SEQ tokens, so a longer claim would make the default itself refused.
+    return max(1, min(int(trained), KV_MAX_SEQ))

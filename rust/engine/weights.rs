@@ -278,7 +278,8 @@ impl Weights {
             Ok::<_, CoreError>(v)
         };
         let need = |v: Option<Vec<f32>>| v.expect("required vectors are checked present");
-        let mut layers = Vec::with_capacity(cfg.n_layers);
+        // Capacity grows as blocks are found: a lying block count reserves nothing.
+        let mut layers = Vec::with_capacity(cfg.n_layers.min(256));
         for i in 0..cfg.n_layers {
             let p = |s: &str| format!("blk.{i}.{s}");
             let bias = cfg.block.qkv_bias;
@@ -299,6 +300,27 @@ impl Weights {
                 up: matrix(&mut store, &p("ffn_up.weight"), f, h)?,
                 down: matrix(&mut store, &p("ffn_down.weight"), h, f)?,
             });
+        }
+        // Blocks beyond the configured count would be ignored silently: the
+        // header lies about the block count, so the model would run short.
+        let mut extra: Vec<String> = store
+            .names()
+            .into_iter()
+            .filter(|n| {
+                n.strip_prefix("blk.")
+                    .and_then(|rest| rest.split('.').next())
+                    .and_then(|i| i.parse::<usize>().ok())
+                    .is_some_and(|i| i >= cfg.n_layers)
+            })
+            .collect();
+        if !extra.is_empty() {
+            extra.sort();
+            return Err(CoreError::Format(format!(
+                "the configuration has {} blocks but the file has tensors of more ({}{})",
+                cfg.n_layers,
+                extra[0],
+                if extra.len() > 1 { ", ..." } else { "" }
+            )));
         }
         let norm = need(vector(&store, "output_norm.weight", h, true)?);
         let embed = matrix(&mut store, "token_embd.weight", cfg.vocab_size, h)?;

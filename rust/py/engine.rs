@@ -5,11 +5,13 @@
 use std::path::PathBuf;
 use std::sync::Arc;
 
-use numpy::{PyArray1, PyArray2, PyArrayMethods, PyReadonlyArray1};
+use numpy::{Ix1, PyArray1, PyArray2, PyArrayMethods, PyReadonlyArray1};
 use pyo3::prelude::*;
-use pyo3::types::PyDict;
+use pyo3::types::{PyBool, PyDict, PyInt};
 
-use super::errors::IntoPyResult;
+use super::arrays::borrow;
+use super::errors::{catch_panics, IntoPyResult};
+use super::gil::{detached, pin, Pin};
 use super::kv::PyKvCache;
 use crate::engine::{BlockVariant, Config, Model, RopeStyle, Step, Store, TensorEntry};
 use crate::kv::KvCache;
@@ -23,18 +25,33 @@ pub struct PyEngine {
     threads: usize,
 }
 
+fn describe(obj: &Bound<'_, PyAny>) -> String {
+    obj.get_type()
+        .name()
+        .map(|n| n.to_string())
+        .unwrap_or_else(|_| "object".to_owned())
+}
+
 fn item<'py, T: FromPyObjectOwned<'py>>(cfg: &Bound<'py, PyDict>, key: &str) -> PyResult<T> {
     let Some(value) = cfg.get_item(key)? else {
         return Err(CoreError::option("config", format!("missing {key:?}"))).py();
     };
-    let kind = value
-        .get_type()
-        .name()
-        .map(|n| n.to_string())
-        .unwrap_or_default();
     value
         .extract::<T>()
-        .map_err(|_| CoreError::option("config", format!("{key:?} has the wrong type ({kind})")))
+        .map_err(|_| {
+            let shown = value
+                .repr()
+                .map(|r| r.to_string())
+                .unwrap_or_else(|_| "?".into());
+            let shown: String = shown.chars().take(80).collect();
+            CoreError::option(
+                "config",
+                format!(
+                    "{key:?} has the wrong type or is out of range ({} {shown})",
+                    describe(&value)
+                ),
+            )
+        })
         .py()
 }
 
@@ -72,6 +89,19 @@ fn config(cfg: &Bound<'_, PyDict>) -> PyResult<Config> {
     })
 }
 
+/// `obj` as a `KvCache`, or a `TypeError` naming what it is.
+fn kv_cache<'py>(obj: &Bound<'py, PyAny>, what: &str) -> PyResult<Bound<'py, PyKvCache>> {
+    obj.cast::<PyKvCache>()
+        .cloned()
+        .map_err(|_| {
+            CoreError::Type(format!(
+                "{what} must be a rlx_lm.KvCache, got {}",
+                describe(obj)
+            ))
+        })
+        .py()
+}
+
 fn borrow_all<'py>(caches: &[Bound<'py, PyKvCache>]) -> PyResult<Vec<PyRefMut<'py, PyKvCache>>> {
     caches
         .iter()
@@ -89,17 +119,49 @@ fn borrow_all<'py>(caches: &[Bound<'py, PyKvCache>]) -> PyResult<Vec<PyRefMut<'p
         .collect()
 }
 
+/// A token id given as an integer (a Python int or a numpy integer; not a
+/// bool, not a float). One beyond 64 bits is refused naming its size.
+fn token_id(obj: &Bound<'_, PyAny>, what: &str) -> PyResult<i64> {
+    let not_int = || {
+        CoreError::Type(format!(
+            "{what} must be an integer token id, got {}",
+            describe(obj)
+        ))
+    };
+    if obj.is_instance_of::<PyBool>() {
+        return Err(not_int()).py();
+    }
+    let index = if obj.is_instance_of::<PyInt>() {
+        obj.clone()
+    } else {
+        // numpy integer scalars are integers by `__index__`, not by class.
+        obj.call_method0(pyo3::intern!(obj.py(), "__index__"))
+            .map_err(|_| not_int())
+            .py()?
+    };
+    index
+        .extract::<i64>()
+        .map_err(|_| CoreError::option(what, "token id does not fit in 64 bits"))
+        .py()
+}
+
+/// A 1-D int64 array of token ids, borrowed (typed errors otherwise).
+fn ids_array<'py>(obj: &Bound<'py, PyAny>) -> PyResult<PyReadonlyArray1<'py, i64>> {
+    borrow::<i64, Ix1>(obj, "ids", "int64")
+}
+
 impl PyEngine {
     fn run(
         &self,
         py: Python<'_>,
+        pins: &[&Pin<'_>],
         caches: &mut [&mut KvCache],
         tokens: &[&[i64]],
         all: bool,
     ) -> PyResult<Vec<f32>> {
         let model = &self.model;
         let pool = &self.pool;
-        py.detach(|| {
+        detached(py, pins, || {
             let mut steps: Vec<Step<'_>> = caches
                 .iter_mut()
                 .zip(tokens)
@@ -123,44 +185,59 @@ impl PyEngine {
         config: &Bound<'_, PyDict>,
         files: Vec<PathBuf>,
         tensors: Vec<(String, usize, u64, u32, Vec<usize>)>,
-        owned: Vec<(String, Vec<usize>, PyReadonlyArray1<'_, f32>)>,
+        owned: Vec<(String, Vec<usize>, Bound<'_, PyAny>)>,
         threads: usize,
     ) -> PyResult<Self> {
-        let cfg = self::config(config)?;
-        if threads == 0 || threads > 1024 {
-            return Err(CoreError::option(
-                "threads",
-                format!("must be between 1 and 1024, got {threads}"),
-            ))
-            .py();
-        }
-        let entries = tensors
-            .into_iter()
-            .map(|(name, file, offset, ggml_type, shape)| TensorEntry {
-                name,
-                file,
-                offset,
-                ggml_type,
-                shape,
+        catch_panics(|| {
+            let cfg = self::config(config)?;
+            // A configuration the engine refuses comes from the model's files (or
+            // an explicit config standing in for them): a format error.
+            cfg.validate()
+                .map_err(|e| CoreError::Format(format!("the model configuration is refused: {e}")))
+                .py()?;
+            if threads == 0 || threads > 1024 {
+                return Err(CoreError::option(
+                    "threads",
+                    format!("must be between 1 and 1024, got {threads}"),
+                ))
+                .py();
+            }
+            let entries = tensors
+                .into_iter()
+                .map(|(name, file, offset, ggml_type, shape)| TensorEntry {
+                    name,
+                    file,
+                    offset,
+                    ggml_type,
+                    shape,
+                })
+                .collect();
+            // Owned tensors are copied here, with the GIL held, so the
+            // detached load reads Rust memory only.
+            let owned = owned
+                .into_iter()
+                .map(|(name, shape, values)| {
+                    let what = format!("owned tensor {name}");
+                    let v = borrow::<f32, Ix1>(&values, &what, "float32")?;
+                    let copied = v.as_slice()?.to_vec();
+                    Ok((name, shape, copied))
+                })
+                .collect::<PyResult<Vec<_>>>()?;
+            let model = detached(py, &[], || {
+                Store::open(&files, entries, owned).and_then(|s| Model::new(cfg, s))
             })
-            .collect();
-        let owned = owned
-            .into_iter()
-            .map(|(name, shape, values)| Ok((name, shape, values.as_slice()?.to_vec())))
-            .collect::<PyResult<Vec<_>>>()?;
-        let model = py
-            .detach(|| Store::open(&files, entries, owned).and_then(|s| Model::new(cfg, s)))
             .py()?;
-        let pool = rayon::ThreadPoolBuilder::new()
-            .num_threads(threads)
-            .thread_name(|i| format!("rlx-engine-{i}"))
-            .build()
-            .map_err(|e| CoreError::option("threads", e.to_string()))
-            .py()?;
-        Ok(Self {
-            model: Arc::new(model),
-            pool,
-            threads,
+            let pool = rayon::ThreadPoolBuilder::new()
+                .num_threads(threads)
+                .thread_name(|i| format!("rlx-engine-{i}"))
+                .build()
+                .map_err(|e| CoreError::option("threads", e.to_string()))
+                .py()?;
+            Ok(Self {
+                model: Arc::new(model),
+                pool,
+                threads,
+            })
         })
     }
 
@@ -170,36 +247,43 @@ impl PyEngine {
     fn forward<'py>(
         &self,
         py: Python<'py>,
-        cache: Bound<'py, PyKvCache>,
-        ids: PyReadonlyArray1<'py, i64>,
+        cache: &Bound<'py, PyAny>,
+        ids: &Bound<'py, PyAny>,
         all_logits: bool,
     ) -> PyResult<Bound<'py, PyAny>> {
-        let ids_s = ids.as_slice()?;
-        let caches = [cache];
-        let mut guards = borrow_all(&caches)?;
-        let mut refs: Vec<&mut KvCache> = guards.iter_mut().map(|g| &mut g.inner).collect();
-        let out = self.run(py, &mut refs, &[ids_s], all_logits)?;
-        let vocab = self.model.cfg.vocab_size;
-        let arr = PyArray1::from_vec(py, out);
-        if all_logits {
-            Ok(arr.reshape([ids_s.len(), vocab])?.into_any())
-        } else {
-            Ok(arr.into_any())
-        }
+        catch_panics(|| {
+            let caches = [kv_cache(cache, "cache")?];
+            let ids = ids_array(ids)?;
+            let held = pin(ids.as_any())?;
+            let ids_s = ids.as_slice()?;
+            let mut guards = borrow_all(&caches)?;
+            let mut refs: Vec<&mut KvCache> = guards.iter_mut().map(|g| &mut g.inner).collect();
+            let out = self.run(py, &[&held], &mut refs, &[ids_s], all_logits)?;
+            let vocab = self.model.cfg.vocab_size;
+            let arr = PyArray1::from_vec(py, out);
+            if all_logits {
+                Ok(arr.reshape([ids_s.len(), vocab])?.into_any())
+            } else {
+                Ok(arr.into_any())
+            }
+        })
     }
 
     /// Append `token` to `cache`; the next position's logits `[vocab]`.
     fn decode<'py>(
         &self,
         py: Python<'py>,
-        cache: Bound<'py, PyKvCache>,
-        token: i64,
+        cache: &Bound<'py, PyAny>,
+        token: &Bound<'py, PyAny>,
     ) -> PyResult<Bound<'py, PyArray1<f32>>> {
-        let caches = [cache];
-        let mut guards = borrow_all(&caches)?;
-        let mut refs: Vec<&mut KvCache> = guards.iter_mut().map(|g| &mut g.inner).collect();
-        let out = self.run(py, &mut refs, &[&[token]], false)?;
-        Ok(PyArray1::from_vec(py, out))
+        catch_panics(|| {
+            let caches = [kv_cache(cache, "cache")?];
+            let token = token_id(token, "token")?;
+            let mut guards = borrow_all(&caches)?;
+            let mut refs: Vec<&mut KvCache> = guards.iter_mut().map(|g| &mut g.inner).collect();
+            let out = self.run(py, &[], &mut refs, &[&[token]], false)?;
+            Ok(PyArray1::from_vec(py, out))
+        })
     }
 
     /// Append `tokens[i]` to `caches[i]` for every i in one pass over the
@@ -207,33 +291,49 @@ impl PyEngine {
     fn decode_batch<'py>(
         &self,
         py: Python<'py>,
-        caches: Vec<Bound<'py, PyKvCache>>,
-        tokens: Vec<i64>,
+        caches: Vec<Bound<'py, PyAny>>,
+        tokens: Vec<Bound<'py, PyAny>>,
     ) -> PyResult<Bound<'py, PyArray2<f32>>> {
-        if caches.len() != tokens.len() {
-            return Err(CoreError::Shape(format!(
-                "decode_batch needs one token per cache, got {} caches and {} tokens",
-                caches.len(),
-                tokens.len()
-            )))
-            .py();
-        }
-        let mut guards = borrow_all(&caches)?;
-        let mut refs: Vec<&mut KvCache> = guards.iter_mut().map(|g| &mut g.inner).collect();
-        let per: Vec<&[i64]> = tokens.iter().map(std::slice::from_ref).collect();
-        let out = self.run(py, &mut refs, &per, false)?;
-        PyArray1::from_vec(py, out).reshape([tokens.len(), self.model.cfg.vocab_size])
+        catch_panics(|| {
+            if caches.len() != tokens.len() {
+                return Err(CoreError::Shape(format!(
+                    "decode_batch needs one token per cache, got {} caches and {} tokens",
+                    caches.len(),
+                    tokens.len()
+                )))
+                .py();
+            }
+            let vocab = self.model.cfg.vocab_size;
+            let caches = caches
+                .iter()
+                .enumerate()
+                .map(|(i, c)| kv_cache(c, &format!("caches[{i}]")))
+                .collect::<PyResult<Vec<_>>>()?;
+            let tokens = tokens
+                .iter()
+                .enumerate()
+                .map(|(i, t)| token_id(t, &format!("tokens[{i}]")))
+                .collect::<PyResult<Vec<_>>>()?;
+            let mut guards = borrow_all(&caches)?;
+            let mut refs: Vec<&mut KvCache> = guards.iter_mut().map(|g| &mut g.inner).collect();
+            let per: Vec<&[i64]> = tokens.iter().map(std::slice::from_ref).collect();
+            let out = self.run(py, &[], &mut refs, &per, false)?;
+            PyArray1::from_vec(py, out).reshape([tokens.len(), vocab])
+        })
     }
 
     /// The float32 embedding rows of `ids` (`[len(ids), hidden]`).
     fn embed<'py>(
         &self,
         py: Python<'py>,
-        ids: PyReadonlyArray1<'py, i64>,
+        ids: &Bound<'py, PyAny>,
     ) -> PyResult<Bound<'py, PyArray2<f32>>> {
-        let ids_s = ids.as_slice()?;
-        let out = self.model.embed(ids_s).py()?;
-        PyArray1::from_vec(py, out).reshape([ids_s.len(), self.model.cfg.hidden_size])
+        catch_panics(|| {
+            let ids = ids_array(ids)?;
+            let ids_s = ids.as_slice()?;
+            let out = self.model.embed(ids_s).py()?;
+            PyArray1::from_vec(py, out).reshape([ids_s.len(), self.model.cfg.hidden_size])
+        })
     }
 
     /// Threads in this engine's pool.

@@ -12,7 +12,8 @@ use numpy::{
 use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyTuple};
 
-use super::errors::IntoPyResult;
+use super::errors::{catch_panics, IntoPyResult};
+use super::gil::detached;
 use crate::kv::{self, Claim, Dtype, Geometry, Half};
 use crate::{CoreError, CoreResult};
 
@@ -135,43 +136,51 @@ impl PyKvCache {
         max_seq: i64,
         dtype: Option<&Bound<'_, PyAny>>,
     ) -> PyResult<Self> {
-        let dtype = match dtype {
-            Some(obj) => parse_dtype(obj)?,
-            None => Dtype::F32,
-        };
-        let geometry = Geometry {
-            n_layers: index(n_layers, "n_layers")?,
-            n_kv_heads: index(n_kv_heads, "n_kv_heads")?,
-            head_dim: index(head_dim, "head_dim")?,
-            dtype,
-        };
-        let inner = kv::KvCache::new(geometry, index(max_seq, "max_seq")?).py()?;
-        Ok(Self { inner })
+        catch_panics(|| {
+            let dtype = match dtype {
+                Some(obj) => parse_dtype(obj)?,
+                None => Dtype::F32,
+            };
+            let geometry = Geometry {
+                n_layers: index(n_layers, "n_layers")?,
+                n_kv_heads: index(n_kv_heads, "n_kv_heads")?,
+                head_dim: index(head_dim, "head_dim")?,
+                dtype,
+            };
+            let inner = kv::KvCache::new(geometry, index(max_seq, "max_seq")?).py()?;
+            Ok(Self { inner })
+        })
     }
 
     /// Append rows `k`, `v` (float32 `[n_kv_heads, n_new, head_dim]`) to one layer.
     fn append(&mut self, layer: i64, k: &Bound<'_, PyAny>, v: &Bound<'_, PyAny>) -> PyResult<()> {
-        let layer = index(layer, "layer")?;
-        let k = f32_rows(k, "k")?;
-        let v = f32_rows(v, "v")?;
-        self.inner.append(layer, k.as_array(), v.as_array()).py()
+        catch_panics(|| {
+            let layer = index(layer, "layer")?;
+            let k = f32_rows(k, "k")?;
+            let v = f32_rows(v, "v")?;
+            self.inner.append(layer, k.as_array(), v.as_array()).py()
+        })
     }
 
     /// The keys of one layer as a read-only view `[n_kv_heads, len, head_dim]`.
     fn keys<'py>(&self, py: Python<'py>, layer: i64) -> PyResult<Bound<'py, PyAny>> {
-        let claim = self.inner.claim_layer(index(layer, "layer")?).py()?;
-        rows_view(py, self.inner.geometry(), claim, Half::Keys)
+        catch_panics(|| {
+            let claim = self.inner.claim_layer(index(layer, "layer")?).py()?;
+            rows_view(py, self.inner.geometry(), claim, Half::Keys)
+        })
     }
 
     /// The values of one layer as a read-only view `[n_kv_heads, len, head_dim]`.
     fn values<'py>(&self, py: Python<'py>, layer: i64) -> PyResult<Bound<'py, PyAny>> {
-        let claim = self.inner.claim_layer(index(layer, "layer")?).py()?;
-        rows_view(py, self.inner.geometry(), claim, Half::Values)
+        catch_panics(|| {
+            let claim = self.inner.claim_layer(index(layer, "layer")?).py()?;
+            rows_view(py, self.inner.geometry(), claim, Half::Values)
+        })
     }
 
     /// Keep the first `n` tokens (at most `len()`).
     fn truncate(&mut self, n: i64) -> PyResult<()> {
-        self.inner.truncate(index(n, "n")?).py()
+        catch_panics(|| self.inner.truncate(index(n, "n")?).py())
     }
 
     /// Drop every token.
@@ -181,21 +190,25 @@ impl PyKvCache {
 
     /// Freeze the current contents; costs one reference per layer, copies nothing.
     fn snapshot(&self) -> PyResult<PyKvSnapshot> {
-        Ok(PyKvSnapshot {
-            inner: Arc::new(self.inner.snapshot().py()?),
+        catch_panics(|| {
+            Ok(PyKvSnapshot {
+                inner: Arc::new(self.inner.snapshot().py()?),
+            })
         })
     }
 
     /// Replace the contents with a snapshot's; copies nothing.
     fn restore(&mut self, snapshot: &Bound<'_, PyAny>) -> PyResult<()> {
-        let Ok(snap) = snapshot.cast::<PyKvSnapshot>() else {
-            return Err(CoreError::Type(format!(
-                "restore needs a KvSnapshot, got {}",
-                snapshot.get_type().name()?
-            )))
-            .py();
-        };
-        self.inner.restore(&snap.get().inner).py()
+        catch_panics(|| {
+            let Ok(snap) = snapshot.cast::<PyKvSnapshot>() else {
+                return Err(CoreError::Type(format!(
+                    "restore needs a KvSnapshot, got {}",
+                    snapshot.get_type().name()?
+                )))
+                .py();
+            };
+            self.inner.restore(&snap.get().inner).py()
+        })
     }
 
     /// Tokens every layer holds.
@@ -205,7 +218,7 @@ impl PyKvCache {
 
     /// Tokens held by one layer (differs from `len()` only mid forward pass).
     fn layer_len(&self, layer: i64) -> PyResult<usize> {
-        self.inner.layer_len(index(layer, "layer")?).py()
+        catch_panics(|| self.inner.layer_len(index(layer, "layer")?).py())
     }
 
     /// Bytes of the stored rows (keys and values, all layers).
@@ -273,14 +286,18 @@ impl PyKvSnapshot {
 
     /// The keys of one layer as a read-only view `[n_kv_heads, len, head_dim]`.
     fn keys<'py>(&self, py: Python<'py>, layer: i64) -> PyResult<Bound<'py, PyAny>> {
-        let claim = self.inner.claim_layer(index(layer, "layer")?).py()?;
-        rows_view(py, self.inner.geometry(), claim, Half::Keys)
+        catch_panics(|| {
+            let claim = self.inner.claim_layer(index(layer, "layer")?).py()?;
+            rows_view(py, self.inner.geometry(), claim, Half::Keys)
+        })
     }
 
     /// The values of one layer as a read-only view `[n_kv_heads, len, head_dim]`.
     fn values<'py>(&self, py: Python<'py>, layer: i64) -> PyResult<Bound<'py, PyAny>> {
-        let claim = self.inner.claim_layer(index(layer, "layer")?).py()?;
-        rows_view(py, self.inner.geometry(), claim, Half::Values)
+        catch_panics(|| {
+            let claim = self.inner.claim_layer(index(layer, "layer")?).py()?;
+            rows_view(py, self.inner.geometry(), claim, Half::Values)
+        })
     }
 
     /// Bytes of the rows held (keys and values, all layers).
@@ -330,22 +347,26 @@ impl PyKvSnapshot {
 
     /// The first `n` tokens, sharing these rows (no copy).
     fn prefix(&self, n: i64) -> PyResult<Self> {
-        Ok(Self {
-            inner: Arc::new(self.inner.prefix(index(n, "n")?).py()?),
+        catch_panics(|| {
+            Ok(Self {
+                inner: Arc::new(self.inner.prefix(index(n, "n")?).py()?),
+            })
         })
     }
 
     /// Write the raw tensors (layer-major, keys then values) at byte `offset`
     /// of the open file `fd` (the caller keeps it open during the call).
     fn _write_data(&self, py: Python<'_>, fd: i32, offset: u64) -> PyResult<()> {
-        let file = dup_fd(fd).py()?;
-        let inner = Arc::clone(&self.inner);
-        py.detach(move || -> CoreResult<()> {
-            let mut out = BufWriter::with_capacity(1 << 20, At { file, pos: offset });
-            inner.write_data(&mut out)?;
-            out.flush().map_err(|e| CoreError::Io(e.to_string()))
+        catch_panics(|| {
+            let file = dup_fd(fd).py()?;
+            let inner = Arc::clone(&self.inner);
+            detached(py, &[], move || -> CoreResult<()> {
+                let mut out = BufWriter::with_capacity(1 << 20, At { file, pos: offset });
+                inner.write_data(&mut out)?;
+                out.flush().map_err(|e| CoreError::Io(e.to_string()))
+            })
+            .py()
         })
-        .py()
     }
 
     /// Read tensors written by `_write_data` from the open file `fd` at byte
@@ -363,21 +384,22 @@ impl PyKvSnapshot {
         max_seq: i64,
         len: i64,
     ) -> PyResult<Self> {
-        let geometry = Geometry {
-            n_layers: index(n_layers, "n_layers")?,
-            n_kv_heads: index(n_kv_heads, "n_kv_heads")?,
-            head_dim: index(head_dim, "head_dim")?,
-            dtype: parse_dtype(dtype)?,
-        };
-        let (max_seq, len) = (index(max_seq, "max_seq")?, index(len, "len")?);
-        let file = dup_fd(fd).py()?;
-        let snap = py
-            .detach(move || {
+        catch_panics(|| {
+            let geometry = Geometry {
+                n_layers: index(n_layers, "n_layers")?,
+                n_kv_heads: index(n_kv_heads, "n_kv_heads")?,
+                head_dim: index(head_dim, "head_dim")?,
+                dtype: parse_dtype(dtype)?,
+            };
+            let (max_seq, len) = (index(max_seq, "max_seq")?, index(len, "len")?);
+            let file = dup_fd(fd).py()?;
+            let snap = detached(py, &[], move || {
                 kv::KvSnapshot::read_data(geometry, max_seq, len, &mut At { file, pos: offset })
             })
             .py()?;
-        Ok(Self {
-            inner: Arc::new(snap),
+            Ok(Self {
+                inner: Arc::new(snap),
+            })
         })
     }
 
@@ -392,15 +414,17 @@ impl PyKvSnapshot {
     }
 
     fn __reduce__<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyTuple>> {
-        let inner = &self.inner;
-        let state = PyBytes::new_with(py, inner.state_len(), |buf| {
-            let mut out: &mut [u8] = buf;
-            inner.write_state(&mut out).py()
-        })?;
-        let rebuild = py
-            .import("rlx_lm._core")?
-            .getattr("_kv_snapshot_from_state")?;
-        PyTuple::new(py, [rebuild, PyTuple::new(py, [state])?.into_any()])
+        catch_panics(|| {
+            let inner = &self.inner;
+            let state = PyBytes::new_with(py, inner.state_len(), |buf| {
+                let mut out: &mut [u8] = buf;
+                inner.write_state(&mut out).py()
+            })?;
+            let rebuild = py
+                .import("rlx_lm._core")?
+                .getattr("_kv_snapshot_from_state")?;
+            PyTuple::new(py, [rebuild, PyTuple::new(py, [state])?.into_any()])
+        })
     }
 
     fn __repr__(&self) -> String {
@@ -419,8 +443,10 @@ impl PyKvSnapshot {
 /// Rebuild a KvSnapshot from its pickled state.
 #[pyfunction]
 pub fn _kv_snapshot_from_state(state: &[u8]) -> PyResult<PyKvSnapshot> {
-    Ok(PyKvSnapshot {
-        inner: Arc::new(kv::KvSnapshot::from_state(state).py()?),
+    catch_panics(|| {
+        Ok(PyKvSnapshot {
+            inner: Arc::new(kv::KvSnapshot::from_state(state).py()?),
+        })
     })
 }
 

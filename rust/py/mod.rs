@@ -40,6 +40,13 @@ mod _core {
         m.add("KV_MAX_LAYERS", crate::kv::MAX_LAYERS)?;
         m.add("KV_MAX_KV_HEADS", crate::kv::MAX_KV_HEADS)?;
         m.add("KV_MAX_HEAD_DIM", crate::kv::MAX_HEAD_DIM)?;
+        // The weight formats the core reads: ggml name -> (ggml type id,
+        // values per block, bytes per block).
+        let types = pyo3::types::PyDict::new(m.py());
+        for t in crate::quant::format::ALL {
+            types.set_item(t.name(), (t.ggml_id(), t.block_values(), t.block_bytes()))?;
+        }
+        m.add("QUANT_TYPES", types)?;
         Ok(())
     }
 }

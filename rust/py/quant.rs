@@ -3,31 +3,31 @@
 //!
 //! Inputs are borrowed, not copied: each array is checked (type, dtype,
 //! rank, layout) with a typed error naming the fix, borrowed read-only, and
-//! pinned with a weak reference while the GIL is released, so numpy refuses
-//! to resize (free) its buffer until the call returns.
+//! pinned (`super::gil::pin`) while the GIL is released, so numpy refuses to
+//! resize (free) its buffer until the call returns.
 
 use std::sync::{Arc, Mutex, OnceLock};
 
 use numpy::ndarray::Dimension;
 use numpy::{Element, PyArray1, PyArray2, PyArrayMethods, PyReadonlyArray, PyUntypedArrayMethods};
 use pyo3::prelude::*;
-use pyo3::types::PyWeakrefReference;
 
 use super::arrays::borrow;
-use super::errors::IntoPyResult;
+use super::errors::{catch_panics, IntoPyResult};
+use super::gil::{detached, pin, Pin};
 use crate::quant::{self, QuantType};
 use crate::CoreError;
 
-/// The borrowed slice of a checked array, pinned against resizing.
+/// The borrowed slice of a checked array, and its pin for a detached call.
 fn pinned<'a, 'py, T: Element, D: Dimension>(
     arr: &'a PyReadonlyArray<'py, T, D>,
-) -> PyResult<(&'a [T], Bound<'py, PyWeakrefReference>)> {
-    let pin = PyWeakrefReference::new(arr.as_any())?;
+) -> PyResult<(&'a [T], Pin<'py>)> {
+    let held = pin(arr.as_any())?;
     let slice = arr
         .as_slice()
         .map_err(|e| CoreError::Dtype(e.to_string()))
         .py()?;
-    Ok((slice, pin))
+    Ok((slice, held))
 }
 
 /// A zeroed output of `len` floats, or `MemoryError` (never an abort).
@@ -93,30 +93,32 @@ pub fn quant_matmul<'py>(
     x: &Bound<'py, PyAny>,
     threads: Option<usize>,
 ) -> PyResult<Bound<'py, PyArray2<f32>>> {
-    let raw = borrow::<u8, numpy::Ix2>(raw, "raw", "uint8")?;
-    let x = borrow::<f32, numpy::Ix2>(x, "x", "float32")?;
-    let (rows, (n, xc)) = (raw.shape()[0], (x.shape()[0], x.shape()[1]));
-    let (raw_s, _raw_pin) = pinned(&raw)?;
-    let qtype = weight(raw_s, rows, qtype, cols)?;
-    if xc != cols {
-        return Err(CoreError::Shape(format!(
-            "activations have {xc} columns, the weight has {cols}"
-        )))
-        .py();
-    }
-    let (x_s, _x_pin) = pinned(&x)?;
-    let mut out = output(n.checked_mul(rows))?;
-    let pool = threads.filter(|&t| t > 1).map(pool).transpose()?;
-    py.detach(|| {
-        let mut go = || quant::matmul(qtype, raw_s, rows, cols, x_s, &mut out);
-        match (&pool, threads) {
-            (Some(p), _) => p.install(go),
-            (None, Some(1)) => quant::matmul_serial(qtype, raw_s, rows, cols, x_s, &mut out),
-            (None, _) => go(),
+    catch_panics(|| {
+        let raw = borrow::<u8, numpy::Ix2>(raw, "raw", "uint8")?;
+        let x = borrow::<f32, numpy::Ix2>(x, "x", "float32")?;
+        let (rows, (n, xc)) = (raw.shape()[0], (x.shape()[0], x.shape()[1]));
+        let (raw_s, raw_pin) = pinned(&raw)?;
+        let qtype = weight(raw_s, rows, qtype, cols)?;
+        if xc != cols {
+            return Err(CoreError::Shape(format!(
+                "activations have {xc} columns, the weight has {cols}"
+            )))
+            .py();
         }
+        let (x_s, x_pin) = pinned(&x)?;
+        let mut out = output(n.checked_mul(rows))?;
+        let pool = threads.filter(|&t| t > 1).map(pool).transpose()?;
+        detached(py, &[&raw_pin, &x_pin], || {
+            let mut go = || quant::matmul(qtype, raw_s, rows, cols, x_s, &mut out);
+            match (&pool, threads) {
+                (Some(p), _) => p.install(go),
+                (None, Some(1)) => quant::matmul_serial(qtype, raw_s, rows, cols, x_s, &mut out),
+                (None, _) => go(),
+            }
+        })
+        .py()?;
+        PyArray1::from_vec(py, out).reshape([n, rows])
     })
-    .py()?;
-    PyArray1::from_vec(py, out).reshape([n, rows])
 }
 
 /// The dequantised rows `ids` of a GGUF block-quantised `W`; float32 `[len(ids), cols]`.
@@ -128,16 +130,20 @@ pub fn quant_rows<'py>(
     cols: usize,
     ids: &Bound<'py, PyAny>,
 ) -> PyResult<Bound<'py, PyArray2<f32>>> {
-    let raw = borrow::<u8, numpy::Ix2>(raw, "raw", "uint8")?;
-    let ids = borrow::<i64, numpy::Ix1>(ids, "ids", "int64")?;
-    let rows = raw.shape()[0];
-    let (raw_s, _raw_pin) = pinned(&raw)?;
-    let qtype = weight(raw_s, rows, qtype, cols)?;
-    let (ids_s, _ids_pin) = pinned(&ids)?;
-    let mut out = output(ids_s.len().checked_mul(cols))?;
-    py.detach(|| quant::gather_rows(qtype, raw_s, rows, cols, ids_s, &mut out))
+    catch_panics(|| {
+        let raw = borrow::<u8, numpy::Ix2>(raw, "raw", "uint8")?;
+        let ids = borrow::<i64, numpy::Ix1>(ids, "ids", "int64")?;
+        let rows = raw.shape()[0];
+        let (raw_s, raw_pin) = pinned(&raw)?;
+        let qtype = weight(raw_s, rows, qtype, cols)?;
+        let (ids_s, ids_pin) = pinned(&ids)?;
+        let mut out = output(ids_s.len().checked_mul(cols))?;
+        detached(py, &[&raw_pin, &ids_pin], || {
+            quant::gather_rows(qtype, raw_s, rows, cols, ids_s, &mut out)
+        })
         .py()?;
-    PyArray1::from_vec(py, out).reshape([ids_s.len(), cols])
+        PyArray1::from_vec(py, out).reshape([ids_s.len(), cols])
+    })
 }
 
 /// The kernel build this CPU runs: `"avx2"`, `"neon"` or `"portable"`.

@@ -143,7 +143,7 @@ class LlamaConfig:
         need: Callable[[str], int] = lambda key: _require_int(cfg, key, where)  # noqa: E731
         hidden = need("hidden_size")
         n_heads = need("num_attention_heads")
-        head_dim = cfg.get("head_dim") or hidden // n_heads
+        head_dim = cfg.get("head_dim") or (hidden // n_heads if n_heads > 0 else 0)
         return cls(
             arch=arch,
             vocab_size=need("vocab_size"),
@@ -184,29 +184,38 @@ class LlamaConfig:
         hidden = need("embedding_length")
         n_heads = need("attention.head_count")
         n_kv = get(f"{arch}.attention.head_count_kv")
-        head_dim = get(f"{arch}.attention.key_length") or hidden // n_heads
+        head_dim = get(f"{arch}.attention.key_length") or (hidden // n_heads if n_heads > 0 else 0)
+        v_dim = get(f"{arch}.attention.value_length")
+        if v_dim is not None and int(v_dim) != int(head_dim):
+            raise UnsupportedError(
+                f"{where}: {arch}.attention.value_length={v_dim} differs from the key length "
+                f"{head_dim}; the engine needs keys and values of one head size"
+            )
         vocab = get(f"{arch}.vocab_size") or vocab_fallback
         eps = get(f"{arch}.attention.layer_norm_rms_epsilon")
         theta = get(f"{arch}.rope.freq_base")
         scaling = None
         if str(get(f"{arch}.rope.scaling.type") or "none") == "linear":
             scaling = RopeScaling("linear", factor=float(get(f"{arch}.rope.scaling.factor") or 1.0))
-        return cls(
-            arch=arch,
-            vocab_size=int(vocab),
-            hidden_size=hidden,
-            intermediate_size=need("feed_forward_length"),
-            n_layers=need("block_count"),
-            n_heads=n_heads,
-            n_kv_heads=int(n_kv) if n_kv is not None else n_heads,
-            head_dim=int(head_dim),
-            rms_norm_eps=float(eps) if eps is not None else 1e-5,
-            rope_theta=float(theta) if theta is not None else 10000.0,
-            max_position=int(get(f"{arch}.context_length") or 4096),
-            attention_bias=arch == "qwen2",
-            qk_norm=arch == "qwen3",
-            rope_scaling=scaling,
-        )
+        try:
+            return cls(
+                arch=arch,
+                vocab_size=int(vocab),
+                hidden_size=hidden,
+                intermediate_size=need("feed_forward_length"),
+                n_layers=need("block_count"),
+                n_heads=n_heads,
+                n_kv_heads=int(n_kv) if n_kv is not None else n_heads,
+                head_dim=int(head_dim),
+                rms_norm_eps=float(eps) if eps is not None else 1e-5,
+                rope_theta=float(theta) if theta is not None else 10000.0,
+                max_position=int(get(f"{arch}.context_length") or 4096),
+                attention_bias=arch == "qwen2",
+                qk_norm=arch == "qwen3",
+                rope_scaling=scaling,
+            )
+        except WeightFormatError as exc:
+            raise WeightFormatError(f"{where}: {exc}") from None
 
 
 def _require_int(cfg: Mapping[str, Any], key: str, where: str) -> int:

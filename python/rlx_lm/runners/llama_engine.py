@@ -19,7 +19,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from rlx_lm._core import Engine, engine_kernel_types
+from rlx_lm._core import QUANT_TYPES, Engine, engine_kernel_types
 from rlx_lm._headers import GgufHeader, read_gguf_header, read_safetensors_header
 from rlx_lm.config import available_cores
 from rlx_lm.errors import UnsupportedError, WeightFormatError
@@ -40,8 +40,9 @@ __all__ = [
 _PERMUTED_ARCHS = ("llama", "mistral")
 _SHARD = re.compile(r"-(\d{5})-of-(\d{5})$")
 
-# ggml ids of the plain float types (gguf.GGMLQuantizationType).
-_F32, _F16, _BF16, _F64 = 0, 1, 30, 28
+# ggml ids of the plain float types, as the core defines them (F64, which only this loader
+# converts, comes from the gguf package's table where it is used).
+_F32, _F16, _BF16 = (QUANT_TYPES[name][0] for name in ("F32", "F16", "BF16"))
 _ST_TYPES = {"F32": _F32, "F16": _F16, "BF16": _BF16}
 
 Tensor = tuple[str, int, int, int, list[int]]
@@ -105,7 +106,11 @@ def _decodable(ggml_type: int) -> bool:
         qt = GGMLQuantizationType(ggml_type)
     except ValueError:
         return False
-    return qt in _type_traits or ggml_type in (_F32, _F16, _F64)
+    return qt in _type_traits or qt in (
+        GGMLQuantizationType.F32,
+        GGMLQuantizationType.F16,
+        GGMLQuantizationType.F64,
+    )
 
 
 def _supported_names(kernels: frozenset[int]) -> str:
@@ -176,7 +181,7 @@ def _dequantise(path: Path, offset: int, ggml_type: int, shape: list[int], name:
     count = int(np.prod(shape))
     raw = np.fromfile(path, dtype=np.uint8, count=count // block * size, offset=offset)
     try:
-        values = raw.view("<f8") if ggml_type == _F64 else dequantize(raw, qt)
+        values = raw.view("<f8") if qt == GGMLQuantizationType.F64 else dequantize(raw, qt)
     except Exception as exc:
         raise WeightFormatError(f"{path}: cannot decode tensor {name}: {exc}") from None
     return np.ascontiguousarray(np.asarray(values, dtype=np.float32).reshape(-1))

@@ -14,6 +14,10 @@
 //! row gives the same bits alone (matrix-vector) or in any batch, and the
 //! tests check it.
 //!
+//! The offset terms `sum_g offset_g * X_g` (formats with offsets) are
+//! summed outside the tiles, per band, vectorised over the activation rows
+//! (the same per-element operations), and subtracted as each tile is written.
+//!
 //! Loop nest, per chunk of weight rows a thread owns: bands of [`BAND`] rows
 //! are unpacked to float32 into a per-thread buffer (in L1/L2), then for each
 //! pair of activation rows, for each three rows of the band, one tile.
@@ -44,6 +48,10 @@ pub(crate) struct Wide {
     w: Vec<f32>,
     scale: Vec<f32>,
     offset: Vec<f32>,
+    /// The activations' group sums, group-major (`groups` x `n`).
+    xt: Vec<f32>,
+    /// A band's offset terms, `sum_g offset_g * X_g` (`BAND` x `n`).
+    offs: Vec<f32>,
 }
 
 thread_local! {
@@ -205,11 +213,23 @@ pub(crate) unsafe fn run_rows<S: Store>(
     scratch.w.resize(BAND * k, 0.0);
     scratch.scale.resize(BAND * groups, 0.0);
     scratch.offset.resize(BAND * groups, 0.0);
+    let n = job.n;
+    if offsets {
+        scratch.xt.resize(groups * n, 0.0);
+        scratch.offs.resize(BAND * n, 0.0);
+        for t in 0..n {
+            for g in 0..groups {
+                scratch.xt[g * n + t] = job.xsum[t * groups + g];
+            }
+        }
+    }
     let Wide {
         codes,
         w,
         scale,
         offset,
+        xt,
+        offs,
     } = scratch;
     let mut r = lo;
     while r < hi {
@@ -224,6 +244,21 @@ pub(crate) unsafe fn run_rows<S: Store>(
                 &mut offset[i * groups..(i + 1) * groups],
             );
         }
+        if offsets {
+            // The offset terms out of the tiles' loop, vectorised over the
+            // activation rows: per element `off += offset_g * X_g` in group
+            // order, the same operations as `kernel`'s.
+            for i in 0..rb {
+                let o = &mut offs[i * n..(i + 1) * n];
+                o.fill(0.0);
+                for g in 0..groups {
+                    let b = offset[i * groups + g];
+                    for (o, &xs) in o.iter_mut().zip(&xt[g * n..(g + 1) * n]) {
+                        *o += b * xs;
+                    }
+                }
+            }
+        }
         let mut t = 0;
         while t < job.n {
             let nt = (job.n - t).min(N_TILE);
@@ -236,14 +271,13 @@ pub(crate) unsafe fn run_rows<S: Store>(
                     let src = Band {
                         w: w.as_ptr().add(i * k),
                         scale: scale.as_ptr().add(i * groups),
-                        offset: offset.as_ptr().add(i * groups),
                         groups,
                         group,
                     };
                     let x = job.x.as_ptr().add(t * k);
-                    let xsum = job.xsum.as_ptr().add(if offsets { t * groups } else { 0 });
                     let o = out.add(t * job.rows + r + i);
-                    tile::<S>(float, offsets, src, rt, nt, (x, xsum, k), o, job.rows);
+                    let sub = offsets.then(|| (offs.as_ptr().add(i * n + t), n));
+                    tile::<S>(float, sub, src, rt, nt, (x, k), o, job.rows);
                 }
                 i += rt;
             }
@@ -258,7 +292,6 @@ pub(crate) unsafe fn run_rows<S: Store>(
 struct Band {
     w: *const f32,
     scale: *const f32,
-    offset: *const f32,
     groups: usize,
     group: usize,
 }
@@ -268,11 +301,11 @@ struct Band {
 #[allow(clippy::too_many_arguments)]
 unsafe fn tile<S: Lanes>(
     float: bool,
-    offsets: bool,
+    sub: Option<(*const f32, usize)>,
     src: Band,
     rt: usize,
     nt: usize,
-    xs: (*const f32, *const f32, usize),
+    (x, k): (*const f32, usize),
     out: *mut f32,
     out_stride: usize,
 ) {
@@ -280,18 +313,22 @@ unsafe fn tile<S: Lanes>(
         ($r:literal, $n:literal) => {{
             // SAFETY: forwarded from the caller.
             let res: [[f32; $n]; $r] = unsafe {
-                match (float, offsets, src.group) {
-                    (true, _, _) => float_tile::<S, $r, $n>(src.w, xs.0, xs.2),
-                    (_, true, 16) => codes_tile::<S, $r, $n, true, 16>(src, xs),
-                    (_, true, _) => codes_tile::<S, $r, $n, true, 32>(src, xs),
-                    (_, false, 16) => codes_tile::<S, $r, $n, false, 16>(src, xs),
-                    (_, false, _) => codes_tile::<S, $r, $n, false, 32>(src, xs),
+                match (float, src.group) {
+                    (true, _) => float_tile::<S, $r, $n>(src.w, x, k),
+                    (_, 16) => codes_tile::<S, $r, $n, 16>(src, (x, k)),
+                    _ => codes_tile::<S, $r, $n, 32>(src, (x, k)),
                 }
             };
             for (i, row) in res.iter().enumerate() {
                 for (t, &v) in row.iter().enumerate() {
-                    // SAFETY: (t, i) inside the output (caller).
-                    unsafe { *out.add(t * out_stride + i) = v };
+                    // SAFETY: (t, i) inside the output and the offset terms (caller).
+                    unsafe {
+                        let v = match sub {
+                            Some((offs, stride)) => v - *offs.add(i * stride + t),
+                            None => v,
+                        };
+                        *out.add(t * out_stride + i) = v
+                    };
                 }
             }
         }};
@@ -306,30 +343,22 @@ unsafe fn tile<S: Lanes>(
     }
 }
 
-/// `R` unpacked rows times `N` activation rows (`k` apart, with their group
-/// sums `groups` apart for formats with offsets), in `kernel`'s order.
+/// `R` unpacked rows times `N` activation rows (`k` apart), in `kernel`'s
+/// order, before the offset terms (the caller subtracts them).
 #[inline(always)]
-unsafe fn codes_tile<
-    S: Lanes,
-    const R: usize,
-    const N: usize,
-    const OFFSETS: bool,
-    const G: usize,
->(
+unsafe fn codes_tile<S: Lanes, const R: usize, const N: usize, const G: usize>(
     src: Band,
-    (x, xsum, k): (*const f32, *const f32, usize),
+    (x, k): (*const f32, usize),
 ) -> [[f32; N]; R] {
-    let (groups, group) = (src.groups, G);
+    let groups = src.groups;
     // SAFETY (whole body): R rows of k floats at src.w and their scales, N
-    // rows of k at x (and of groups at xsum) are in bounds (caller).
+    // rows of k at x are in bounds (caller).
     unsafe {
         let mut acc = [[S::zero(); N]; R];
-        let mut off = [[0.0f32; N]; R];
         for g in 0..groups {
             let mut s = [[S::zero(); N]; R];
-            let c0 = g * group;
             for j in 0..G / 8 {
-                let c = c0 + 8 * j;
+                let c = g * G + 8 * j;
                 let mut xv = [S::zero(); N];
                 for (t, xv) in xv.iter_mut().enumerate() {
                     *xv = S::load(x.add(t * k + c));
@@ -346,18 +375,13 @@ unsafe fn codes_tile<
                 for (acc, &s) in acc[i].iter_mut().zip(&s[i]) {
                     *acc = S::fma(a, s, *acc);
                 }
-                if OFFSETS {
-                    let b = *src.offset.add(i * groups + g);
-                    for (t, off) in off[i].iter_mut().enumerate() {
-                        *off += b * *xsum.add(t * groups + g);
-                    }
-                }
             }
         }
         let mut res = [[0.0f32; N]; R];
         for i in 0..R {
             for t in 0..N {
-                res[i][t] = S::hsum(acc[i][t]) - off[i][t];
+                // `kernel` subtracts a zero offset sum here: `v - 0.0` is `v`.
+                res[i][t] = S::hsum(acc[i][t]);
             }
         }
         res

@@ -32,6 +32,8 @@ pub enum CoreError {
     SnapshotMismatch(String),
     /// A malformed, truncated or hostile weight or snapshot file.
     Format(String),
+    /// A call this object cannot serve (for example a batch of mirostat rows).
+    Unsupported(String),
     /// An array of the wrong dtype or memory layout (the message says how to convert).
     Dtype(String),
     /// An argument of the wrong Python type altogether.
@@ -75,6 +77,7 @@ impl fmt::Display for CoreError {
             Self::Shape(msg)
             | Self::SnapshotMismatch(msg)
             | Self::Format(msg)
+            | Self::Unsupported(msg)
             | Self::Dtype(msg)
             | Self::Type(msg)
             | Self::Io(msg)

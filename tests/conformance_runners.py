@@ -351,15 +351,6 @@ class NegInfLogit(ToyRunner):
         return row
 
 
-class RequiresOnToken(ToyRunner):
-    """generate needs on_token, as in the seed's Rust trait; the protocol makes it optional."""
-
-    def generate(  # type: ignore[override]
-        self, prompt_ids: Sequence[int], n_new: int, on_token: Callable[[int], bool], /
-    ) -> list[int]:
-        return super().generate(prompt_ids, n_new, on_token)
-
-
 class IgnoresStop(ToyRunner):
     """generate calls on_token but never stops when it returns False."""
 
@@ -441,7 +432,6 @@ DEFECTS: dict[str, tuple[type, str]] = {
     "restore shares state with the snapshot": (RestoreShares, "sessions.roundtrip"),
     "phase callback out of order": (PhasesOutOfOrder, "multimodal.phases"),
     "a -inf logit": (NegInfLogit, "logits.row"),
-    "generate requires on_token": (RequiresOnToken, "structure.members"),
     "generate ignores on_token's stop": (IgnoresStop, "greedy.stop"),
     "prefill continues the old sequence": (PrefillKeepsOldContext, "host_driven.prefill"),
     "restore_session returns None": (RestoreReturnsNone, "sessions.roundtrip"),

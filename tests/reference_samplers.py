@@ -61,11 +61,39 @@ def penalize(v: float, count: int, repeat: float, freq: float, presence: float) 
 
 
 def penalties(
-    c: Cands, history: Sequence[int], repeat: float, freq: float, presence: float, window: int
+    c: Cands,
+    history: Sequence[int],
+    repeat: float,
+    freq: float,
+    presence: float,
+    window: int | None,
+    order: str = "default",
+    prompt_len: int = 0,
 ) -> Cands:
-    recent = list(history) if window == -1 else list(history)[-window:] if window else []
+    """``window`` None is the order's default: the last 64 (default, llama.cpp) or all (hf, vllm).
+
+    Under vLLM the repetition penalty sees prompt and output, frequency and presence the output
+    (the history after ``prompt_len``) only.
+    """
+    if window is None:
+        window = -1 if order in ("hf", "vllm") else 64
+    h = list(history)
+    start = 0 if window == -1 else max(len(h) - window, 0)
+    recent = h[start:]
     counts = Counter(recent)
-    return {t: penalize(v, counts[t], repeat, freq, presence) for t, v in c.items()}
+    if order != "vllm" or prompt_len == 0:
+        return {t: penalize(v, counts[t], repeat, freq, presence) for t, v in c.items()}
+    out_counts = Counter(h[max(start, prompt_len) :])
+    result = {}
+    for t, v in c.items():
+        if counts[t] == 0:
+            result[t] = v
+            continue
+        w = v * repeat if v <= 0 else v / repeat
+        if out_counts[t]:
+            w -= out_counts[t] * freq + presence
+        result[t] = w
+    return result
 
 
 def dry_lengths(
@@ -101,8 +129,11 @@ def dry_lengths(
 def dry_penalty(length: int, multiplier: float, base: float, allowed: int) -> float:
     e = float(length - allowed)
     if base > 1.000001:
-        e = min(e, math.floor(88.7228 / math.log(base)))
-    return multiplier * base**e
+        # llama.cpp's clamp, in its float32 arithmetic: int(88.7228391f / logf(base)).
+        e = min(e, int(np.float32(88.7228391) / np.log(np.float32(base))))
+    # In float64 (llama.cpp's std::pow(float, int)), then rounded to float32.
+    v = multiplier * base**e
+    return float(np.float32(v)) if v <= float(np.finfo(np.float32).max) else math.inf
 
 
 def dry(
@@ -194,7 +225,10 @@ def min_p(c: Cands, p: float, min_keep: int = 1) -> tuple[Cands, float]:
     return kept, margin
 
 
-def typical(c: Cands, p: float, min_keep: int = 1, inclusive: bool = False) -> tuple[Cands, float]:
+def typical(
+    c: Cands, p: float, min_keep: int = 1, inclusive: bool = False, hf: bool = False
+) -> tuple[Cands, float]:
+    """llama.cpp's typical; ``hf``: Hugging Face's (``>= p``, ties kept, min_keep after)."""
     if p >= 1 or len(c) <= 1:
         return dict(c), math.inf
     lp = log_probs(c)
@@ -208,6 +242,11 @@ def typical(c: Cands, p: float, min_keep: int = 1, inclusive: bool = False) -> t
         cum += math.exp(lp[t])
         margin = min(margin, abs(cum - p))
         reached = cum >= p if inclusive else cum > p
+        if hf and (reached or i + 1 == len(order)):
+            kept = [u for u in order if score[u] <= score[t]]
+            if len(kept) < min_keep:
+                kept = order[:min_keep]
+            return {u: c[u] for u in kept}, margin
         if reached and i + 1 >= min_keep:
             return {u: c[u] for u in order[: i + 1]}, margin
     return dict(c), margin
@@ -315,7 +354,7 @@ DEFAULT_ORDER = [
     "xtc",
 ]
 PRESETS: dict[str, tuple[list[str], bool, bool]] = {
-    # name: (order, top-k keeps ties, typical inclusive)
+    # name: (order, top-k keeps ties, Hugging Face's typical and top-k min_keep)
     "default": (DEFAULT_ORDER, False, False),
     "llama.cpp": (
         [
@@ -406,6 +445,7 @@ def run_chain(
                 o.frequency_penalty,  # type: ignore[attr-defined]
                 o.presence_penalty,  # type: ignore[attr-defined]
                 o.repetition_window,  # type: ignore[attr-defined]
+                order,
             )
         elif name == "dry" and o.dry_multiplier > 0:  # type: ignore[attr-defined]
             c = dry(
@@ -425,10 +465,14 @@ def run_chain(
                 c = temperature(c, o.temperature)  # type: ignore[attr-defined]
         elif name == "top_k" and o.top_k:  # type: ignore[attr-defined]
             edited = {t for t in c if raw.get(t) is None or _edited(raw[t], c[t], o)}
-            margin = min(margin, top_k_margin(c, o.top_k, edited))  # type: ignore[attr-defined]
-            c = top_k(c, o.top_k, keep_ties)  # type: ignore[attr-defined]
+            # The default order and Hugging Face keep at least min_keep.
+            k = o.top_k  # type: ignore[attr-defined]
+            if order in ("default", "hf"):
+                k = max(k, o.min_keep)  # type: ignore[attr-defined]
+            margin = min(margin, top_k_margin(c, k, edited))
+            c = top_k(c, k, keep_ties)
         elif name == "typical":
-            c, m = typical(c, o.typical_p, o.min_keep, inclusive)  # type: ignore[attr-defined]
+            c, m = typical(c, o.typical_p, o.min_keep, inclusive, hf=inclusive)  # type: ignore[attr-defined]
             margin = min(margin, m)
         elif name == "top_p":
             c, m = top_p(c, o.top_p, o.min_keep)  # type: ignore[attr-defined]

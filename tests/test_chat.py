@@ -430,6 +430,40 @@ def test_pre_tokenizer_flag_overrides_an_unknown_name(
     assert main(["generate", str(path), "-p", "hi", "-n", "1", "--pre-tokenizer", "gpt-2"]) == 0
 
 
+def test_a_session_samples_in_the_order_it_is_given(bundled: tuple[Any, Tokenizer]) -> None:
+    from rlx_lm import InvalidOptionError, SampleOpts
+
+    runner, tok = bundled
+    opts = SampleOpts(temperature=1.5, top_k=20, top_p=0.9, min_p=0.02, seed=11)
+    for order in ("hf", "llama.cpp"):
+        chat = ChatSession(runner, tok, opts=opts, order=order, max_tokens=6)
+        ids = chat.prompt_ids("Elizabeth said")
+        got = chat.send("Elizabeth said")
+        want = generate(runner, tok, ids, opts=opts, order=order, max_tokens=6)
+        assert got.tokens == want.tokens, order
+    with pytest.raises(InvalidOptionError):
+        ChatSession(runner, tok, opts=opts, order=["no_such_stage"], max_tokens=2).send("x")
+
+
+def test_chat_command_passes_its_sampler_order(monkeypatch: pytest.MonkeyPatch) -> None:
+    # --sampler-order and --samplers are chat flags too: they reach the session.
+    import rlx_lm.chat as chat_module
+
+    seen: list[object] = []
+    real = chat_module.ChatSession
+
+    def spy(*args: Any, **kw: Any) -> ChatSession:
+        seen.append(kw["order"])
+        return real(*args, **kw)
+
+    monkeypatch.setattr(chat_module, "ChatSession", spy)
+    monkeypatch.setattr(chat_module, "run_repl", lambda *a, **kw: 0)
+    assert main(["chat", "-n", "2", "--sampler-order", "hf"]) == 0
+    assert main(["chat", "-n", "2", "--samplers", "top_k;temperature"]) == 0
+    assert main(["chat", "-n", "2"]) == 0
+    assert seen == ["hf", ["logit_bias", "top_k", "temperature"], "llama.cpp"]
+
+
 GEMMA = Path(__file__).parent / "data" / "chat_templates" / "gemma.jinja"
 
 

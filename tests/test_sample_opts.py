@@ -151,15 +151,16 @@ def test_llama_cpp_mirostat_refuses_knobs_it_would_drop() -> None:
 
 
 def test_the_runner_contract() -> None:
-    """The Llama runner's loop: sample (pure), then accept (advances)."""
+    """A decode loop: peek (pure) then accept gives what sample (which accepts) gives."""
     rng = np.random.default_rng(0)
     opts = SampleOpts(temperature=0.9, top_k=50, top_p=0.9, seed=11)
-    chain = opts.into_chain()
+    chain, twin = opts.into_chain(), opts.into_chain()
     history: list[int] = [1, 2, 3]
     for _ in range(20):
         logits = rng.standard_normal(500).astype(np.float32) * 3
-        tok = chain.sample(logits, history)
-        assert chain.sample(logits, np.asarray(history)) == tok
+        tok = chain.peek(logits, history)
+        assert chain.peek(logits, np.asarray(history)) == tok
         chain.accept(tok)
+        assert twin.sample(logits, history) == tok
         history.append(tok)
-    assert chain.step == 20
+    assert chain.step == twin.step == 20

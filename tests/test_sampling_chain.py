@@ -73,7 +73,14 @@ def sample_opts(draw: st.DrawFn, vocab: int) -> SampleOpts:
         kw["logit_bias"] = draw(
             st.dictionaries(st.integers(0, vocab - 1), grid | st.just(-math.inf), max_size=3)
         )
-    kw["min_keep"] = draw(st.integers(1, 3))
+    # min_keep > 1 only where a stage that every order honours reads it (else it is refused).
+    reads = (
+        kw.get("top_p", 1.0) < 1
+        or kw.get("min_p", 0.0) > 0
+        or kw.get("typical_p", 1.0) < 1
+        or kw.get("xtc_prob", 0.0) > 0
+    )
+    kw["min_keep"] = draw(st.integers(1, 3)) if reads else 1
     return SampleOpts(**kw)
 
 
@@ -88,7 +95,7 @@ def chain_case(draw: st.DrawFn) -> tuple[np.ndarray, list[int], SampleOpts, str]
 
 
 def survivors(chain: SamplerChain, row: np.ndarray, history: Any = None) -> dict[int, float]:
-    r = chain.sample_with_logprobs(row, history, top_n=len(row), mode="final")
+    r = chain.sample_with_logprobs(row, history, top_n=len(row), mode="final", advance=False)
     return dict(r.top)
 
 
@@ -120,7 +127,8 @@ def test_no_stage_but_xtc_and_typical_drops_the_argmax(
             **{f: getattr(opts, f) for f in ("temperature", "dynamic_temp", "top_k", "top_p")},
             "min_p": opts.min_p,
             "top_n_sigma": opts.top_n_sigma,
-            "min_keep": opts.min_keep,
+            # min_keep only where a kept stage reads it (else it is refused).
+            "min_keep": opts.min_keep if opts.top_p < 1 or opts.min_p > 0 else 1,
             "seed": opts.seed,
         }
     )
@@ -150,7 +158,6 @@ def stream(chain: SamplerChain, n: int, row: np.ndarray | None = None) -> list[i
     out = []
     for _ in range(n):
         t = chain.sample(row, out)
-        chain.accept(t)
         out.append(t)
     return out
 
@@ -163,15 +170,34 @@ def test_same_seed_same_tokens_and_different_seeds_differ() -> None:
     assert a != stream(opts.into_chain(sequence_id=1), 50)
 
 
-def test_sample_is_pure_and_accept_advances() -> None:
+def test_peek_is_pure_and_accept_advances() -> None:
     chain = SampleOpts(temperature=1.0, seed=5).into_chain()
     row = flat_row()
-    first = [chain.sample(row) for _ in range(5)]
+    first = [chain.peek(row) for _ in range(5)]
     assert len(set(first)) == 1
+    assert [chain.sample(row, advance=False) for _ in range(3)] == first[:3]
     assert chain.step == 0
     chain.accept(first[0])
     assert chain.step == 1
-    assert [chain.sample(row) for _ in range(20)] != first * 4
+    assert [chain.peek(row) for _ in range(20)] != first * 4
+
+
+def test_sample_never_reuses_a_random_number() -> None:
+    """A loop that only calls sample() (no accept) draws a fresh uniform each step."""
+    row = np.zeros(1000, np.float32)
+    chain = SampleOpts(temperature=1.0, seed=5).into_chain()
+    got = [chain.sample(row, []) for _ in range(8)]
+    assert chain.step == 8
+    assert len(set(got)) > 1
+    # Each is the draw of its own step: what peek-then-accept gives, step by step.
+    twin = SampleOpts(temperature=1.0, seed=5).into_chain()
+    want = []
+    for _ in range(8):
+        want.append(twin.peek(row, []))
+        twin.accept(want[-1])
+    assert got == want
+    # And the draws are the generator's: step s uses u(seed, sequence, s).
+    assert got == [ref.draw(ref.from_row(row), ref.uniform(5, 0, s, 0))[0] for s in range(8)]
 
 
 def test_reset_replays_the_stream() -> None:
@@ -213,13 +239,11 @@ def test_reproducible_alone_or_in_a_batch(shape: tuple[int, int]) -> None:
     batch_chain = opts.into_chain()
     singles = [opts.into_chain(sequence_id=r) for r in range(rows)]
     histories = [list(rng.integers(0, vocab, 10)) for _ in range(rows)]
-    for _ in range(5):
+    for i in range(5):
         got = batch_chain.sample_batch(logits, histories)
         want = [c.sample(logits[r], histories[r]) for r, c in enumerate(singles)]
         assert got.tolist() == want
-        batch_chain.accept(0)
-        for c in singles:
-            c.accept(0)
+        assert batch_chain.step == i + 1, "a batch moves the chain one step on"
 
 
 def test_batch_with_explicit_sequence_ids_and_uniforms() -> None:
@@ -228,6 +252,12 @@ def test_batch_with_explicit_sequence_ids_and_uniforms() -> None:
     got = chain.sample_batch(logits, sequence_ids=[7, 7, 8, 9])
     assert got[0] == got[1]
     assert got[0] == SampleOpts(temperature=1.0, seed=1).into_chain(sequence_id=7).sample(logits[0])
+    assert chain.step == 1
+    assert (
+        chain.sample_batch(logits, sequence_ids=[7, 7, 8, 9], advance=False).tolist()
+        != got.tolist()
+    )
+    assert chain.step == 1
     u = chain.sample_batch(logits, uniforms=[0.0, 0.5, 0.999, 0.25])
     assert u.tolist() == [0, 50, 99, 25]
 
@@ -235,7 +265,7 @@ def test_batch_with_explicit_sequence_ids_and_uniforms() -> None:
 def test_batch_runs_off_the_gil_in_parallel_threads() -> None:
     logits = np.random.default_rng(0).standard_normal((32, 40000)).astype(np.float32)
     chain = SampleOpts(temperature=1.0, top_p=0.9, seed=2).into_chain()
-    want = chain.sample_batch(logits)
+    want = chain.sample_batch(logits, advance=False)
     results: list[list[int]] = []
 
     def work() -> None:
@@ -277,7 +307,8 @@ def test_raw_logprobs_are_the_log_softmax_of_the_row(row: np.ndarray, top_n: int
     r = chain.sample_with_logprobs(row, None, top_n)
     lp = ref.log_probs(ref.from_row(row))
     assert r.mode == "raw"
-    assert r.token == chain.sample(row)
+    assert r.token == SampleOpts(temperature=1.0, top_k=3, seed=1).into_chain().sample(row)
+    assert chain.step == 1
     assert r.logprob == pytest.approx(lp[r.token], abs=1e-5)
     want_top = ref.ranked(ref.from_row(row))[:top_n]
     assert [t for t, _ in r.top] == want_top
@@ -331,7 +362,7 @@ def test_banned_tokens_are_never_sampled() -> None:
 def test_bad_inputs_raise_typed_errors_and_leave_state_alone() -> None:
     chain = SampleOpts(temperature=1.0, top_k=5, seed=1).into_chain()
     row = np.linspace(0, 1, 100, dtype=np.float32)
-    before = chain.sample(row, [1, 2])
+    before = chain.peek(row, [1, 2])
     nan_row = row.copy()
     nan_row[17] = np.nan
     with pytest.raises(InvalidLogitsError, match="NaN at position 17"):
@@ -363,7 +394,7 @@ def test_bad_inputs_raise_typed_errors_and_leave_state_alone() -> None:
     with pytest.raises(TokenOutOfRangeError):
         chain.accept(100)
     assert chain.step == 0
-    assert chain.sample(row, [1, 2]) == before
+    assert chain.peek(row, [1, 2]) == before
 
 
 def test_a_bias_for_a_token_outside_the_vocabulary_is_refused() -> None:
@@ -483,4 +514,4 @@ def test_a_chain_gives_what_a_fresh_chain_gives_whatever_it_saw_before(
     for h in histories:
         fresh = opts.into_chain()
         assert survivors(chain, row, h) == survivors(fresh, row, h)
-        assert chain.sample(row, h) == fresh.sample(row, h)
+        assert chain.peek(row, h) == fresh.peek(row, h)

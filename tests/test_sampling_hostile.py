@@ -173,8 +173,13 @@ def test_mirostat_mu_stays_finite() -> None:
                 mirostat=mode, mirostat_eta=eta, mirostat_tau=tau, seed=1
             ).into_chain()
             for step in range(12):
-                tok = chain.sample(row if step % 2 else -row)
-                chain.accept(tok)
+                # Both paths that move mu: sample() alone, and peek() + accept().
+                r = row if step % 2 else -row
+                if step % 4 < 2:
+                    chain.sample(r)
+                else:
+                    chain.accept(chain.peek(r))
+                assert chain.step == step + 1
                 mu = chain.mu
                 assert mu is not None
                 assert math.isfinite(mu), (mode, eta, tau, step, mu)
@@ -260,7 +265,7 @@ def test_histories_of_bytes_bools_or_floats_are_refused(history: object) -> None
 @pytest.mark.parametrize("token", [1.0, 1.5, True, np.float64(2.0), "1"])
 def test_accept_refuses_a_token_that_is_not_an_integer(token: object) -> None:
     chain = SampleOpts(temperature=1.0, seed=1).into_chain()
-    chain.sample(np.zeros(8, np.float32))
+    chain.peek(np.zeros(8, np.float32))
     with pytest.raises(DtypeError):
         chain.accept(token)  # type: ignore[arg-type]
     assert chain.step == 0
@@ -275,7 +280,7 @@ def test_sequence_ids_must_be_integers() -> None:
         chain.sample_batch(logits, sequence_ids=[0, 1.5])  # type: ignore[list-item]
     with pytest.raises(InvalidOptionError):
         chain.sample_batch(logits, sequence_ids=[0, -1])
-    assert list(chain.sample_batch(logits, sequence_ids=[np.uint64(3), 4])) == list(
+    assert list(chain.sample_batch(logits, sequence_ids=[np.uint64(3), 4], advance=False)) == list(
         chain.sample_batch(logits, sequence_ids=[3, 4])
     )
 
@@ -333,7 +338,7 @@ def test_a_chain_shared_by_two_threads_has_a_defined_behaviour() -> None:
         try:
             for _ in range(6):
                 batches.append(list(chain.clone().sample_batch(logits)))
-                chain.sample_batch(logits)
+                batches.append(list(chain.sample_batch(logits, advance=False)))
         except BaseException as e:  # pragma: no cover - the failure being tested
             errors.append(e)
 
@@ -342,14 +347,16 @@ def test_a_chain_shared_by_two_threads_has_a_defined_behaviour() -> None:
         t.start()
     tokens = []
     for _ in range(40):
-        tokens.append(chain.sample(row))
+        tokens.append(chain.peek(row))
     for t in threads:
         t.join()
     assert errors == []
+    assert len(batches) == 24
     assert all(b == list(want_batch) for b in batches)
-    # sample() is pure: the same token at the same step, whatever ran beside it.
+    # peek() is pure: the same token at the same step, whatever ran beside it.
     assert len(set(tokens)) == 1
-    chain.accept(tokens[0])
+    assert chain.step == 0
+    assert chain.sample(row) == tokens[0]
     assert chain.step == 1
 
 
@@ -406,3 +413,25 @@ def test_resizing_the_logits_during_sample_batch_is_refused_not_a_crash() -> Non
     )
     assert "refused True" in out
     assert "view pinned" in out
+
+
+@pytest.mark.parametrize("scale", [1e-30, 1e-20, 1e-10, 1.0, 1e10, 1e20, 1e30, 1e37])
+@pytest.mark.parametrize("first", [True, False])
+def test_top_n_sigma_moments_hold_at_every_scale(scale: float, first: bool) -> None:
+    # Top-n-sigma took its mean and standard deviation in float32 on the raw
+    # row: near 1e20 the squares overflowed (sigma inf, nothing cut), near
+    # 1e-30 they underflowed (sigma 0, only the max kept). The moments are now
+    # accumulated in float64; the cut is the float64 reference's at every scale.
+    base = np.array([2.0, 1.5, 1.0, 0.25, -1.0, -3.0, 0.5, -0.5])
+    row = (base * scale).astype(np.float32)
+    vals = row.astype(np.float64)
+    for n in (0.5, 1.0, 2.0):
+        want = {i for i, v in enumerate(vals) if v >= vals.max() - n * vals.std()}
+        # A temperature equal to the scale brings the survivors' probabilities
+        # back to ordinary sizes, so the final distribution shows every one.
+        order = ["top_n_sigma", "temperature"] if first else ["temperature", "top_n_sigma"]
+        chain = SampleOpts(temperature=scale, top_n_sigma=n, seed=1).into_chain(order)
+        r = chain.sample_with_logprobs(row, None, len(row), mode="final", advance=False)
+        got = {t for t, lp in r.top if lp > -math.inf}
+        assert got == want, (scale, n, first, sorted(got), sorted(want))
+        assert 1 < len(want) < len(row), n

@@ -18,8 +18,9 @@
 
 use libfuzzer_sys::fuzz_target;
 use rlx_lm::sampling::chain::{
-    Knobs, LogprobMode, Mirostat, OrderSpec, SamplerChain, Scratch, PRESETS,
+    History, Knobs, LogprobMode, Mirostat, OrderSpec, SamplerChain, Scratch, PRESETS,
 };
+use rlx_lm::sampling::knobs::Window;
 use rlx_lm::CoreError;
 
 struct Bytes<'a>(&'a [u8]);
@@ -98,7 +99,13 @@ fn knobs(b: &mut Bytes<'_>, vocab: usize) -> Knobs {
         k.repetition_penalty = b.f32_in(&[0.5, 1.0, 1.1, 2.0, 1e30, 3e38, 1e-30]);
         k.frequency_penalty = b.f32_in(&big);
         k.presence_penalty = b.f32_in(&big);
-        k.repetition_window = b.pick(&[None, Some(1), Some(4), Some(64)]);
+        k.repetition_window = b.pick(&[
+            Window::Preset,
+            Window::All,
+            Window::Last(1),
+            Window::Last(4),
+            Window::Last(64),
+        ]);
     }
     if on(7) {
         let lo = b.f32_in(&temps);
@@ -176,7 +183,7 @@ fn row(b: &mut Bytes<'_>, vocab: usize) -> Vec<f32> {
         .collect()
 }
 
-fn check(chain: &SamplerChain, row: &[f32], history: &[u32], k: &Knobs) {
+fn check(chain: &SamplerChain, row: &[f32], history: History<'_>, k: &Knobs) {
     let mut scratch = Scratch::default();
     let first = chain.sample_row(row, history, chain.sequence, None, None, &mut scratch);
     let token = match first {
@@ -258,12 +265,20 @@ fuzz_target!(|data: &[u8]| {
             }
         })
         .collect();
+    let prompt_len = b.u8() as usize % (history.len() + 1);
+    let history = History {
+        tokens: &history,
+        prompt_len,
+    };
     for _ in 0..steps {
         let r = row(&mut b, vocab);
-        check(&chain, &r, &history, &k);
-        if let Ok(s) = chain.sample_row(&r, &history, chain.sequence, None, None, &mut Scratch::default()) {
-            chain.set_pending(s.surprises);
-            chain.accept(s.token);
+        check(&chain, &r, history, &k);
+        let step = chain.step;
+        if chain
+            .sample(&r, history, None, None, &mut Scratch::default())
+            .is_ok()
+        {
+            assert_eq!(chain.step, step + 1, "sample accepts");
             assert!(chain.mu().is_none_or(f32::is_finite), "mu {:?}", chain.mu());
         }
     }

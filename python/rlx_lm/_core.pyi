@@ -110,9 +110,20 @@ class SamplerChain:
         logits: npt.NDArray[np.float32],
         history: _History = None,
         *,
+        prompt_len: int = 0,
+        uniform: float | None = None,
+        advance: bool = True,
+    ) -> int:
+        """Sample one token and accept it (the step and mu move on) unless ``advance=False``."""
+    def peek(
+        self,
+        logits: npt.NDArray[np.float32],
+        history: _History = None,
+        *,
+        prompt_len: int = 0,
         uniform: float | None = None,
     ) -> int:
-        """Sample one token from a float32 logits row given the history so far."""
+        """The token `sample` would return, without moving the chain on."""
     def sample_with_logprobs(
         self,
         logits: npt.NDArray[np.float32],
@@ -120,7 +131,9 @@ class SamplerChain:
         top_n: int = 0,
         *,
         mode: Literal["raw", "penalized", "final"] = "raw",
+        prompt_len: int = 0,
         uniform: float | None = None,
+        advance: bool = True,
     ) -> SampleResult:
         """Sample one token and report log-probabilities under `mode`'s distribution."""
     def sample_batch(
@@ -128,16 +141,18 @@ class SamplerChain:
         logits: npt.NDArray[np.float32],
         histories: Sequence[_History] | None = None,
         *,
+        prompt_lens: Sequence[int] | None = None,
         sequence_ids: Sequence[int] | None = None,
         uniforms: Sequence[float] | None = None,
+        advance: bool = True,
     ) -> npt.NDArray[np.int64]:
-        """Sample every row of a 2-D float32 array (rows in parallel, GIL released).
+        """Sample every row of a 2-D float32 array (rows in parallel, GIL released), then step on.
 
         The rows are sampled with the chain as it is when the call starts; the
         logits array is pinned (numpy refuses to resize it) until it returns.
         """
     def accept(self, token: int) -> None:
-        """Record the emitted token: advances the step and mirostat's mu."""
+        """Record the emitted token after `peek`: advances the step and mirostat's mu."""
     def reset(self) -> None:
         """Return to step 0 and the initial mirostat mu (same seed, same tokens)."""
     def clone(self) -> Self:
@@ -205,6 +220,8 @@ class KvCache:
         """Replace the contents with a snapshot's; copies nothing."""
     def len(self) -> int:
         """Tokens every layer holds."""
+    def __len__(self) -> int:
+        """``len(cache)``: tokens every layer holds."""
     def layer_len(self, layer: int) -> int:
         """Tokens held by one layer (differs from `len()` only mid forward pass)."""
     @property
@@ -232,6 +249,8 @@ class KvSnapshot:
 
     def len(self) -> int:
         """Tokens held."""
+    def __len__(self) -> int:
+        """``len(snapshot)``: tokens held."""
     def keys(self, layer: int) -> npt.NDArray[Any]:
         """The keys of one layer as a read-only view `[n_kv_heads, len, head_dim]`."""
     def values(self, layer: int) -> npt.NDArray[Any]:

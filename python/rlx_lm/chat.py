@@ -58,6 +58,8 @@ class ChatSession:
     tokenizer: Tokenizer
     system_prompt: str | None = None
     opts: SampleOpts | None = None
+    order: str | Sequence[str] | None = None
+    """The sampler chain's order (`SampleOpts.into_chain`): None, a preset, or stage names."""
     max_tokens: int | None = None
     """Tokens per reply at most; None: until end of turn or the context is full."""
     context: int | None = None
@@ -127,6 +129,7 @@ class ChatSession:
             self.tokenizer,
             ids,
             opts=self.opts,
+            order=self.order,
             max_tokens=limit,
             stop=stops,
             prompt_cache=self._cache,

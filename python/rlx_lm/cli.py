@@ -55,7 +55,8 @@ _SAMPLER_HELP: dict[str, str] = {
     "min_p": "Drop tokens less likely than P times the most likely one.",
     "typical_p": "Locally typical sampling: keep tokens close to the expected surprise, mass P.",
     "repetition_penalty": "Divide the logits of tokens seen in the last window by this.",
-    "repetition_window": "How many recent tokens the penalties look at.",
+    "repetition_window": "How many recent tokens the penalties look at (-1: all); unset takes "
+    "the order's default (64 under llama.cpp's and the default order, all under hf and vllm).",
     "presence_penalty": "Subtract this from the logit of every token already seen.",
     "frequency_penalty": "Subtract this times a token's count so far from its logit.",
     "dry_multiplier": "Strength of the DRY penalty on repeated sequences; 0 turns DRY off.",
@@ -109,6 +110,52 @@ class _Formatter(argparse.HelpFormatter):
         if shown and "default" not in text and action.option_strings:
             text += " (default: %(default)s)"
         return text
+
+
+# llama.cpp's --samplers names and aliases -> our stage names.
+_LLAMA_STAGES: dict[str, str] = {
+    "penalties": "penalties",
+    "dry": "dry",
+    "top_n_sigma": "top_n_sigma",
+    "top-n-sigma": "top_n_sigma",
+    "top_k": "top_k",
+    "top-k": "top_k",
+    "typ_p": "typical",
+    "typ-p": "typical",
+    "typ": "typical",
+    "typical_p": "typical",
+    "typical-p": "typical",
+    "typical": "typical",
+    "top_p": "top_p",
+    "top-p": "top_p",
+    "nucleus": "top_p",
+    "min_p": "min_p",
+    "min-p": "min_p",
+    "xtc": "xtc",
+    "temperature": "temperature",
+    "temp": "temperature",
+}
+
+_ORDER_HELP = (
+    "The sampler order preset. Every sampling flag here is llama.cpp's, so the chain is "
+    "llama.cpp's too unless this says otherwise: temperature last, after every filter (the "
+    "library's own default order tempers first; see docs/samplers.md). (default: llama.cpp)"
+)
+
+
+def _samplers(value: str) -> list[str]:
+    """llama.cpp's ``--samplers`` list (names separated by ';') as our stage names."""
+    names = [n.strip() for n in value.split(";") if n.strip()]
+    out = []
+    for n in names:
+        stage = _LLAMA_STAGES.get(n.lower())
+        if stage is None:
+            raise argparse.ArgumentTypeError(
+                f"unknown sampler {n!r}; llama.cpp's names are "
+                + ", ".join(sorted({k for k in _LLAMA_STAGES if "-" not in k}))
+            )
+        out.append(stage)
+    return out
 
 
 class _Progress:
@@ -276,6 +323,21 @@ def _add_sampler_args(parser: argparse.ArgumentParser) -> None:
             default=None,
             help=f"{sentence} (default: {shown})".replace("%", "%%"),
         )
+    parser.add_argument(
+        "--sampler-order",
+        choices=("llama.cpp", "default", "hf", "vllm"),
+        default=None,
+        help=_ORDER_HELP,
+    )
+    parser.add_argument(
+        "--samplers",
+        type=_samplers,
+        default=None,
+        metavar="LIST",
+        help="The stages in order, as llama.cpp's --samplers names them, separated by ';' "
+        "(e.g. 'penalties;top_k;top_p;temperature'); logit bias runs first and the draw last. "
+        "Replaces --sampler-order.",
+    )
 
 
 def _add_chat_args(parser: argparse.ArgumentParser, *, repl: bool = False) -> None:
@@ -421,6 +483,7 @@ def _chat(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
         tokenizer,
         system_prompt=args.system_prompt,
         opts=opts,
+        order=_sampler_order(args),
         max_tokens=None if args.n_predict < 0 else args.n_predict,
         context=ctx,
         chat_template=template,
@@ -428,6 +491,15 @@ def _chat(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
     if session.transcript:
         err.write("rlx-lm chat: the model has no chat template; using a plain transcript\n")
     return run_repl(session, stdin=sys.stdin, out=out, err=err, verbose=args.verbose)
+
+
+def _sampler_order(args: argparse.Namespace) -> str | list[str]:
+    """The order `--samplers` or `--sampler-order` asks for (llama.cpp's by default)."""
+    if args.samplers is not None:
+        if args.sampler_order is not None:
+            raise _usage("--samplers and --sampler-order both set the order: give one")
+        return ["logit_bias", *args.samplers]
+    return args.sampler_order or "llama.cpp"
 
 
 def _serve_parser(sub: Any) -> None:
@@ -616,6 +688,8 @@ def _generate(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
         args.seed = secrets.randbits(32)
     progress = _Progress(err)
     opts = _sample_opts(args)
+    order = _sampler_order(args)
+    opts.into_chain(order)  # refuse a bad order or knob before loading anything
     prompt = _read_prompt(args, err)
     model = str(default_model_path()) if args.model is None else args.model
     builder = LmRunnerBuilder().weights(model)
@@ -676,6 +750,7 @@ def _generate(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
         tokenizer,
         ids,
         opts=opts,
+        order=order,
         max_tokens=max_tokens,
         stop=args.stop,
         on_event=on_event,

@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from rlx_lm.runner import LmCore
+    from rlx_lm.runner import LmRunner
     from rlx_lm.tokenizer import Tokenizer
 
 __all__ = ["DEFAULT_CONTEXT", "default_model_path", "load_default"]
@@ -24,7 +24,7 @@ def default_model_path() -> Path:
     return Path(__file__).resolve().parent / "models" / "default.gguf"
 
 
-def load_default(*, max_seq: int = DEFAULT_CONTEXT, **builder: Any) -> tuple[LmCore, Tokenizer]:
+def load_default(*, max_seq: int = DEFAULT_CONTEXT, **builder: Any) -> tuple[LmRunner, Tokenizer]:
     """Load the shipped default model: a ready (runner, tokenizer) pair."""
     from rlx_lm.generation import load_model
 

@@ -6,7 +6,8 @@ optionally its log-probability); `generate` collects the whole `GenerationResult
 * drive any runner: its own cached prefill/decode pair, or `HostDriven` re-prefill when it
   has none;
 * sample with the Rust `SamplerChain` built from `SampleOpts` (greedy by default), feeding it
-  the whole token history for penalties and DRY;
+  the whole token history (prompt, then output, with ``prompt_len`` marking the split) for
+  penalties and DRY; ``chain.sample`` accepts each token, so every step draws afresh;
 * stop on EOS, on ``max_tokens``, on a stop string, which is never emitted (text that could
   be the beginning of a stop string is held back until it is clearly not), or at the end of
   the runner's context (stop reason ``"context"``, not an exception);
@@ -31,7 +32,15 @@ from rlx_lm._core import SamplerChain
 from rlx_lm.errors import CapacityError, InvalidOptionError, RlxError, SnapshotMismatchError
 from rlx_lm.host_driven import HostDriven
 from rlx_lm.prompt_cache import PromptCache
-from rlx_lm.runner import LmCore, as_logits, supports_host_driven, supports_prompt_cache
+from rlx_lm.runner import (
+    LmCore,
+    LmRunner,
+    as_logits,
+    supports_generate,
+    supports_host_driven,
+    supports_prompt_cache,
+    with_defaults,
+)
 from rlx_lm.sample_opts import SampleOpts
 from rlx_lm.tokenizer import Tokenizer
 
@@ -165,12 +174,17 @@ class Generator:
             close()
 
 
-def _make_chain(opts: SampleOpts | None, seed: int | None, sequence_id: int = 0) -> SamplerChain:
+def _make_chain(
+    opts: SampleOpts | None,
+    seed: int | None,
+    order: str | Sequence[str] | None,
+    sequence_id: int = 0,
+) -> SamplerChain:
     if opts is None:
         opts = SampleOpts()
     if seed is not None:
         opts = replace(opts, seed=seed)
-    return opts.into_chain(sequence_id=sequence_id)
+    return opts.into_chain(order, sequence_id=sequence_id)
 
 
 def _encode(tokenizer: Tokenizer, prompt: str | Sequence[int]) -> list[int]:
@@ -187,6 +201,7 @@ def stream(
     *,
     opts: SampleOpts | None = None,
     seed: int | None = None,
+    order: str | Sequence[str] | None = None,
     max_tokens: int = 128,
     stop: Sequence[str] = (),
     logprobs: int | None = None,
@@ -199,6 +214,7 @@ def stream(
 
     ``logprobs=n`` records each token's log-probability and the ``n`` likeliest
     alternatives, under the raw, penalized or final distribution (``logprob_mode``).
+    ``order`` is the chain's order (`SampleOpts.into_chain`): None, a preset, or stage names.
     ``sequence_id`` keys the seeded draw together with ``seed`` and the step, so
     sequences generated side by side (a server's batch, a Ray job's rows) each
     get their own random stream, reproducible from (seed, sequence_id) alone.
@@ -208,7 +224,7 @@ def stream(
     if logprobs is not None and logprobs < 0:
         raise InvalidOptionError(f"logprobs must be >= 0, got {logprobs}")
     ids = _encode(tokenizer, prompt)
-    chain = _make_chain(opts, seed, sequence_id)
+    chain = _make_chain(opts, seed, order, sequence_id)
     result = GenerationResult(prompt_tokens=len(ids), logprobs=[] if logprobs is not None else None)
     steps = _steps(
         runner,
@@ -233,6 +249,7 @@ def generate(
     *,
     opts: SampleOpts | None = None,
     seed: int | None = None,
+    order: str | Sequence[str] | None = None,
     max_tokens: int = 128,
     stop: Sequence[str] = (),
     logprobs: int | None = None,
@@ -248,6 +265,7 @@ def generate(
         prompt,
         opts=opts,
         seed=seed,
+        order=order,
         max_tokens=max_tokens,
         stop=stop,
         logprobs=logprobs,
@@ -331,12 +349,13 @@ def _sample(
     chain: SamplerChain,
     logits: npt.NDArray[np.float32],
     history: npt.NDArray[np.int64],
+    prompt_len: int,
     top_n: int | None,
     mode: LogprobMode,
 ) -> tuple[int, TokenLogprob | None]:
     if top_n is None:
-        return int(chain.sample(logits, history)), None
-    out = chain.sample_with_logprobs(logits, history, top_n, mode=mode)
+        return int(chain.sample(logits, history, prompt_len=prompt_len)), None
+    out = chain.sample_with_logprobs(logits, history, top_n, mode=mode, prompt_len=prompt_len)
     tok = int(out.token)
     top = tuple((int(t), float(lp)) for t, lp in out.top)
     return tok, TokenLogprob(tok, float(out.logprob), top)
@@ -371,8 +390,8 @@ def _steps(
     t1 = time.perf_counter()
     try:
         for step in range(max_tokens):
-            tok, lp = _sample(chain, logits, buffer[:filled], top_n, logprob_mode)
-            chain.accept(tok)
+            # sample() accepts the token too: the next step draws a fresh number.
+            tok, lp = _sample(chain, logits, buffer[:filled], len(ids), top_n, logprob_mode)
             buffer[filled] = tok
             filled += 1
             if tokenizer.is_eos(tok):
@@ -420,12 +439,15 @@ def load_model(
     *,
     on_event: EventCallback | None = None,
     **builder: Any,
-) -> tuple[LmCore, Tokenizer]:
+) -> tuple[LmRunner, Tokenizer]:
     """Build the runner for ``path`` through the family registry and load its tokenizer.
 
     ``builder`` names `LmRunnerBuilder` setters and their values (``max_seq=512``,
     ``threads=2``, ...). Without ``max_seq`` the context is the model's trained one, capped
     by a memory budget (`rlx_lm.context.default_context`).
+    The runner is what the family's loader built when it has its own ``generate`` (the
+    reference family's does), else that runner wrapped by `with_defaults`: an `LmRunner`
+    either way, so ``runner.generate(...)`` type-checks in the caller's code.
     """
     from rlx_lm.builder import LmRunnerBuilder
     from rlx_lm.progress import load_progress
@@ -442,6 +464,7 @@ def load_model(
 
         b = b.max_seq(default_context(b.resolved_weights(), kv_dtype=b.kv_dtype()))
     with load_progress(lambda done, total: _emit(on_event, "load", done, total, str(path))):
-        runner = b.build()
+        built = b.build()
     tokenizer = Tokenizer.load(b.resolved_weights())
+    runner: LmRunner = built if supports_generate(built) else with_defaults(built)
     return runner, tokenizer

@@ -22,13 +22,19 @@ snapshot reuse, a no-op phase callback, no stats, no sessions). Probes such as
 
 Parameters of protocol methods are positional-only, so an implementation may
 name them as it likes.
+
+Every protocol is ``@runtime_checkable``. ``isinstance(obj, SupportsHostDriven)`` proves only
+that ``obj`` has attributes of those names (on Python < 3.12 reading a property member, such
+as ``family``, runs it): not that they are callable with these parameters, nor what they
+return. The ``supports_*`` probes also check that methods are callable and that paired methods
+come together; ``rlx_lm.testing`` (``rlx-lm check``) checks signatures and behaviour.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from os import PathLike
-from typing import Generic, Protocol, TypeVar
+from typing import Generic, Protocol, TypeVar, runtime_checkable
 
 import numpy as np
 import numpy.typing as npt
@@ -76,6 +82,7 @@ PhaseCallback = Callable[[str], None]
 OnToken = Callable[[int], bool]
 
 
+@runtime_checkable
 class LmCore(Protocol):
     """Protocol: the three members every runner must have."""
 
@@ -94,6 +101,7 @@ class LmCore(Protocol):
         ...
 
 
+@runtime_checkable
 class LmRunner(LmCore, Protocol):
     """Protocol: a runner callers hold — the core plus greedy generation."""
 
@@ -104,6 +112,7 @@ class LmRunner(LmCore, Protocol):
         ...
 
 
+@runtime_checkable
 class SupportsHostDriven(Protocol):
     """Protocol: a cached decode pair, so the caller owns sampling."""
 
@@ -116,6 +125,7 @@ class SupportsHostDriven(Protocol):
         ...
 
 
+@runtime_checkable
 class SupportsPromptCache(Protocol):
     """Protocol: session export/restore and prefill that reuses a cached prefix."""
 
@@ -134,6 +144,7 @@ class SupportsPromptCache(Protocol):
         ...
 
 
+@runtime_checkable
 class SupportsKvStats(Protocol):
     """Protocol: occupancy of a long-context KV store."""
 
@@ -142,6 +153,7 @@ class SupportsKvStats(Protocol):
         ...
 
 
+@runtime_checkable
 class SupportsMultimodal(Protocol):
     """Protocol: image+text generation with phase callbacks."""
 
@@ -168,6 +180,7 @@ class SupportsMultimodal(Protocol):
         ...
 
 
+@runtime_checkable
 class SupportsBatchedDecode(Protocol):
     """Protocol: one decode step for B independent sequences in one call.
 
@@ -191,6 +204,7 @@ class SupportsBatchedDecode(Protocol):
         ...
 
 
+@runtime_checkable
 class FullLmRunner(
     LmRunner,
     SupportsHostDriven,

@@ -145,7 +145,7 @@ class SampleOpts:
     mirostat_m: int = 100
     frequency_penalty: float = 0.0
     presence_penalty: float = 0.0
-    repetition_window: int = 64
+    repetition_window: int | None = None
     min_keep: int = 1
     seed: int | None = None
     logit_bias: Mapping[int, float] = field(default_factory=LogitBias)
@@ -211,10 +211,29 @@ class SampleOpts:
         _in("mirostat_eta", self.mirostat_eta, self.mirostat_eta >= 0, ">= 0")
         m = _integer("mirostat_m", self.mirostat_m)
         _in("mirostat_m", m, m >= 2, ">= 2")
-        w = _integer("repetition_window", self.repetition_window)
-        _in("repetition_window", w, w >= 1 or w == -1, ">= 1, or -1 for the whole history")
+        if self.repetition_window is not None:
+            w = _integer("repetition_window", self.repetition_window)
+            _in(
+                "repetition_window",
+                w,
+                w >= 1 or w == -1,
+                ">= 1, -1 for the whole history, or None for the order's default",
+            )
         mk = _integer("min_keep", self.min_keep)
         _in("min_keep", mk, mk >= 1, ">= 1 (a stage must keep at least one token)")
+        readers = (
+            self.top_k,
+            self.top_p < 1,
+            self.min_p > 0,
+            self.typical_p < 1,
+            self.xtc_prob > 0,
+        )
+        if mk > 1 and not any(readers):
+            raise _fail(
+                "min_keep",
+                f"{mk} but no stage that reads it is set (top_k, top_p, min_p, typical_p, "
+                "xtc_prob): it would change nothing; leave it at 1",
+            )
         if self.seed is not None:
             s = _integer("seed", self.seed)
             _in("seed", s, 0 <= s < 2**64, "in 0..2**64 or None")

@@ -16,6 +16,7 @@ pyo3::import_exception!(rlx_lm.errors, ShapeError);
 pyo3::import_exception!(rlx_lm.errors, CapacityError);
 pyo3::import_exception!(rlx_lm.errors, SnapshotMismatchError);
 pyo3::import_exception!(rlx_lm.errors, WeightFormatError);
+pyo3::import_exception!(rlx_lm.errors, UnsupportedError);
 
 /// Convert a core error into the matching `rlx_lm.errors` exception.
 pub fn to_py(err: CoreError) -> PyErr {
@@ -31,6 +32,7 @@ pub fn to_py(err: CoreError) -> PyErr {
         CoreError::Capacity { .. } => CapacityError::new_err(msg),
         CoreError::SnapshotMismatch(_) => SnapshotMismatchError::new_err(msg),
         CoreError::Format(_) => WeightFormatError::new_err(msg),
+        CoreError::Unsupported(_) => UnsupportedError::new_err(msg),
         CoreError::Dtype(_) => DtypeError::new_err(msg),
         CoreError::Type(_) => PyTypeError::new_err(msg),
         CoreError::Io(_) => PyOSError::new_err(msg),

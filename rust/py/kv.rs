@@ -216,6 +216,11 @@ impl PyKvCache {
         self.inner.len()
     }
 
+    /// `len(cache)`: tokens every layer holds.
+    fn __len__(&self) -> usize {
+        self.inner.len()
+    }
+
     /// Tokens held by one layer (differs from `len()` only mid forward pass).
     fn layer_len(&self, layer: i64) -> PyResult<usize> {
         catch_panics(|| self.inner.layer_len(index(layer, "layer")?).py())
@@ -281,6 +286,11 @@ pub struct PyKvSnapshot {
 impl PyKvSnapshot {
     /// Tokens held.
     fn len(&self) -> usize {
+        self.inner.len()
+    }
+
+    /// `len(snapshot)`: tokens held.
+    fn __len__(&self) -> usize {
         self.inner.len()
     }
 

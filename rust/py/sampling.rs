@@ -12,15 +12,16 @@ use pyo3::types::{
 use super::arrays::{f32_row, refuse_masked};
 use super::errors::catch_panics;
 use super::errors::{
-    to_py, DtypeError, IntoPyResult, InvalidOptionError, ShapeError, TokenOutOfRangeError,
+    DtypeError, IntoPyResult, InvalidOptionError, ShapeError, TokenOutOfRangeError,
 };
 use super::gil::{detached, pin};
+use crate::sampling::batch::Batch;
 use crate::sampling::chain::{
-    ChainState, Knobs, LogprobMode, Mirostat, OrderSpec, SamplerChain, Scratch, Selector,
+    ChainState, History, Knobs, LogprobMode, Mirostat, OrderSpec, Sampled, SamplerChain, Scratch,
+    Selector,
 };
-use crate::CoreError;
+use crate::sampling::knobs::Window;
 
-pyo3::import_exception!(rlx_lm.errors, UnsupportedError);
 pyo3::import_exception!(rlx_lm.errors, SequenceStateError);
 
 fn bad(field: &str, reason: impl std::fmt::Display) -> PyErr {
@@ -74,17 +75,18 @@ fn knobs_from(opts: &Bound<'_, PyAny>) -> PyResult<Knobs> {
             usize::try_from(k).map_err(|_| bad("top_k", format!("must be >= 0, got {k}")))?
         }
     };
-    let window: i64 = opts
+    let window: Option<i64> = opts
         .getattr("repetition_window")?
         .extract()
-        .map_err(|_| bad("repetition_window", "must be an integer"))?;
+        .map_err(|_| bad("repetition_window", "must be an integer or None"))?;
     let repetition_window = match window {
-        -1 => None,
-        w if w >= 1 => Some(w as usize),
-        w => {
+        None => Window::Preset,
+        Some(-1) => Window::All,
+        Some(w) if w >= 1 => Window::Last(w as usize),
+        Some(w) => {
             return Err(bad(
                 "repetition_window",
-                format!("must be >= 1 or -1 (whole history), got {w}"),
+                format!("must be >= 1, -1 (whole history) or None (the order's default), got {w}"),
             ))
         }
     };
@@ -263,6 +265,20 @@ fn history_from(obj: Option<&Bound<'_, PyAny>>, what: &str) -> PyResult<Vec<u32>
         .collect()
 }
 
+/// A history with its prompt length, which must not exceed it.
+fn history_of(tokens: &[u32], prompt_len: usize) -> PyResult<History<'_>> {
+    if prompt_len > tokens.len() {
+        return Err(bad(
+            "prompt_len",
+            format!(
+                "{prompt_len} is longer than the history ({} tokens)",
+                tokens.len()
+            ),
+        ));
+    }
+    Ok(History { tokens, prompt_len })
+}
+
 fn describe(obj: &Bound<'_, PyAny>) -> String {
     obj.get_type()
         .name()
@@ -353,7 +369,6 @@ pub struct PySamplerChain {
     chain: SamplerChain,
     scratch: Scratch,
     batch_scratch: Vec<Scratch>,
-    vocab: Option<usize>,
 }
 
 impl PySamplerChain {
@@ -362,7 +377,6 @@ impl PySamplerChain {
             chain,
             scratch: Scratch::default(),
             batch_scratch: Vec::new(),
-            vocab: None,
         }
     }
 }
@@ -381,13 +395,32 @@ fn borrow_chain<'py>(slf: &Bound<'py, PySamplerChain>) -> PyResult<PyRefMut<'py,
     })
 }
 
-fn check_uniform(u: Option<f64>) -> PyResult<()> {
-    match u {
-        Some(u) if !(0.0..1.0).contains(&u) => {
-            Err(bad("uniform", format!("must be in [0, 1), got {u}")))
-        }
-        _ => Ok(()),
+/// One row: convert the inputs, then borrow the chain for the core's
+/// sample (advancing) or peek. Inputs are converted before the chain is
+/// borrowed: converting may run Python code (a history's iterator), during
+/// which another thread may use this chain.
+fn run_row(
+    slf: &Bound<'_, PySamplerChain>,
+    logits: &Bound<'_, PyAny>,
+    history: Option<&Bound<'_, PyAny>>,
+    prompt_len: usize,
+    uniform: Option<f64>,
+    logprobs: Option<(usize, LogprobMode)>,
+    advance: bool,
+) -> PyResult<Sampled> {
+    let row = f32_row(logits, "logits")?;
+    let tokens = history_from(history, "history")?;
+    let hist = history_of(&tokens, prompt_len)?;
+    let row = row.as_slice()?;
+    let mut me = borrow_chain(slf)?;
+    let me = &mut *me;
+    if advance {
+        me.chain
+            .sample(row, hist, uniform, logprobs, &mut me.scratch)
+    } else {
+        me.chain.peek(row, hist, uniform, logprobs, &mut me.scratch)
     }
+    .py()
 }
 
 #[pymethods]
@@ -408,72 +441,61 @@ impl PySamplerChain {
         })
     }
 
-    /// Sample one token from a float32 logits row given the history so far.
-    #[pyo3(signature = (logits, history=None, *, uniform=None))]
+    /// Sample one token from a float32 logits row given the history so far,
+    /// and accept it (the step and mirostat's mu move on) unless `advance`
+    /// is false.
+    #[pyo3(signature = (logits, history=None, *, prompt_len=0, uniform=None, advance=true))]
     fn sample(
         slf: &Bound<'_, Self>,
         logits: &Bound<'_, PyAny>,
         history: Option<&Bound<'_, PyAny>>,
+        prompt_len: usize,
         uniform: Option<f64>,
+        advance: bool,
     ) -> PyResult<u32> {
         catch_panics(|| {
-            // Inputs are converted before the chain is borrowed: converting
-            // may run Python code (a history's iterator), during which
-            // another thread may use this chain.
-            let row = f32_row(logits, "logits")?;
-            let hist = history_from(history, "history")?;
-            check_uniform(uniform)?;
-            let mut me = borrow_chain(slf)?;
-            let me = &mut *me;
-            let out = me
-                .chain
-                .sample_row(
-                    row.as_slice()?,
-                    &hist,
-                    me.chain.sequence,
-                    uniform,
-                    None,
-                    &mut me.scratch,
-                )
-                .py()?;
-            me.vocab = Some(row.len());
-            me.chain.set_pending(out.surprises);
-            Ok(out.token)
+            Ok(run_row(slf, logits, history, prompt_len, uniform, None, advance)?.token)
         })
     }
 
+    /// The token `sample` would return, without moving the chain on.
+    #[pyo3(signature = (logits, history=None, *, prompt_len=0, uniform=None))]
+    fn peek(
+        slf: &Bound<'_, Self>,
+        logits: &Bound<'_, PyAny>,
+        history: Option<&Bound<'_, PyAny>>,
+        prompt_len: usize,
+        uniform: Option<f64>,
+    ) -> PyResult<u32> {
+        catch_panics(|| Ok(run_row(slf, logits, history, prompt_len, uniform, None, false)?.token))
+    }
+
     /// Sample one token and report log-probabilities under `mode`'s distribution.
-    #[pyo3(signature = (logits, history=None, top_n=0, *, mode="raw", uniform=None))]
+    #[pyo3(signature = (logits, history=None, top_n=0, *, mode="raw", prompt_len=0, uniform=None, advance=true))]
+    #[allow(clippy::too_many_arguments)]
     fn sample_with_logprobs(
         slf: &Bound<'_, Self>,
         logits: &Bound<'_, PyAny>,
         history: Option<&Bound<'_, PyAny>>,
         top_n: i64,
         mode: &str,
+        prompt_len: usize,
         uniform: Option<f64>,
+        advance: bool,
     ) -> PyResult<SampleResult> {
         catch_panics(|| {
-            let row = f32_row(logits, "logits")?;
-            let hist = history_from(history, "history")?;
             let m = mode_from(mode)?;
-            check_uniform(uniform)?;
             let n = usize::try_from(top_n)
                 .map_err(|_| bad("top_n", format!("must be >= 0, got {top_n}")))?;
-            let mut me = borrow_chain(slf)?;
-            let me = &mut *me;
-            let out = me
-                .chain
-                .sample_row(
-                    row.as_slice()?,
-                    &hist,
-                    me.chain.sequence,
-                    uniform,
-                    Some((n, m)),
-                    &mut me.scratch,
-                )
-                .py()?;
-            me.vocab = Some(row.len());
-            me.chain.set_pending(out.surprises);
+            let out = run_row(
+                slf,
+                logits,
+                history,
+                prompt_len,
+                uniform,
+                Some((n, m)),
+                advance,
+            )?;
             let lp = out.logprobs.unwrap_or(crate::sampling::Logprobs {
                 logprob: 0.0,
                 top: Vec::new(),
@@ -491,32 +513,30 @@ impl PySamplerChain {
         })
     }
 
-    /// Sample every row of a 2-D float32 array (rows in parallel, GIL released).
+    /// Sample every row of a 2-D float32 array (rows in parallel, GIL
+    /// released), then move one step on unless `advance` is false.
     ///
     /// The rows are sampled with the chain as it is when the call starts: no
     /// borrow of the chain is held while the GIL is released, so another
     /// thread may use the same chain meanwhile (its `accept` counts for the
     /// next call); the logits array is pinned until the call returns.
-    #[pyo3(signature = (logits, histories=None, *, sequence_ids=None, uniforms=None))]
+    #[pyo3(signature = (logits, histories=None, *, prompt_lens=None, sequence_ids=None, uniforms=None, advance=true))]
+    #[allow(clippy::too_many_arguments)]
     fn sample_batch<'py>(
         slf: &Bound<'py, Self>,
         py: Python<'py>,
         logits: &Bound<'py, PyAny>,
         histories: Option<&Bound<'py, PyAny>>,
+        prompt_lens: Option<Vec<usize>>,
         sequence_ids: Option<&Bound<'py, PyAny>>,
         uniforms: Option<Vec<f64>>,
+        advance: bool,
     ) -> PyResult<Bound<'py, PyArray1<i64>>> {
         catch_panics(|| {
             let (chain, mut scratches) = {
                 let mut me = borrow_chain(slf)?;
                 (me.chain.clone(), std::mem::take(&mut me.batch_scratch))
             };
-            if chain.selector() == Selector::MirostatV1 || chain.selector() == Selector::MirostatV2
-            {
-                return Err(UnsupportedError::new_err(
-                    "sample_batch: mirostat keeps one mu per sequence; use one chain per sequence",
-                ));
-            }
             let arr: PyReadonlyArray2<'py, f32> = batch_rows(logits)?;
             let shape = arr.shape().to_vec();
             let (rows, vocab) = (shape[0], shape[1]);
@@ -549,97 +569,32 @@ impl PySamplerChain {
                 None => (0..rows as u64)
                     .map(|r| chain.sequence.wrapping_add(r))
                     .collect(),
-                Some(s) => {
-                    let s = sequence_ids_from(s)?;
-                    if s.len() != rows {
-                        return Err(ShapeError::new_err(format!(
-                            "sequence_ids has {} entries for {rows} rows of logits",
-                            s.len()
-                        )));
-                    }
-                    s
-                }
+                Some(s) => sequence_ids_from(s)?,
             };
-            if let Some(u) = &uniforms {
-                if u.len() != rows {
-                    return Err(ShapeError::new_err(format!(
-                        "uniforms has {} entries for {rows} rows of logits",
-                        u.len()
-                    )));
-                }
-                for &x in u {
-                    check_uniform(Some(x))?;
-                }
-            }
-            // Below about a million logits the pool's wake-up costs more than it saves.
-            let threads = if rows >= 2 && rows * vocab >= 1 << 20 {
-                rayon::current_num_threads().min(rows).min(16)
-            } else {
-                1
+            let batch = Batch {
+                logits: data,
+                vocab,
+                histories: &hists,
+                prompt_lens: prompt_lens.as_deref(),
+                sequences: &seqs,
+                uniforms: uniforms.as_deref(),
             };
-            if scratches.len() < threads {
-                scratches.resize_with(threads, Scratch::default);
-            }
             let pinned = pin(logits)?;
-            let result: Result<Vec<i64>, CoreError> = detached(py, &[&pinned], || {
-                let chain = &chain;
-                let scratches = &mut scratches[..threads];
-                let mut out = vec![0i64; rows];
-                let per = rows.div_ceil(threads);
-                let run =
-                    |lo: usize, out: &mut [i64], scratch: &mut Scratch| -> Result<(), CoreError> {
-                        for (j, o) in out.iter_mut().enumerate() {
-                            let r = lo + j;
-                            let row = &data[r * vocab..(r + 1) * vocab];
-                            let u = uniforms.as_ref().map(|u| u[r]);
-                            *o = chain
-                                .sample_row(row, &hists[r], seqs[r], u, None, scratch)?
-                                .token as i64;
-                        }
-                        Ok(())
-                    };
-                if threads == 1 {
-                    run(0, &mut out, &mut scratches[0])?;
-                    return Ok(out);
-                }
-                // The calling thread takes the first share; the others go to
-                // rayon's pool, whose threads are kept between calls (starting a
-                // thread per call cost 25-70 us here).
-                let mut results: Vec<Result<(), CoreError>> = Vec::with_capacity(threads);
-                let mut shares: Vec<(&mut [i64], &mut Scratch)> =
-                    out.chunks_mut(per).zip(scratches.iter_mut()).collect();
-                let (first, rest) = shares.split_at_mut(1);
-                let mut rest_results: Vec<Result<(), CoreError>> =
-                    (0..rest.len()).map(|_| Ok(())).collect();
-                rayon::in_place_scope(|s| {
-                    for (i, ((chunk, scratch), slot)) in
-                        rest.iter_mut().zip(rest_results.iter_mut()).enumerate()
-                    {
-                        let run = &run;
-                        s.spawn(move |_| *slot = run((i + 1) * per, chunk, scratch));
-                    }
-                    let (chunk, scratch) = &mut first[0];
-                    results.push(run(0, chunk, scratch));
-                });
-                results.extend(rest_results);
-                for r in results {
-                    r?;
-                }
-                Ok(out)
-            });
+            let result = detached(py, &[&pinned], || chain.sample_rows(&batch, &mut scratches));
             drop(pinned);
-            if let Ok(mut me) = slf.try_borrow_mut() {
-                if me.batch_scratch.len() < scratches.len() {
-                    me.batch_scratch = scratches;
-                }
-                me.vocab = Some(vocab);
+            let mut me = borrow_chain(slf)?;
+            if me.batch_scratch.len() < scratches.len() {
+                me.batch_scratch = scratches;
             }
-            let out = result.map_err(to_py)?;
+            let out = result.py()?;
+            if advance {
+                me.chain.advance(vocab);
+            }
             Ok(PyArray1::from_vec(py, out))
         })
     }
 
-    /// Record the emitted token: advances the step and mirostat's mu.
+    /// Record the emitted token after `peek`: advances the step and mirostat's mu.
     fn accept(&mut self, token: &Bound<'_, PyAny>) -> PyResult<()> {
         catch_panics(|| {
             let token = token_value(token, "accept")?;
@@ -648,13 +603,7 @@ impl PySamplerChain {
                     "accept: token id {token} is negative or too large"
                 ))
             })?;
-            if let Some(v) = self.vocab {
-                if t as usize >= v {
-                    return Err(to_py(CoreError::TokenOutOfRange { token, vocab: v }));
-                }
-            }
-            self.chain.accept(t);
-            Ok(())
+            self.chain.accept(t).py()
         })
     }
 
@@ -665,9 +614,7 @@ impl PySamplerChain {
 
     /// An independent copy with the same knobs, seed and state.
     fn clone(&self) -> Self {
-        let mut c = Self::wrap(self.chain.clone());
-        c.vocab = self.vocab;
-        c
+        Self::wrap(self.chain.clone())
     }
 
     fn __copy__(&self) -> Self {
@@ -681,7 +628,7 @@ impl PySamplerChain {
     /// Pickles as its state (knobs, order, sequence, step, mu, pending).
     fn __reduce__<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyTuple>> {
         catch_panics(|| {
-            let state = self.chain.state(self.vocab.map(|v| v as u64)).to_bytes();
+            let state = self.chain.state().to_bytes();
             let rebuild = py
                 .import("rlx_lm._core")?
                 .getattr("_sampler_chain_from_state")?;
@@ -757,10 +704,7 @@ impl PySamplerChain {
 pub fn _sampler_chain_from_state(state: &[u8]) -> PyResult<PySamplerChain> {
     catch_panics(|| {
         let state = ChainState::from_bytes(state).py()?;
-        let (chain, vocab) = SamplerChain::from_state(state).py()?;
-        let mut c = PySamplerChain::wrap(chain);
-        c.vocab = vocab.and_then(|v| usize::try_from(v).ok());
-        Ok(c)
+        Ok(PySamplerChain::wrap(SamplerChain::from_state(state).py()?))
     })
 }
 

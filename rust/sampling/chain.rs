@@ -39,6 +39,26 @@ enum FirstPass {
     Copy,
 }
 
+/// The tokens so far: the prompt's `prompt_len` first, then the output.
+///
+/// Every stage sees all of `tokens` (within the penalty window), except
+/// under vLLM's rule, where frequency and presence count the output only.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct History<'a> {
+    pub tokens: &'a [u32],
+    pub prompt_len: usize,
+}
+
+impl<'a> History<'a> {
+    /// A history that is all output (`prompt_len` 0).
+    pub fn output(tokens: &'a [u32]) -> Self {
+        History {
+            tokens,
+            prompt_len: 0,
+        }
+    }
+}
+
 /// The result of one sampling call.
 #[derive(Clone, Debug, PartialEq)]
 pub struct Sampled {
@@ -76,6 +96,8 @@ pub struct SamplerChain {
     selector: Selector,
     flavor: Flavor,
     order_name: String,
+    /// Top-k's k, with min_keep folded in where the order honours it.
+    top_k: usize,
     /// The order as asked for (kept so a state can rebuild the chain).
     order_spec: OrderSpec,
     penalties: Penalties,
@@ -88,6 +110,8 @@ pub struct SamplerChain {
     pub sequence: u64,
     mu: f32,
     pending: Option<Surprises>,
+    /// The length of the last row sampled (bounds `accept`'s token).
+    vocab: Option<usize>,
     first_pass: FirstPass,
     /// Leading edits run on the top-k's candidates rather than the row.
     deferred: Option<Plan>,
@@ -97,6 +121,7 @@ impl SamplerChain {
     /// Build a chain from knobs and an order.
     pub fn new(knobs: Knobs, order: &OrderSpec, sequence: u64) -> CoreResult<Self> {
         knobs.validate()?;
+        let mut force_temperature = false;
         let (stages, flavor, order_name) = match order {
             OrderSpec::Preset(name) => {
                 let (all, flavor) = preset_order(name).ok_or_else(|| {
@@ -126,6 +151,9 @@ impl SamplerChain {
                             ),
                         ));
                     }
+                    // llama.cpp's mirostat chain: logit bias, temperature
+                    // (at 0 it keeps only the argmax), mirostat.
+                    force_temperature = true;
                     vec![Stage::LogitBias, Stage::Temperature]
                 } else {
                     all
@@ -163,10 +191,39 @@ impl SamplerChain {
                         ));
                     }
                 }
-                (stages, Flavor::default(), "custom".to_owned())
+                (stages, Flavor::OURS, "custom".to_owned())
             }
         };
-        let stages: Vec<Stage> = stages.into_iter().filter(|s| knobs.enables(*s)).collect();
+        let stages: Vec<Stage> = stages
+            .into_iter()
+            .filter(|s| knobs.enables(*s) || (force_temperature && *s == Stage::Temperature))
+            .collect();
+        // Top-k keeps at least min_keep where the engine's does (Hugging Face,
+        // and the default order); elsewhere a min_keep no stage reads is refused.
+        let top_k_min_keep = flavor.top_k_min_keep;
+        let top_k = if top_k_min_keep && knobs.top_k > 0 {
+            knobs.top_k.max(knobs.min_keep)
+        } else {
+            knobs.top_k
+        };
+        if knobs.min_keep > 1 {
+            let reads = |s: &Stage| match s {
+                Stage::TopP | Stage::MinP | Stage::Typical | Stage::Xtc => true,
+                Stage::TopK => top_k_min_keep,
+                _ => false,
+            };
+            if !stages.iter().any(reads) {
+                return Err(CoreError::option(
+                    "min_keep",
+                    format!(
+                        "{} but no stage of this chain reads it (top_p, min_p, typical, xtc{}); \
+                         leave it at 1 or set one of them",
+                        knobs.min_keep,
+                        if top_k_min_keep { ", top_k" } else { "" }
+                    ),
+                ));
+            }
+        }
         let selector = match knobs.mirostat {
             Mirostat::V1 => Selector::MirostatV1,
             Mirostat::V2 => Selector::MirostatV2,
@@ -181,7 +238,16 @@ impl SamplerChain {
                 }
             }
         };
-        let deferred = Plan::for_chain(&stages, &knobs);
+        let penalties = knobs.penalties(&flavor);
+        // vLLM's prompt/output split needs two counts per token, which the
+        // deferred edits do not keep: such chains edit the row itself.
+        let deferred = if penalties.output_only
+            && (knobs.frequency_penalty != 0.0 || knobs.presence_penalty != 0.0)
+        {
+            None
+        } else {
+            Plan::for_chain(&stages, &knobs)
+        };
         let first_pass = match stages.first() {
             Some(Stage::LogitBias | Stage::Penalties | Stage::Dry) if deferred.is_none() => {
                 FirstPass::Copy
@@ -192,8 +258,9 @@ impl SamplerChain {
         bias.sort_unstable_by_key(|&(t, _)| t);
         let max_bias_token = bias.last().map(|&(t, _)| t);
         Ok(SamplerChain {
-            penalties: knobs.penalties(),
+            penalties,
             dry: knobs.dry(),
+            top_k,
             bias,
             max_bias_token,
             mu: bounded_mu(2.0 * knobs.mirostat_tau as f64, 0.0),
@@ -206,6 +273,7 @@ impl SamplerChain {
             step: 0,
             sequence,
             pending: None,
+            vocab: None,
             first_pass,
             deferred,
         })
@@ -236,12 +304,66 @@ impl SamplerChain {
         (self.knobs.mirostat != Mirostat::Off).then_some(self.mu)
     }
 
-    /// Record that `token` was emitted: advance the step and mirostat's `mu`.
+    /// Sample one row at the chain's step and accept the token, as
+    /// llama.cpp's `llama_sampler_sample` does: the step (and mirostat's
+    /// `mu`) move on, so the next call draws a fresh random number. The
+    /// token is still a pure function of (row, history, seed, sequence, step).
+    pub fn sample(
+        &mut self,
+        row: &[f32],
+        history: History<'_>,
+        uniform: Option<f64>,
+        logprobs: Option<(usize, LogprobMode)>,
+        scratch: &mut Scratch,
+    ) -> CoreResult<Sampled> {
+        let out = self.sample_row(row, history, self.sequence, uniform, logprobs, scratch)?;
+        self.vocab = Some(row.len());
+        self.pending = None;
+        self.learn(out.token, out.surprises.as_deref());
+        Ok(out)
+    }
+
+    /// The token [`Self::sample`] would return, without moving the chain on:
+    /// for callers that choose the token themselves (speculative decoding,
+    /// constrained search). What mirostat needs is kept for a later
+    /// [`Self::accept`] of whichever token is emitted.
+    pub fn peek(
+        &mut self,
+        row: &[f32],
+        history: History<'_>,
+        uniform: Option<f64>,
+        logprobs: Option<(usize, LogprobMode)>,
+        scratch: &mut Scratch,
+    ) -> CoreResult<Sampled> {
+        let mut out = self.sample_row(row, history, self.sequence, uniform, logprobs, scratch)?;
+        self.vocab = Some(row.len());
+        self.pending = out.surprises.take();
+        Ok(out)
+    }
+
+    /// Record that `token` was emitted after a [`Self::peek`]: advance the
+    /// step and mirostat's `mu`. A token outside the vocabulary of the last
+    /// row is refused and changes nothing.
     ///
     /// `mu` learns from the surprise of `token` under the distribution of the
-    /// last `sample` call; a token outside that distribution leaves `mu` as is.
-    pub fn accept(&mut self, token: u32) {
-        if let Some(s) = self.pending.take() {
+    /// last `peek`; a token outside that distribution leaves `mu` as is.
+    pub fn accept(&mut self, token: u32) -> CoreResult<()> {
+        if let Some(v) = self.vocab {
+            if token as usize >= v {
+                return Err(CoreError::TokenOutOfRange {
+                    token: token as i64,
+                    vocab: v,
+                });
+            }
+        }
+        let pending = self.pending.take();
+        self.learn(token, pending.as_deref());
+        Ok(())
+    }
+
+    /// Advance the step, and move `mu` by `token`'s surprise in `s`.
+    fn learn(&mut self, token: u32, s: Option<&[(u32, f32)]>) {
+        if let Some(s) = s {
             if let Ok(i) = s.binary_search_by_key(&token, |&(t, _)| t) {
                 let k = &self.knobs;
                 let step = k.mirostat_eta as f64 * (s[i].1 as f64 - k.mirostat_tau as f64);
@@ -249,6 +371,18 @@ impl SamplerChain {
             }
         }
         self.step += 1;
+    }
+
+    /// Move one step on after a batch drawn at this step.
+    pub(crate) fn advance(&mut self, vocab: usize) {
+        self.vocab = Some(vocab);
+        self.pending = None;
+        self.step += 1;
+    }
+
+    /// The vocabulary size of the last row sampled, if any.
+    pub fn vocab(&self) -> Option<usize> {
+        self.vocab
     }
 
     /// Back to step 0 and the initial `mu` (the seed is kept, so the same
@@ -260,7 +394,7 @@ impl SamplerChain {
     }
 
     /// Everything needed to rebuild this chain where it is ([`Self::from_state`]).
-    pub fn state(&self, vocab: Option<u64>) -> ChainState {
+    pub fn state(&self) -> ChainState {
         ChainState {
             knobs: self.knobs.clone(),
             order: self.order_spec.clone(),
@@ -268,13 +402,13 @@ impl SamplerChain {
             step: self.step,
             mu: self.mu,
             pending: self.pending.clone(),
-            vocab,
+            vocab: self.vocab.map(|v| v as u64),
         }
     }
 
     /// Rebuild a chain from [`Self::state`], validating the knobs and order
-    /// as [`Self::new`] does; returns the chain and the state's `vocab`.
-    pub fn from_state(state: ChainState) -> CoreResult<(Self, Option<u64>)> {
+    /// as [`Self::new`] does.
+    pub fn from_state(state: ChainState) -> CoreResult<Self> {
         let mut c = SamplerChain::new(state.knobs, &state.order, state.sequence)?;
         if !state.mu.is_finite() {
             return Err(CoreError::Format(format!(
@@ -292,15 +426,17 @@ impl SamplerChain {
         c.step = state.step;
         c.mu = state.mu;
         c.pending = state.pending;
-        Ok((c, state.vocab))
+        c.vocab = match state.vocab {
+            None => None,
+            Some(v) => Some(usize::try_from(v).map_err(|_| {
+                CoreError::Format("not a sampler chain state: vocab too large".into())
+            })?),
+        };
+        Ok(c)
     }
 
-    /// Keep what a `sample` call left for `accept`.
-    pub fn set_pending(&mut self, s: Option<Surprises>) {
-        self.pending = s;
-    }
-
-    /// Sample one row as sequence `sequence` at the chain's current step.
+    /// Sample one row as sequence `sequence` at the chain's current step
+    /// (the building block of [`Self::sample`], [`Self::peek`] and batches).
     ///
     /// Pure with respect to the chain: the state is read, never written
     /// (scratch buffers aside), so calling it twice gives the same token.
@@ -308,7 +444,7 @@ impl SamplerChain {
     pub fn sample_row(
         &self,
         row: &[f32],
-        history: &[u32],
+        history: History<'_>,
         sequence: u64,
         uniform: Option<f64>,
         logprobs: Option<(usize, LogprobMode)>,
@@ -317,6 +453,10 @@ impl SamplerChain {
         if row.is_empty() {
             return Err(CoreError::EmptyLogits);
         }
+        let History {
+            tokens: history,
+            prompt_len,
+        } = history;
         let mut cands = std::mem::take(&mut scratch.cands);
         cands.clear();
         let mut copy = None;
@@ -402,7 +542,16 @@ impl SamplerChain {
             work.release_dense();
         }
         let result = self.run(
-            &mut work, history, sequence, uniform, logprobs, row, scratch,
+            &mut work,
+            History {
+                tokens: history,
+                prompt_len,
+            },
+            sequence,
+            uniform,
+            logprobs,
+            row,
+            scratch,
         );
         let buffers = work.into_buffers();
         scratch.cands = buffers.cands;
@@ -419,7 +568,7 @@ impl SamplerChain {
     fn run(
         &self,
         work: &mut Work<'_>,
-        history: &[u32],
+        history: History<'_>,
         sequence: u64,
         uniform: Option<f64>,
         logprobs: Option<(usize, LogprobMode)>,
@@ -428,6 +577,10 @@ impl SamplerChain {
     ) -> CoreResult<Sampled> {
         let k = &self.knobs;
         let step = self.step;
+        let History {
+            tokens: history,
+            prompt_len,
+        } = history;
         let mut stages: &[Stage] = &self.stages;
         if let (Some(plan), Some(d)) = (&self.deferred, &work.dense) {
             if plan.edits.contains(&Stage::Penalties) {
@@ -452,7 +605,7 @@ impl SamplerChain {
             let found = deferred::top_k(
                 d.row.as_slice(),
                 d.max,
-                k.top_k,
+                self.top_k,
                 self.flavor.top_k_keep_ties,
                 &mut scratch.delta_top_k,
                 &edits,
@@ -475,7 +628,10 @@ impl SamplerChain {
             }
             match stage {
                 Stage::LogitBias => logit_bias::apply(work, &self.bias)?,
-                Stage::Penalties => self.penalties.apply(work, history, &mut scratch.counts)?,
+                Stage::Penalties => {
+                    self.penalties
+                        .apply_split(work, history, prompt_len, &mut scratch.counts)?
+                }
                 Stage::Dry => self.dry.apply(work, history, &mut scratch.counts)?,
                 Stage::Temperature => match k.dynamic_temp {
                     Some((lo, hi)) => {
@@ -491,7 +647,7 @@ impl SamplerChain {
                 },
                 Stage::TopK => top_k::apply(
                     work,
-                    k.top_k,
+                    self.top_k,
                     self.flavor.top_k_keep_ties,
                     &mut scratch.delta_top_k,
                 ),
@@ -499,7 +655,7 @@ impl SamplerChain {
                     work,
                     k.typical_p,
                     k.min_keep,
-                    self.flavor.typical_inclusive,
+                    self.flavor.typical,
                     &mut scratch.probs,
                 ),
                 Stage::TopP => {
@@ -594,9 +750,12 @@ impl SamplerChain {
                     for &stage in &self.stages {
                         match stage {
                             Stage::LogitBias => logit_bias::apply(&mut w, &self.bias)?,
-                            Stage::Penalties => {
-                                self.penalties.apply(&mut w, history, &mut scratch.counts)?
-                            }
+                            Stage::Penalties => self.penalties.apply_split(
+                                &mut w,
+                                history,
+                                prompt_len,
+                                &mut scratch.counts,
+                            )?,
                             Stage::Dry => self.dry.apply(&mut w, history, &mut scratch.counts)?,
                             _ => {}
                         }
@@ -669,10 +828,15 @@ mod tests {
     }
 
     fn token(c: &SamplerChain, row: &[f32], history: &[u32]) -> CoreResult<u32> {
-        Ok(
-            c.sample_row(row, history, 0, None, None, &mut Scratch::default())?
-                .token,
-        )
+        Ok(c.sample_row(
+            row,
+            History::output(history),
+            0,
+            None,
+            None,
+            &mut Scratch::default(),
+        )?
+        .token)
     }
 
     #[test]
@@ -716,7 +880,7 @@ mod tests {
         for _ in 0..50 {
             let t = token(&c, &row, &[]).unwrap();
             seen.insert(t);
-            c.accept(t);
+            c.accept(t).unwrap();
         }
         assert_eq!(c.step, 50);
         assert!(seen.len() > 40, "a uniform row should give varied tokens");

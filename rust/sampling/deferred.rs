@@ -240,6 +240,7 @@ mod tests {
             bias.sort_unstable_by_key(|&(t, _)| t);
             bias.dedup_by_key(|&mut (t, _)| t);
             let pen = Penalties {
+                output_only: false,
                 repeat: 1.0 + rng.below(10) as f32 / 4.0,
                 frequency: rng.below(4) as f32 / 2.0,
                 presence: rng.below(4) as f32,

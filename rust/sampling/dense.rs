@@ -604,32 +604,52 @@ dispatch! {
 
 #[inline(always)]
 fn moments_generic<const FMA: bool>(row: &[f32]) -> (usize, f64, f64) {
-    let (mut n, mut s) = (0usize, 0.0f64);
-    for block in row.chunks(BLOCK) {
-        let mut acc = 0.0f32;
-        for &v in block {
-            if v.is_finite() {
-                acc += v;
-                n += 1;
-            }
+    // Both passes accumulate in f64, lane by lane: in float32 a square leaves
+    // the range above |x| of about 1.8e19 and vanishes below about 1e-23, and a
+    // sum overflows near 3e38, which moved top-n-sigma's cut at those scales.
+    // Every float32 and every difference of two fits f64 with room to square.
+    const W: usize = 8;
+    let chunks = row.chunks_exact(W);
+    let tail = chunks.remainder();
+    let mut n = 0usize;
+    let mut s = [0.0f64; W];
+    for c in chunks.clone() {
+        for j in 0..W {
+            let f = c[j].is_finite();
+            s[j] += if f { c[j] as f64 } else { 0.0 };
+            n += f as usize;
         }
-        s += acc as f64;
+    }
+    for (j, &v) in tail.iter().enumerate() {
+        let f = v.is_finite();
+        s[j] += if f { v as f64 } else { 0.0 };
+        n += f as usize;
     }
     if n == 0 {
         return (0, 0.0, 0.0);
     }
-    let mean = s / n as f64;
-    let mf = mean as f32;
-    let mut ss = 0.0f64;
-    for block in row.chunks(BLOCK) {
-        let mut acc = 0.0f32;
-        for &v in block {
-            let d = v - mf;
-            acc += if v.is_finite() { d * d } else { 0.0 };
+    let mean = s.iter().sum::<f64>() / n as f64;
+    let sq = |acc: f64, v: f32| -> f64 {
+        if !v.is_finite() {
+            return acc;
         }
-        ss += acc as f64;
+        let d = v as f64 - mean;
+        if FMA {
+            d.mul_add(d, acc)
+        } else {
+            acc + d * d
+        }
+    };
+    let mut ss = [0.0f64; W];
+    for c in chunks {
+        for j in 0..W {
+            ss[j] = sq(ss[j], c[j]);
+        }
     }
-    (n, mean, (ss / n as f64).sqrt())
+    for (j, &v) in tail.iter().enumerate() {
+        ss[j] = sq(ss[j], v);
+    }
+    (n, mean, (ss.iter().sum::<f64>() / n as f64).sqrt())
 }
 
 dispatch! { wide

@@ -32,12 +32,26 @@ impl Dry {
     /// The penalty for a repeat of length `len >= allowed_length`, finite
     /// (it saturates at `f32::MAX`: a large penalty pushes a token to the
     /// bottom of the float32 range, it does not ban it).
+    ///
+    /// In float64, as llama.cpp's `std::pow(float, int)` is: a small
+    /// multiplier times a power beyond float32's range is still finite.
     pub fn penalty(&self, len: usize) -> f32 {
-        let mut e = (len - self.allowed_length) as f32;
+        let e = (len - self.allowed_length).min(self.max_exponent() as usize);
+        let e = i32::try_from(e).unwrap_or(i32::MAX);
+        (self.multiplier as f64 * (self.base as f64).powi(e)).min(f32::MAX as f64) as f32
+    }
+
+    /// llama.cpp's clamp on the exponent, in its float32 arithmetic
+    /// (`int(88.7228391f / logf(base))`: 128 for base 2, where float64 gives
+    /// 127); `i32::MAX` (no clamp) for a base within 1e-6 of 1.
+    pub fn max_exponent(&self) -> i32 {
+        // llama.cpp writes 88.7228391f; that rounds to this float32.
+        const FLOAT_MAX_LOG: f32 = 88.722_84;
         if self.base > 1.000_001 {
-            e = e.min((88.722_8 / self.base.ln()).floor());
+            (FLOAT_MAX_LOG / self.base.ln()) as i32
+        } else {
+            i32::MAX
         }
-        (self.multiplier * self.base.powf(e)).min(f32::MAX)
     }
 
     /// `(token, repeat length)` for every token DRY penalises, sorted by token.
@@ -194,6 +208,27 @@ thread_local! {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_exponent_clamp_is_llama_cpps_float32_one() {
+        let d = |base: f32| Dry {
+            multiplier: 1.0,
+            base,
+            allowed_length: 2,
+            max_ngram: 0,
+            breakers: Vec::new(),
+        };
+        assert_eq!(d(2.0).max_exponent(), 128);
+        assert_eq!(d(1.75).max_exponent(), 158);
+        assert_eq!(d(1.0).max_exponent(), i32::MAX);
+        assert_eq!(d(2.0).penalty(2 + 127), 2f32.powi(127));
+        // 2^-125 * 2^128 = 8: finite, though 2^128 alone is not in float32.
+        let small = Dry {
+            multiplier: 2f32.powi(-125),
+            ..d(2.0)
+        };
+        assert_eq!(small.penalty(2 + 300), 8.0);
+    }
 
     fn dry(allowed: usize, breakers: Vec<u32>) -> Dry {
         Dry {

@@ -1,7 +1,7 @@
 //! The chain's knobs, their validation, and which stages they switch on.
 
 use super::dry::Dry;
-use super::order::Stage;
+use super::order::{Flavor, Stage};
 use super::penalties::Penalties;
 use crate::error::{CoreError, CoreResult};
 
@@ -12,6 +12,32 @@ pub enum Mirostat {
     Off,
     V1,
     V2,
+}
+
+/// Which history tokens the penalties look at.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub enum Window {
+    /// The order's default: the last 64 (default, llama.cpp's
+    /// `penalty_last_n`), or the whole context (Hugging Face, vLLM).
+    #[default]
+    Preset,
+    /// The whole history.
+    All,
+    /// The most recent `n` tokens.
+    Last(usize),
+}
+
+impl Window {
+    /// The number of recent tokens (`None`: all) under an order whose
+    /// default is the whole context (`whole`) or the last 64.
+    pub fn resolve(self, whole: bool) -> Option<usize> {
+        match self {
+            Window::Preset if whole => None,
+            Window::Preset => Some(64),
+            Window::All => None,
+            Window::Last(n) => Some(n),
+        }
+    }
 }
 
 /// Every knob of the chain (defaults: greedy, every other stage off).
@@ -26,8 +52,8 @@ pub struct Knobs {
     pub repetition_penalty: f32,
     pub frequency_penalty: f32,
     pub presence_penalty: f32,
-    /// Most recent history tokens the penalties look at (`None`: all).
-    pub repetition_window: Option<usize>,
+    /// Which history tokens the penalties look at.
+    pub repetition_window: Window,
     pub dynamic_temp: Option<(f32, f32)>,
     pub dynamic_temp_exponent: f32,
     pub xtc_threshold: f32,
@@ -59,7 +85,7 @@ impl Default for Knobs {
             repetition_penalty: 1.0,
             frequency_penalty: 0.0,
             presence_penalty: 0.0,
-            repetition_window: Some(64),
+            repetition_window: Window::Preset,
             dynamic_temp: None,
             dynamic_temp_exponent: 1.0,
             xtc_threshold: 0.0,
@@ -158,7 +184,7 @@ impl Knobs {
             format!("must be > 0 (1 = off), got {r}"),
         )?;
         check(
-            self.repetition_window != Some(0),
+            self.repetition_window != Window::Last(0),
             "repetition_window",
             "must be >= 1 (or -1 for the whole history); use repetition_penalty=1 to turn penalties off",
         )?;
@@ -254,12 +280,14 @@ impl Knobs {
         Ok(())
     }
 
-    pub(crate) fn penalties(&self) -> Penalties {
+    /// The penalties under an order's scope rules.
+    pub(crate) fn penalties(&self, flavor: &Flavor) -> Penalties {
         Penalties {
             repeat: self.repetition_penalty,
             frequency: self.frequency_penalty,
             presence: self.presence_penalty,
-            window: self.repetition_window,
+            window: self.repetition_window.resolve(flavor.whole_context),
+            output_only: flavor.output_only_counts,
         }
     }
 
@@ -280,7 +308,11 @@ impl Knobs {
     pub fn enables(&self, stage: Stage) -> bool {
         match stage {
             Stage::LogitBias => !self.logit_bias.is_empty(),
-            Stage::Penalties => !self.penalties().is_neutral(),
+            Stage::Penalties => {
+                !(self.repetition_penalty == 1.0
+                    && self.frequency_penalty == 0.0
+                    && self.presence_penalty == 0.0)
+            }
             Stage::Dry => self.dry_multiplier > 0.0,
             Stage::Temperature => {
                 self.dynamic_temp.is_some()

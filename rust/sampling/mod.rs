@@ -5,6 +5,7 @@
 //! one pass over the row (a threshold or a partial selection, never a sort of
 //! the whole vocabulary), and every later stage works on those only.
 
+pub mod batch;
 pub mod candidates;
 pub mod chain;
 pub mod deferred;

@@ -52,13 +52,38 @@ impl Stage {
     }
 }
 
+pub use super::typical::Rule as TypicalRule;
+
 /// Boundary rules that differ between engines.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
 pub struct Flavor {
     /// Top-k keeps every candidate tied with the k-th (Hugging Face, vLLM).
     pub top_k_keep_ties: bool,
-    /// Typical stops at cumulative mass `>= p` (Hugging Face) rather than `> p`.
-    pub typical_inclusive: bool,
+    /// Top-k keeps at least `min_keep` (Hugging Face's `max(top_k, min_tokens_to_keep)`).
+    pub top_k_min_keep: bool,
+    /// Typical's boundary rule (Hugging Face: `>= p`, ties with the boundary kept).
+    pub typical: TypicalRule,
+    /// Penalties look at the whole context unless a window is given
+    /// (Hugging Face, vLLM); otherwise at the last 64 tokens (llama.cpp).
+    pub whole_context: bool,
+    /// Frequency and presence count the output only (the history after
+    /// `prompt_len`), the repetition penalty prompt and output (vLLM).
+    pub output_only_counts: bool,
+}
+
+impl Flavor {
+    /// The default order's rules (also a custom order's): ties to the lowest
+    /// id, and top-k keeps at least `min_keep`.
+    pub const OURS: Flavor = Flavor {
+        top_k_keep_ties: false,
+        top_k_min_keep: true,
+        typical: TypicalRule {
+            inclusive: false,
+            keep_ties: false,
+        },
+        whole_context: false,
+        output_only_counts: false,
+    };
 }
 
 /// How the stages are ordered.
@@ -76,7 +101,7 @@ pub const PRESETS: [&str; 4] = ["default", "llama.cpp", "hf", "vllm"];
 pub(crate) fn preset_order(name: &str) -> Option<(Vec<Stage>, Flavor)> {
     use Stage::*;
     Some(match name {
-        "default" => (Stage::DEFAULT_ORDER.to_vec(), Flavor::default()),
+        "default" => (Stage::DEFAULT_ORDER.to_vec(), Flavor::OURS),
         "llama.cpp" => (
             vec![
                 LogitBias,
@@ -107,7 +132,13 @@ pub(crate) fn preset_order(name: &str) -> Option<(Vec<Stage>, Flavor)> {
             ],
             Flavor {
                 top_k_keep_ties: true,
-                typical_inclusive: true,
+                top_k_min_keep: true,
+                typical: TypicalRule {
+                    inclusive: true,
+                    keep_ties: true,
+                },
+                whole_context: true,
+                output_only_counts: false,
             },
         ),
         "vllm" => (
@@ -125,7 +156,10 @@ pub(crate) fn preset_order(name: &str) -> Option<(Vec<Stage>, Flavor)> {
             ],
             Flavor {
                 top_k_keep_ties: true,
-                typical_inclusive: false,
+                top_k_min_keep: false,
+                typical: TypicalRule::default(),
+                whole_context: true,
+                output_only_counts: true,
             },
         ),
         _ => return None,

@@ -5,12 +5,12 @@
 //! are left before anything is allocated, so a hostile state costs at most
 //! its own size, and the knobs are validated again when the chain is rebuilt.
 
-use super::knobs::{Knobs, Mirostat};
+use super::knobs::{Knobs, Mirostat, Window};
 use super::mirostat::Surprises;
 use super::order::OrderSpec;
 use crate::error::{CoreError, CoreResult};
 
-const MAGIC: &[u8; 8] = b"RLXSMP01";
+const MAGIC: &[u8; 8] = b"RLXSMP02";
 /// Longest preset or stage name kept in a state.
 const MAX_NAME: usize = 64;
 /// Most stage names a custom order can list in a state.
@@ -181,7 +181,14 @@ impl ChainState {
         ] {
             w.u64(v as u64);
         }
-        w.opt_u64(k.repetition_window.map(|x| x as u64));
+        match k.repetition_window {
+            Window::Preset => w.u8(0),
+            Window::All => w.u8(1),
+            Window::Last(n) => {
+                w.u8(2);
+                w.u64(n as u64);
+            }
+        }
         match k.dynamic_temp {
             None => w.u8(0),
             Some((lo, hi)) => {
@@ -244,9 +251,11 @@ impl ChainState {
         let dry_max_ngram = r.usize("dry_max_ngram")?;
         let mirostat_m = r.usize("mirostat_m")?;
         let min_keep = r.usize("min_keep")?;
-        let repetition_window = match r.opt_u64()? {
-            None => None,
-            Some(w) => Some(usize::try_from(w).map_err(|_| bad("window too large"))?),
+        let repetition_window = match r.u8()? {
+            0 => Window::Preset,
+            1 => Window::All,
+            2 => Window::Last(r.usize("repetition_window")?),
+            x => return Err(bad(format!("unknown window tag {x}"))),
         };
         let dynamic_temp = if r.flag()? {
             Some((r.f32()?, r.f32()?))
@@ -346,7 +355,7 @@ mod tests {
                 dry_sequence_breakers: vec![1, 2],
                 dynamic_temp: None,
                 mirostat: Mirostat::V2,
-                repetition_window: None,
+                repetition_window: Window::All,
                 seed: 77,
                 ..Knobs::default()
             },
@@ -397,8 +406,8 @@ mod tests {
         }
         .to_bytes();
         // The breakers' count sits after the header, 15 f32s, 5 u64s,
-        // the window (flag + u64), dynamic_temp's flag, mirostat and the seed.
-        let at = 8 + 15 * 4 + 5 * 8 + 9 + 1 + 1 + 8;
+        // the window's tag (the preset's), dynamic_temp's flag, mirostat and the seed.
+        let at = 8 + 15 * 4 + 5 * 8 + 1 + 1 + 1 + 8;
         assert_eq!(&b[at..at + 8], &0u64.to_le_bytes());
         b[at..at + 8].copy_from_slice(&(u64::MAX / 2).to_le_bytes());
         match ChainState::from_bytes(&b) {

@@ -38,3 +38,33 @@ pub fn apply(work: &mut Work<'_>, n: f32) {
     let thr = (max - n as f64 * var.sqrt()) as f32;
     work.cands.retain(|c| c.logit >= thr);
 }
+
+#[cfg(test)]
+mod tests {
+    use crate::sampling::dense;
+
+    #[test]
+    fn moments_hold_at_float32_extremes() {
+        // In float32 the squares overflow near 1e20 and vanish near 1e-30.
+        let base = [2.0f64, 1.5, 1.0, 0.25, -1.0, -3.0, 0.5, -0.5, 0.125];
+        for scale in [1e-38f64, 1e-30, 1e-20, 1.0, 1e20, 1e30, 1e38] {
+            let row: Vec<f32> = base.iter().map(|b| (b * scale) as f32).collect();
+            let vals: Vec<f64> = row.iter().map(|&v| v as f64).collect();
+            let mean = vals.iter().sum::<f64>() / vals.len() as f64;
+            let sd =
+                (vals.iter().map(|v| (v - mean).powi(2)).sum::<f64>() / vals.len() as f64).sqrt();
+            let (n, m, s) = dense::moments(&row);
+            assert_eq!(n, row.len());
+            assert!(
+                (m - mean).abs() <= 1e-12 * sd,
+                "{scale}: mean {m} vs {mean}"
+            );
+            assert!((s - sd).abs() <= 1e-12 * sd, "{scale}: sd {s} vs {sd}");
+        }
+        // The extremes of float32 themselves: a spread of 2 * f32::MAX.
+        let row = [f32::MAX, f32::MIN, f32::NEG_INFINITY, f32::NAN];
+        let (n, m, s) = dense::moments(&row);
+        assert_eq!((n, m), (2, 0.0));
+        assert_eq!(s, f32::MAX as f64);
+    }
+}

@@ -5,6 +5,19 @@
 use super::candidates::{by_rank, Cand, Order, Work};
 use super::dense;
 
+/// How far below `p` (relative) a prefix's mass may fall and still count as
+/// reaching it. The masses carry the fast exp's ~2e-7 relative error (and the
+/// normaliser the same), so a prefix whose exact mass is `p` (`{.5, .3}` for
+/// `p = .8`) can come out a few 1e-7 short: without this slack the chain
+/// would keep one token more than every engine does. One part per million is
+/// above those errors and below anything a float32 `p` can express apart.
+pub const SLACK: f64 = 1e-6;
+
+/// The mass a prefix must reach: `p` of `total`, less [`SLACK`].
+pub fn target(p: f32, total: f64) -> f64 {
+    p as f64 * total * (1.0 - SLACK)
+}
+
 /// Number of leading entries of a rank-sorted list to keep.
 fn prefix_len(cands: &[Cand], max: f32, target: f64, min_keep: usize, fast_exp: bool) -> usize {
     let mut cum = 0.0f64;
@@ -259,7 +272,7 @@ pub fn apply(
         let mut g = std::mem::take(&mut work.spare_gathered);
         g.clear();
         let total = dense::exp_sum_gather(row, d.max, d.scale, ms - *delta, &mut g);
-        let target = p as f64 * total;
+        let target = target(p, total);
         let mut weights = work.spare_row.take().unwrap_or_default();
         let mut thr = ms - *delta;
         let mut first = true;
@@ -362,7 +375,7 @@ pub fn apply(
         .iter()
         .map(|c| (c.logit as f64 - max as f64).exp())
         .sum();
-    let n = prefix_len(&work.cands, max, p as f64 * total, min_keep, false);
+    let n = prefix_len(&work.cands, max, target(p, total), min_keep, false);
     work.cands.truncate(n);
     false
 }

@@ -3,9 +3,22 @@
 
 use super::candidates::{Cand, Order, Work};
 
-/// Apply typical-p. `inclusive` stops at the first cumulative mass `>= p`
-/// (the paper and Hugging Face); otherwise at the first `> p` (llama.cpp).
-pub fn apply(work: &mut Work<'_>, p: f32, min_keep: usize, inclusive: bool, probs: &mut Vec<f64>) {
+/// How typical-p finds its cut.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub struct Rule {
+    /// Stop at the first cumulative mass `>= p` (the paper and Hugging Face)
+    /// rather than the first `> p` (llama.cpp).
+    pub inclusive: bool,
+    /// Keep every candidate whose score ties the boundary's (Hugging Face
+    /// keeps `score <= score[boundary]`), and `min_keep` regardless of where
+    /// the boundary falls; otherwise the cut is the first index at or past
+    /// `min_keep - 1` where the mass is reached (llama.cpp).
+    pub keep_ties: bool,
+}
+
+/// Apply typical-p with `rule`.
+pub fn apply(work: &mut Work<'_>, p: f32, min_keep: usize, rule: Rule, probs: &mut Vec<f64>) {
+    let inclusive = rule.inclusive;
     if p >= 1.0 {
         return;
     }
@@ -41,6 +54,8 @@ pub fn apply(work: &mut Work<'_>, p: f32, min_keep: usize, inclusive: bool, prob
     let target = p as f64;
     let mut cum = 0.0f64;
     let mut keep = n;
+    // Hugging Face's cut ignores min_keep (it is applied afterwards).
+    let floor = if rule.keep_ties { 1 } else { min_keep };
     for (i, (_, c)) in ranked.iter().enumerate() {
         cum += logp(c).exp();
         let reached = if inclusive {
@@ -48,10 +63,17 @@ pub fn apply(work: &mut Work<'_>, p: f32, min_keep: usize, inclusive: bool, prob
         } else {
             cum > target
         };
-        if reached && i + 1 >= min_keep {
+        if reached && i + 1 >= floor {
             keep = i + 1;
             break;
         }
+    }
+    if rule.keep_ties {
+        let boundary = ranked[keep - 1].0;
+        while keep < n && ranked[keep].0 <= boundary {
+            keep += 1;
+        }
+        keep = keep.max(min_keep.min(n));
     }
     work.cands.clear();
     work.cands.extend(ranked[..keep].iter().map(|&(_, c)| c));

@@ -447,6 +447,14 @@ def _sessions_foreign(ctx: ClauseContext) -> str | None:
     from hypothesis import strategies as st
 
     _need_sessions(ctx)
+    probe = ctx.fresh()
+    call("prefill_logits([0])", probe.prefill_logits, [0])
+    if _export(probe, "after prefill_logits([0])").fingerprint is None:
+        raise ClauseSkip(
+            "not applicable: the runner does not fingerprint its sessions (export_session() "
+            "gave fingerprint None), so no snapshot is foreign to it; give its SessionSnapshot "
+            "a ModelFingerprint to have this clause checked"
+        )
 
     def body(ex: dict[str, Any]) -> None:
         prompt, moved, nxt = ex["prompt"], ex["moved"], ex["next"]

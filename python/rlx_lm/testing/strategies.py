@@ -202,13 +202,17 @@ def _sample_opts(draw: st.DrawFn, vocab_size: int | None, greedy: bool | None) -
     kw["repetition_penalty"] = draw(_or_default(1.0, st.floats(0.5, 2.0)))
     kw["frequency_penalty"] = draw(_or_default(0.0, _knob(-2.0, 2.0)))
     kw["presence_penalty"] = draw(_or_default(0.0, _knob(-2.0, 2.0)))
-    kw["repetition_window"] = draw(_or_default(64, st.integers(1, 128) | st.just(-1)))
+    kw["repetition_window"] = draw(_or_default(None, st.integers(1, 128) | st.just(-1)))
     kw["dry_multiplier"] = draw(_or_default(0.0, _knob(0.0, 2.0)))
     kw["dry_base"] = draw(_or_default(1.75, st.floats(1.0, 3.0)))
     kw["dry_allowed_length"] = draw(_or_default(2, st.integers(1, 4)))
     kw["dry_max_ngram"] = draw(_or_default(32, st.integers(0, 32)))
     kw["dry_sequence_breakers"] = draw(_or_default((), st.lists(token, max_size=3).map(tuple)))
-    kw["min_keep"] = draw(_or_default(1, st.integers(1, 4)))
+    # min_keep only where a stage of every order reads it (llama.cpp's top-k does not).
+    reads_min_keep = (
+        kw["top_p"] != 1.0 or kw["min_p"] != 0.0 or kw["typical_p"] != 1.0 or xtc_prob > 0
+    )
+    kw["min_keep"] = draw(_or_default(1, st.integers(1, 4))) if reads_min_keep else 1
     kw["seed"] = draw(_or_default(None, st.integers(0, 2**64 - 1)))
     # Never ban the whole vocabulary: at most vocab - 1 entries.
     bias = st.one_of(_knob(-10.0, 10.0), st.just(-math.inf))

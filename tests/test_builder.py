@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from dataclasses import fields
 from pathlib import Path
 
 import numpy as np
@@ -28,7 +29,7 @@ from rlx_lm import (
     with_defaults,
 )
 from rlx_lm import registry as reg_module
-from rlx_lm.builder import PACKED_GGUF_AUTO_THRESHOLD_BYTES
+from rlx_lm.builder import PACKED_GGUF_AUTO_THRESHOLD_BYTES, _Fields
 
 
 @pytest.fixture
@@ -273,3 +274,92 @@ def test_build_the_third_party_runner_from_its_entry_point(tmp_path: Path) -> No
         logits = wrapped.decode_logits(got[-1])
     assert got == want
     assert not wrapped.fell_back()
+
+
+# -- keyword construction and the dropped-copy guard (issue 14) ---------------------------
+
+
+def test_every_setting_is_a_constructor_keyword_validated_by_its_setter(tmp_path: Path) -> None:
+    path = tmp_path / "m.gguf"
+    kw = {
+        "weights": path,
+        "config": ConfigSource.JsonFile("c.json"),
+        "device": "cpu",
+        "max_seq": 512,
+        "max_memory_gb": 2,
+        "stream": False,
+        "sample": SampleOpts(temperature=0.7, seed=1),
+        "format": "gguf",
+        "packed_weights": False,
+        "prefer_gguf": "Q8_0",
+        "kv_dtype": "float16",
+        "threads": 2,
+        "activations": "q8",
+    }
+    built = LmRunnerBuilder(**kw)  # type: ignore[arg-type]
+    chained = LmRunnerBuilder()
+    for name, value in kw.items():
+        chained = getattr(chained, name)(value)
+    assert built == chained
+    assert built.max_seq() == 512
+    assert built.device() is Device.CPU
+    assert built.threads() == 2
+    # Every setting the builder has is a keyword (the test above covers them all).
+    assert set(kw) == {f.name for f in fields(_Fields)}
+    with pytest.raises(InvalidOptionError, match="max_seq"):
+        LmRunnerBuilder(max_seq=0)
+    with pytest.raises(InvalidOptionError, match="kv_dtype"):
+        LmRunnerBuilder(kv_dtype="int8")  # type: ignore[arg-type]
+    with pytest.raises(TypeError):
+        LmRunnerBuilder(max_sequence=512)  # type: ignore[call-arg]
+    # None keeps its meaning for the settings where None is a value.
+    assert LmRunnerBuilder(threads=None, max_memory_gb=None) == LmRunnerBuilder()
+
+
+SETTERS = [
+    ("weights", "m.gguf"),
+    ("config", ConfigSource.Embedded()),
+    ("config_value", {"n_layer": 2}),
+    ("device", "cpu"),
+    ("max_seq", 512),
+    ("max_memory_gb", 1.5),
+    ("stream", False),
+    ("sample", SampleOpts.greedy()),
+    ("format", "gguf"),
+    ("packed_weights", True),
+    ("prefer_gguf", "Q8_0"),
+    ("kv_dtype", "float16"),
+    ("threads", 2),
+]
+
+
+@pytest.mark.parametrize(("name", "value"), SETTERS)
+def test_a_setter_whose_copy_is_discarded_is_refused_where_it_is_written(
+    name: str, value: object
+) -> None:
+    b = LmRunnerBuilder()
+    # `b.max_seq(512)` as a statement changed nothing and the build got 128.
+    with pytest.raises(InvalidOptionError, match=rf"{name}\(\.\.\.\).*discarded"):
+        getattr(b, name)(value)
+    assert b == LmRunnerBuilder()
+    # The same call kept is fine: assigned, chained, passed on, returned, or evaluated.
+    kept = getattr(b, name)(value)
+    assert getattr(b, name)(value) == kept
+    both = [getattr(b, name)(value)]
+    assert both == [kept]
+    assert eval(f"b.{name}(value)", {"b": b, "value": value}) == kept
+
+
+def test_the_guard_reads_the_statement_not_the_chain() -> None:
+    b = LmRunnerBuilder()
+    with pytest.raises(InvalidOptionError, match=r"threads\(\.\.\.\)"):
+        b.max_seq(512).threads(2)  # the last copy is the one thrown away
+    code = "b = b.max_seq(512)\nc = b.threads(2)\n"
+    scope: dict[str, object] = {"b": b}
+    exec(compile(code, "<user>", "exec"), scope)
+    assert scope["c"] == LmRunnerBuilder(max_seq=512, threads=2)
+    with pytest.raises(InvalidOptionError, match="discarded"):
+        exec(compile("b.max_seq(64)\n", "<user>", "exec"), {"b": b})
+    # Reading a setting is never refused, statement or not.
+    b.max_seq()
+    b.weights()

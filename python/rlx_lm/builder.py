@@ -5,21 +5,41 @@ the value, ``b.max_seq(256)`` returns a new builder with it changed. Builders
 are immutable, so a partly configured builder can be shared and specialised
 without one use leaking into another::
 
-    base = LmRunnerBuilder().weights("model.gguf")
+    base = LmRunnerBuilder(weights="model.gguf")
     runner = base.max_seq(512).build()
+
+Every setting is also a keyword of the constructor, validated by its method:
+``LmRunnerBuilder(weights="model.gguf", max_seq=512)``.
+
+Because a setter returns a copy, ``b.max_seq(512)`` written as a statement
+would change nothing; it is refused instead (`InvalidOptionError`), at the
+line that wrote it. Assign the copy: ``b = b.max_seq(512)``.
 """
 
 from __future__ import annotations
 
+import bisect
+import dis
 import enum
+import functools
 import math
 import os
 import struct
+import sys
+import types
 from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any, Final, get_args, overload
 
-from rlx_lm.config import ConfigSource, Device, Embedded, Explicit, KvDtype, available_cores
+from rlx_lm.config import (
+    Activations,
+    ConfigSource,
+    Device,
+    Embedded,
+    Explicit,
+    KvDtype,
+    available_cores,
+)
 from rlx_lm.errors import InvalidOptionError, RlxError, UnsupportedError, WeightFormatError
 from rlx_lm.runner import LmCore
 from rlx_lm.sample_opts import SampleOpts
@@ -52,6 +72,56 @@ class _Unset(enum.Enum):
 _UNSET: Final = _Unset.TOKEN
 
 
+@functools.lru_cache(maxsize=512)
+def _instructions(code: types.CodeType) -> tuple[tuple[int, ...], tuple[str, ...]]:
+    """The offsets and names of ``code``'s instructions (inline caches left out)."""
+    ins = [i for i in dis.get_instructions(code) if i.opname != "CACHE"]
+    return tuple(i.offset for i in ins), tuple(i.opname for i in ins)
+
+
+def _result_discarded(frame: types.FrameType) -> bool:
+    """Whether the call ``frame`` is in the middle of is an expression statement.
+
+    The instruction after the call (``f_lasti`` is the call, or its last inline cache
+    on 3.11) is then POP_TOP: the value is thrown away.
+    """
+    offsets, names = _instructions(frame.f_code)
+    i = bisect.bisect_right(offsets, frame.f_lasti)
+    return i < len(names) and names[i] == "POP_TOP"
+
+
+def _refuse_if_discarded(setting: str) -> None:
+    """Raise when the caller's statement throws the new builder away.
+
+    Walks out of this module's frames (a setter called by another, or by the
+    constructor) to the caller's, and reads its bytecode: a call followed by
+    POP_TOP is an expression statement, whose value is lost. On an interpreter
+    without frames or bytecode to read, nothing is checked.
+    """
+    try:
+        frame: types.FrameType | None = sys._getframe(1)
+    except (AttributeError, ValueError):  # pragma: no cover - not CPython
+        return
+    called = setting
+    while frame is not None and frame.f_globals.get("__name__") == __name__:
+        if frame.f_code is LmRunnerBuilder.__init__.__code__:
+            return
+        called = frame.f_code.co_name  # the outermost is the method the caller called
+        frame = frame.f_back
+    if frame is None:  # pragma: no cover - called from this module only
+        return
+    try:
+        discarded = _result_discarded(frame)
+    except Exception:  # pragma: no cover - bytecode this version cannot read
+        return
+    if discarded:
+        raise InvalidOptionError(
+            f"{called}(...) returns a new LmRunnerBuilder and changes nothing in place; "
+            f"its result is discarded here, so the setting would be lost. Assign it "
+            f"(b = b.{called}(...)), chain it, or pass it as LmRunnerBuilder({setting}=...)"
+        )
+
+
 @dataclass(frozen=True)
 class _Fields:
     weights: Path | None = None
@@ -66,6 +136,7 @@ class _Fields:
     prefer_gguf: str | None = None
     kv_dtype: KvDtype = "float32"
     threads: int | None = None
+    activations: Activations = "exact"
 
 
 class LmRunnerBuilder:
@@ -74,16 +145,58 @@ class LmRunnerBuilder:
     Defaults: no weights, embedded config, CPU, ``max_seq`` 128, no memory cap,
     streaming on, greedy sampling, format detected from the weights, packed
     loading automatic (GGUF of 256 MiB or more), ``Q4_K_M`` preferred when
-    a directory holds several GGUF files, a float32 KV cache, and as many
-    compute threads as the process may use cores.
+    a directory holds several GGUF files, a float32 KV cache, as many
+    compute threads as the process may use cores, and exact float32 activations.
     """
 
     __slots__ = ("_f",)
 
-    def __init__(self) -> None:
+    def __init__(
+        self,
+        *,
+        weights: str | os.PathLike[str] | _Unset | None = _UNSET,
+        config: ConfigSource | _Unset = _UNSET,
+        device: Device | str | _Unset = _UNSET,
+        max_seq: int | _Unset = _UNSET,
+        max_memory_gb: float | _Unset | None = _UNSET,
+        stream: bool | _Unset = _UNSET,
+        sample: SampleOpts | _Unset = _UNSET,
+        format: WeightFormat | str | _Unset | None = _UNSET,
+        packed_weights: bool | _Unset | None = _UNSET,
+        prefer_gguf: str | _Unset | None = _UNSET,
+        kv_dtype: KvDtype | _Unset = _UNSET,
+        threads: int | _Unset | None = _UNSET,
+        activations: Activations | _Unset = _UNSET,
+    ) -> None:
+        """A builder with the defaults, changed by each keyword given (validated by its setter)."""
         self._f = _Fields()
+        given = {
+            "weights": weights,
+            "config": config,
+            "device": device,
+            "max_seq": max_seq,
+            "max_memory_gb": max_memory_gb,
+            "stream": stream,
+            "sample": sample,
+            "format": format,
+            "packed_weights": packed_weights,
+            "prefer_gguf": prefer_gguf,
+            "kv_dtype": kv_dtype,
+            "threads": threads,
+            "activations": activations,
+        }
+        b: LmRunnerBuilder = self
+        for name, value in given.items():
+            if value is not _UNSET:
+                b = getattr(b, name)(value)
+        self._f = b._f
 
     def _with(self, **changes: Any) -> LmRunnerBuilder:
+        """A setter's copy with ``changes``: refused when the caller's statement discards it."""
+        _refuse_if_discarded(next(iter(changes)))
+        return self._copy(**changes)
+
+    def _copy(self, **changes: Any) -> LmRunnerBuilder:
         new = LmRunnerBuilder.__new__(LmRunnerBuilder)
         new._f = replace(self._f, **changes)
         return new
@@ -260,6 +373,21 @@ class LmRunnerBuilder:
             raise InvalidOptionError(f"threads must be a positive integer, got {n!r}")
         return self._with(threads=n)
 
+    @overload
+    def activations(self, /) -> Activations: ...
+    @overload
+    def activations(self, mode: Activations, /) -> LmRunnerBuilder: ...
+    def activations(self, mode: Activations | _Unset = _UNSET, /) -> Activations | LmRunnerBuilder:
+        """How activations meet the weights: ``"exact"`` float32 (default) or ``"q8"``.
+
+        ``"q8"`` quantises them to 8 bits as llama.cpp does and uses integer dot products:
+        faster, with logits off by about what llama.cpp's are (see docs/kernels.md)."""
+        if mode is _UNSET:
+            return self._f.activations
+        if mode not in get_args(Activations):
+            raise InvalidOptionError(f'activations must be "exact" or "q8", got {mode!r}')
+        return self._with(activations=mode)
+
     # -- resolution and build ----------------------------------------------------------
 
     def resolved_format(self) -> WeightFormat:
@@ -314,7 +442,7 @@ class LmRunnerBuilder:
                 f"without a loader"
             )
         try:
-            runner = registration.load(self._with(weights=path, format=fmt))
+            runner = registration.load(self._copy(weights=path, format=fmt))
         except RlxError:
             raise
         except _MALFORMED as exc:  # a loader tripping over a malformed model: say so, typed

@@ -23,6 +23,7 @@
 pub mod format;
 mod kernel;
 mod multirow;
+pub mod q8;
 mod simd;
 #[cfg(test)]
 mod tests;

@@ -261,6 +261,43 @@ fn one_row_gives_the_same_bits_alone_in_a_batch_and_on_any_thread_count() {
 }
 
 #[test]
+fn batches_of_1_to_9_rows_give_each_row_its_single_row_bits_in_every_build() {
+    // Two or more activation rows go through `multirow`, one through `kernel`.
+    let mut rng = Rng(21);
+    for build in [best_build(), Build::Portable] {
+        for qtype in ALL {
+            let cols = if qtype.is_float() {
+                45
+            } else {
+                2 * qtype.block_values()
+            };
+            for rows in [1, 7, 14] {
+                let raw = random_rows(qtype, rows, cols, &mut rng);
+                let x: Vec<f32> = (0..9 * cols).map(|_| rng.unit()).collect();
+                let mut alone = vec![0.0f32; 9 * rows];
+                for t in 0..9 {
+                    let (xs, o) = (&x[t * cols..(t + 1) * cols], &mut alone[t * rows..][..rows]);
+                    matmul_with(build, false, qtype, &raw, rows, cols, xs, o).unwrap();
+                }
+                for b in 2..=9 {
+                    let mut got = vec![f32::NAN; b * rows];
+                    let xs = &x[..b * cols];
+                    matmul_with(build, true, qtype, &raw, rows, cols, xs, &mut got).unwrap();
+                    for (i, (g, a)) in got.iter().zip(&alone).enumerate() {
+                        assert_eq!(
+                            g.to_bits(),
+                            a.to_bits(),
+                            "{} {build:?} {rows}x{cols} b={b} element {i}",
+                            qtype.name()
+                        );
+                    }
+                }
+            }
+        }
+    }
+}
+
+#[test]
 fn gathered_rows_are_the_dequantised_rows() {
     let mut rng = Rng(5);
     for qtype in ALL {
@@ -346,7 +383,7 @@ fn perf_probe() {
             (1536, 576)
         };
         let raw = random_rows(qtype, rows, cols, &mut rng);
-        for n in [1usize, 8] {
+        for n in [1usize, 2, 4, 8, 16] {
             let x: Vec<f32> = (0..n * cols).map(|_| rng.unit()).collect();
             let mut out = vec![0.0f32; n * rows];
             let mut best = f64::MAX;

@@ -131,7 +131,7 @@ pub fn top_k(
             c.logit = edits.apply(c.id, c.logit);
         }
     };
-    let cap = (4 * k).max(256);
+    let cap = k.saturating_mul(4).max(256);
     let start = if k.saturating_mul(4) >= row.len() {
         f32::MIN
     } else {
@@ -272,6 +272,48 @@ mod tests {
             let mut got = Vec::new();
             let r = top_k(&row, mx, k, false, &mut delta, &edits, &mut got).map(|()| got);
             assert_eq!(r, want, "case {case}: n {n} k {k}");
+        }
+    }
+
+    /// fuzz/sampler_chain found `4 * k` overflowing (a panic with overflow checks) for a
+    /// `top_k` near `usize::MAX`; any k past the row keeps the whole row, ranked.
+    #[test]
+    fn a_top_k_near_usize_max_keeps_the_whole_row() {
+        let stages = [Stage::LogitBias, Stage::Penalties, Stage::Dry];
+        let row = [0.5f32, 2.0, -1.0, 2.0, f32::NEG_INFINITY];
+        let pen = Penalties {
+            output_only: false,
+            repeat: 1.0,
+            frequency: 0.0,
+            presence: 0.0,
+            window: None,
+        };
+        let dry = Dry {
+            multiplier: 0.0,
+            base: 1.75,
+            allowed_length: 2,
+            max_ngram: 0,
+            breakers: vec![],
+        };
+        let history: Vec<u32> = vec![];
+        let mut counts = WindowCounts::default();
+        counts.sync(pen.window(&history), row.len());
+        let mut zero = vec![0u32; row.len()];
+        let lens = dry.lengths(&history, &mut zero);
+        let edits = Edits {
+            stages: &stages,
+            bias: &[],
+            penalties: &pen,
+            counts: &counts,
+            dry: &dry,
+            dry_lengths: &lens,
+        };
+        for k in [usize::MAX, usize::MAX / 2, usize::MAX / 4 + 1] {
+            let want = by_copy(&row, k, &[], &pen, &dry, &history);
+            let mut delta = 8.0;
+            let mut got = Vec::new();
+            let r = top_k(&row, 2.0, k, false, &mut delta, &edits, &mut got).map(|()| got);
+            assert_eq!(r, want, "k {k}");
         }
     }
 

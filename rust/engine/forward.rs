@@ -10,9 +10,11 @@ use ndarray::ArrayView3;
 use rayon::prelude::*;
 
 use crate::engine::config::{Config, RopeStyle};
+use crate::engine::attention::{attend, slice_rows};
 use crate::engine::linear::{gather, matmul, Activations};
+use crate::engine::team::Team;
 use crate::engine::weights::{Store, Tensor, Weights};
-use crate::kv::{f16_to_f32, Dtype, Geometry, Half, KvCache, Rows};
+use crate::kv::{Dtype, Geometry, Half, KvCache};
 use crate::{CoreError, CoreResult};
 
 /// A loaded model: configuration and weights used in place.
@@ -22,6 +24,10 @@ pub struct Model {
     pub weights: Weights,
     /// Exact float32 activations (default) or the 8-bit fast mode.
     pub activations: Activations,
+    /// Threads that run a one-token decode step of one sequence as one job
+    /// (`crate::engine::decode`); without one, every step runs the general
+    /// path in the caller's rayon pool.
+    pub team: Option<Team>,
 }
 
 /// One sequence's part of a forward call: its cache and its new tokens.
@@ -41,6 +47,7 @@ impl Model {
             cfg,
             weights,
             activations: Activations::Exact,
+            team: None,
         })
     }
 
@@ -143,7 +150,12 @@ impl Model {
             }
             starts.push(len);
         }
-        let out = self.run(steps, &starts, all_logits);
+        let out = match (&self.team, &mut *steps) {
+            (Some(team), [one]) if one.tokens.len() == 1 && !all_logits => {
+                self.decode_team(team, one.cache, one.tokens[0], starts[0])
+            }
+            _ => self.run(steps, &starts, all_logits),
+        };
         if out.is_err() {
             for (s, &start) in steps.iter_mut().zip(&starts) {
                 s.cache.truncate(start.min(s.cache.len()))?;
@@ -273,10 +285,6 @@ impl Model {
                 let values = cache.head_rows(layer, Half::Values, j)?;
                 let last = positions[hi - 1];
                 let first = window_start(cfg.sliding_window, positions[lo]);
-                let (kf, vf) = (
-                    widen_rows(keys, first, last + 1, hd),
-                    widen_rows(values, first, last + 1, hd),
-                );
                 let mut out = vec![0.0f32; (hi - lo) * group * hd];
                 let mut scores = Vec::with_capacity(last + 1 - first);
                 for r in lo..hi {
@@ -287,15 +295,11 @@ impl Model {
                         let head = j * group + g;
                         let qv = &q[r * qw + head * hd..r * qw + (head + 1) * hd];
                         let dst = &mut out[((r - lo) * group + g) * hd..][..hd];
-                        attend_one(
-                            qv,
-                            &kf[from * hd..to * hd],
-                            &vf[from * hd..to * hd],
-                            hd,
-                            scale,
-                            &mut scores,
-                            dst,
+                        let seg = (
+                            slice_rows(keys, first + from, first + to, hd),
+                            slice_rows(values, first + from, first + to, hd),
                         );
+                        attend(qv, &[seg], hd, scale, &mut scores, dst);
                     }
                 }
                 Ok(out)
@@ -313,7 +317,7 @@ impl Model {
 }
 
 /// Rows `lo..hi` of `[rows, heads * hd]` seen as `[heads, n, hd]`.
-fn head_major(
+pub(crate) fn head_major(
     buf: &[f32],
     lo: usize,
     hi: usize,
@@ -327,78 +331,20 @@ fn head_major(
 
 /// First key position query position `pos` sees.
 #[inline]
-fn window_start(window: Option<usize>, pos: usize) -> usize {
+pub(crate) fn window_start(window: Option<usize>, pos: usize) -> usize {
     match window {
         Some(w) if pos + 1 > w => pos + 1 - w,
         _ => 0,
     }
 }
 
-/// Rows `from..to` of one head as float32 (borrowed when stored as float32).
-fn widen_rows(rows: Rows<'_>, from: usize, to: usize, hd: usize) -> std::borrow::Cow<'_, [f32]> {
-    match rows {
-        Rows::F32(r) => std::borrow::Cow::Borrowed(&r[from * hd..to * hd]),
-        Rows::F16(r) => std::borrow::Cow::Owned(
-            r[from * hd..to * hd]
-                .iter()
-                .map(|&b| f16_to_f32(b))
-                .collect(),
-        ),
-    }
-}
-
-/// Softmax(q . K^T * scale) . V for one query over `keys`/`values` (`[t, hd]`).
 #[inline]
-fn attend_one(
-    qv: &[f32],
-    keys: &[f32],
-    values: &[f32],
-    hd: usize,
-    scale: f32,
-    scores: &mut Vec<f32>,
-    out: &mut [f32],
-) {
-    scores.clear();
-    scores.extend(keys.chunks_exact(hd).map(|kr| dot(qv, kr) * scale));
-    let max = scores.iter().fold(f32::NEG_INFINITY, |m, &s| m.max(s));
-    let mut sum = 0.0f32;
-    for s in scores.iter_mut() {
-        *s = (*s - max).exp();
-        sum += *s;
-    }
-    let inv = 1.0 / sum;
-    out.iter_mut().for_each(|o| *o = 0.0);
-    for (&p, vr) in scores.iter().zip(values.chunks_exact(hd)) {
-        let w = p * inv;
-        out.iter_mut().zip(vr).for_each(|(o, &x)| *o += w * x);
-    }
-}
-
-#[inline(always)]
-fn dot(a: &[f32], b: &[f32]) -> f32 {
-    let mut acc = [0.0f32; 8];
-    let (ca, cb) = (a.chunks_exact(8), b.chunks_exact(8));
-    let tail: f32 = ca
-        .remainder()
-        .iter()
-        .zip(cb.remainder())
-        .map(|(x, y)| x * y)
-        .sum();
-    for (x, y) in ca.zip(cb) {
-        for i in 0..8 {
-            acc[i] += x[i] * y[i];
-        }
-    }
-    acc.iter().sum::<f32>() + tail
-}
-
-#[inline]
-fn silu(g: f32) -> f32 {
+pub(crate) fn silu(g: f32) -> f32 {
     g / (1.0 + (-g).exp())
 }
 
 /// RMS-normalise each row of `x` (rows of `w.len()`) and scale by `w`.
-fn rms_rows(x: &[f32], w: &[f32], eps: f32, out: &mut [f32]) {
+pub(crate) fn rms_rows(x: &[f32], w: &[f32], eps: f32, out: &mut [f32]) {
     let n = w.len();
     for (xr, yr) in x.chunks_exact(n).zip(out.chunks_exact_mut(n)) {
         let ms = xr.iter().map(|v| v * v).sum::<f32>() / n as f32;
@@ -410,7 +356,7 @@ fn rms_rows(x: &[f32], w: &[f32], eps: f32, out: &mut [f32]) {
 }
 
 /// RMS-normalise every head (`w.len()` values) of every row in place.
-fn rms_heads(x: &mut [f32], w: &[f32], eps: f32) {
+pub(crate) fn rms_heads(x: &mut [f32], w: &[f32], eps: f32) {
     let n = w.len();
     for head in x.chunks_exact_mut(n) {
         let ms = head.iter().map(|v| v * v).sum::<f32>() / n as f32;
@@ -420,7 +366,7 @@ fn rms_heads(x: &mut [f32], w: &[f32], eps: f32) {
 }
 
 /// cos/sin `[rows, head_dim / 2]` at each row's position.
-fn rope_tables(cfg: &Config, positions: &[usize]) -> (Vec<f32>, Vec<f32>) {
+pub(crate) fn rope_tables(cfg: &Config, positions: &[usize]) -> (Vec<f32>, Vec<f32>) {
     let half = cfg.head_dim / 2;
     let mut cos = Vec::with_capacity(positions.len() * half);
     let mut sin = Vec::with_capacity(positions.len() * half);
@@ -436,7 +382,7 @@ fn rope_tables(cfg: &Config, positions: &[usize]) -> (Vec<f32>, Vec<f32>) {
 }
 
 /// Rotate every head of every row (`x` is `[rows, heads * hd]`).
-fn rope(style: RopeStyle, x: &mut [f32], hd: usize, cos: &[f32], sin: &[f32]) {
+pub(crate) fn rope(style: RopeStyle, x: &mut [f32], hd: usize, cos: &[f32], sin: &[f32]) {
     let half = hd / 2;
     let rows = cos.len() / half;
     if rows == 0 {

@@ -5,13 +5,19 @@
 //! - [`config`]: a family as its config mapping plus its block variant.
 //! - [`weights`]: memory-mapped tensors, bounds-checked, gathered by name.
 //! - [`linear`]: products with stored weights (`crate::quant`'s kernels).
+//! - `attention`: one query head over cached keys and values, read in place.
 //! - [`forward`]: the forward pass.
+//! - `decode`: a one-token step of one sequence as one job of a [`team::Team`].
+//! - [`team`]: the engine's own threads, meeting at spin barriers.
 //!
 //! `docs/llama_runner.md` says how to add a family.
 
+mod attention;
 pub mod config;
+mod decode;
 pub mod forward;
 pub mod linear;
+pub mod team;
 pub mod weights;
 
 pub use config::{BlockVariant, Config, RopeStyle};

@@ -283,3 +283,82 @@ fn missing_and_misshapen_tensors_are_named() {
     assert!(err.to_string().contains("blk.0."), "{err}");
     let _ = wide;
 }
+
+#[test]
+fn a_team_decode_step_gives_the_general_paths_bits_on_any_thread_count() {
+    use crate::engine::team::Team;
+    use crate::engine::Activations;
+    use crate::kv::Half;
+    for cfg in variants() {
+        for dtype in [Dtype::F32, Dtype::F16] {
+            for activations in [Activations::Exact, Activations::Q8] {
+                let mut plain = model(cfg.clone());
+                plain.activations = activations;
+                let mut want_cache = KvCache::new(plain.geometry(dtype), 16).unwrap();
+                let want: Vec<Vec<f32>> = IDS
+                    .iter()
+                    .map(|t| {
+                        plain
+                            .forward(
+                                &mut [Step {
+                                    cache: &mut want_cache,
+                                    tokens: &[*t],
+                                }],
+                                false,
+                            )
+                            .unwrap()
+                    })
+                    .collect();
+                for threads in [1, 2, 3] {
+                    let mut m = model(cfg.clone());
+                    m.activations = activations;
+                    m.team = Some(Team::new(threads).unwrap());
+                    let mut c = KvCache::new(m.geometry(dtype), 16).unwrap();
+                    for (t, want) in IDS.iter().zip(&want) {
+                        let got = m
+                            .forward(
+                                &mut [Step {
+                                    cache: &mut c,
+                                    tokens: &[*t],
+                                }],
+                                false,
+                            )
+                            .unwrap();
+                        assert_eq!(&got, want, "{} {dtype:?} {threads} threads", cfg.arch);
+                    }
+                    assert_eq!(c.len(), want_cache.len());
+                    for layer in 0..m.cfg.n_layers {
+                        for head in 0..m.cfg.n_kv_heads {
+                            for half in [Half::Keys, Half::Values] {
+                                let a = c.head_rows(layer, half, head).unwrap();
+                                let b = want_cache.head_rows(layer, half, head).unwrap();
+                                assert_eq!(format!("{a:?}"), format!("{b:?}"));
+                            }
+                        }
+                    }
+                    // A full cache is refused and left as it was.
+                    let mut full = KvCache::new(m.geometry(dtype), 2).unwrap();
+                    for t in [1, 2] {
+                        m.forward(
+                            &mut [Step {
+                                cache: &mut full,
+                                tokens: &[t],
+                            }],
+                            false,
+                        )
+                        .unwrap();
+                    }
+                    let err = m.forward(
+                        &mut [Step {
+                            cache: &mut full,
+                            tokens: &[3],
+                        }],
+                        false,
+                    );
+                    assert!(matches!(err, Err(CoreError::Capacity { .. })));
+                    assert_eq!(full.len(), 2);
+                }
+            }
+        }
+    }
+}

@@ -14,7 +14,7 @@ mod slab;
 mod snapshot;
 
 pub use cache::{Geometry, KvCache, Rows, MAX_HEAD_DIM, MAX_KV_HEADS, MAX_LAYERS};
-pub use dtype::{f16_to_f32, f32_to_f16, Dtype};
+pub use dtype::{convert_f32_to_f16, f16_to_f32, f32_to_f16, Dtype};
 pub use slab::{Claim, Half, Slab, HUGE_PAGE};
 pub use snapshot::{KvSnapshot, StorageUse, BLOCK_TOKENS, MAX_SEQ_LIMIT};
 

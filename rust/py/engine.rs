@@ -232,8 +232,10 @@ impl PyEngine {
                 Store::open(&files, entries, owned).and_then(|s| Model::new(cfg, s))
             })
             .py()?;
+            let team = crate::engine::team::Team::new(threads).py()?;
             let model = Model {
                 activations,
+                team: Some(team),
                 ..model
             };
             let pool = rayon::ThreadPoolBuilder::new()

@@ -272,6 +272,54 @@ pub(crate) fn matmul_with(
     Ok(())
 }
 
+/// Per-group activation sums for weights with offsets (`group` values a
+/// group), as [`rows_into`] takes them.
+pub(crate) fn group_sums(x: &[f32], group: usize) -> Vec<f32> {
+    kernel::group_sums(x, group)
+}
+
+/// Rows `lo..hi` of the product of one activation row `x` with `W` (as
+/// [`matmul`], the same bits), on the calling thread, into `out[lo..hi]`.
+/// `xsum` is `group_sums(x, qtype.group_values())` for formats with
+/// offsets (else empty).
+///
+/// # Safety
+/// `out` points to `rows` writable floats; nobody else reads or writes
+/// `out[lo..hi]` meanwhile.
+#[allow(clippy::too_many_arguments)]
+pub(crate) unsafe fn rows_into(
+    qtype: QuantType,
+    raw: &[u8],
+    rows: usize,
+    cols: usize,
+    x: &[f32],
+    xsum: &[f32],
+    lo: usize,
+    hi: usize,
+    out: *mut f32,
+) -> CoreResult<()> {
+    let rb = check(qtype, raw, rows, cols)?;
+    if x.len() != cols || lo > hi || hi > rows {
+        return Err(CoreError::Shape(format!(
+            "rows {lo}..{hi} of a {rows} x {cols} weight times {} activations",
+            x.len()
+        )));
+    }
+    let job = Job {
+        qtype,
+        raw,
+        row_bytes: rb,
+        rows,
+        cols,
+        x,
+        n: 1,
+        xsum,
+    };
+    // SAFETY: forwarded (one activation row, so `out` is 1 x rows).
+    unsafe { run(best_build(), &job, lo, hi, out) };
+    Ok(())
+}
+
 /// The dequantised rows `ids` of `W` (`rows` x `cols` in `raw`), into `out`
 /// (`ids.len()` x `cols`): an embedding lookup, bit for bit gguf's values.
 pub fn gather_rows(

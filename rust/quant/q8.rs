@@ -39,7 +39,7 @@ use super::format::QuantType;
 #[cfg(target_arch = "x86_64")]
 use super::simd::Avx2;
 use super::simd::{Lanes, Portable};
-use super::unpack::{q8_0_scales, unpack_row};
+use super::unpack::{codes_in_registers, scales_only, unpack_row};
 use super::{best_build, check, Build, OutPtr, CHUNKS_PER_THREAD, PARALLEL_BYTES};
 use crate::error::{CoreError, CoreResult};
 
@@ -302,8 +302,51 @@ pub(crate) fn matmul_quantized(
     Ok(())
 }
 
+/// Rows `lo..hi` of the product of one quantised activation row with `W`
+/// (as [`matmul_quantized`], the same bits), on the calling thread, into
+/// `out[lo..hi]`. `qsum` is `group_qsums(acts, qtype.group_values())` for
+/// formats with offsets (else empty).
+///
+/// # Safety
+/// `out` points to `rows` writable floats; nobody else reads or writes
+/// `out[lo..hi]` meanwhile.
+pub(crate) unsafe fn rows_into(
+    qtype: QuantType,
+    raw: &[u8],
+    rows: usize,
+    acts: &QActs,
+    qsum: &[f32],
+    lo: usize,
+    hi: usize,
+    out: *mut f32,
+) -> CoreResult<()> {
+    let cols = acts.cols;
+    let rb = check(qtype, raw, rows, cols)?;
+    if act_block(qtype) != Some(acts.block) || acts.codes.len() != cols || lo > hi || hi > rows {
+        return Err(CoreError::Shape(format!(
+            "rows {lo}..{hi} of a {rows} x {cols} {} weight times {} activations in blocks of {}",
+            qtype.name(),
+            acts.codes.len(),
+            acts.block
+        )));
+    }
+    let job = Job {
+        qtype,
+        raw,
+        row_bytes: rb,
+        rows,
+        cols,
+        n: 1,
+        acts,
+        qsum,
+    };
+    // SAFETY: forwarded (one activation row, so `out` is 1 x rows).
+    unsafe { run(best_build(), &job, lo, hi, out) };
+    Ok(())
+}
+
 /// `d_b * sum q` over each group of `group` values of every row.
-fn group_qsums(acts: &QActs, group: usize) -> Vec<f32> {
+pub(crate) fn group_qsums(acts: &QActs, group: usize) -> Vec<f32> {
     acts.codes
         .chunks_exact(group)
         .enumerate()
@@ -344,13 +387,24 @@ unsafe fn rows_avx2(job: &Job<'_>, lo: usize, hi: usize, out: *mut f32, s: &mut 
     unsafe { rows::<Avx2>(job, lo, hi, out, s) }
 }
 
+/// How a band's codes are read.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Fmt {
+    /// int8 codes: row `i`, chunk `c` (32 codes) at `codes + i * stride + c * cstride`
+    /// (unpacked rows, or Q8_0's stored codes).
+    Codes,
+    /// Straight from the stored blocks of this format (row `i` at
+    /// `codes + i * stride`), unpacked in registers (AVX2 only).
+    Blocks(QuantType),
+}
+
 /// Where a band of unpacked rows lives.
 #[derive(Clone, Copy)]
 struct Band {
-    /// Codes of row `i`, chunk `c` (32 codes) at `codes + i * stride + c * cstride`.
     codes: *const i8,
     stride: usize,
     cstride: usize,
+    fmt: Fmt,
     /// Scales (offsets) of row `i`, group `g` at `i * groups + g`.
     scale: *const f32,
     offset: *const f32,
@@ -371,7 +425,11 @@ unsafe fn rows<S: Lanes + Dot>(
     let group = qtype.group_values();
     let groups = k / group;
     let in_place = qtype == QuantType::Q8_0;
-    s.codes.resize(if in_place { 0 } else { ROW_TILE * k }, 0);
+    // Codes read in registers for one or two activation rows; more rows
+    // reuse each row's codes enough to pay for unpacking them once.
+    let blocks = S::IN_REGISTERS && codes_in_registers(qtype) && job.n <= 2;
+    s.codes
+        .resize(if in_place || blocks { 0 } else { ROW_TILE * k }, 0);
     s.scale.resize(ROW_TILE * groups, 0.0);
     s.offset.resize(ROW_TILE * groups, 0.0);
     let mut r = lo;
@@ -383,8 +441,8 @@ unsafe fn rows<S: Lanes + Dot>(
                 &mut s.scale[i * groups..(i + 1) * groups],
                 &mut s.offset[i * groups..(i + 1) * groups],
             );
-            if in_place {
-                q8_0_scales::<S>(row, sc);
+            if in_place || blocks {
+                scales_only::<S>(qtype, row, sc, of);
             } else {
                 unpack_row::<S>(qtype, row, &mut s.codes[i * k..(i + 1) * k], sc, of);
             }
@@ -400,16 +458,20 @@ unsafe fn rows<S: Lanes + Dot>(
             for i in (0..rt).step_by(rs) {
                 // SAFETY: rows r + i.. of the scratch (or of `raw` for Q8_0).
                 let band = unsafe {
-                    let (codes, stride, cstride) = if in_place {
+                    let (codes, stride, cstride, fmt) = if blocks {
+                        let p = job.raw.as_ptr().add((r + i) * job.row_bytes);
+                        (p.cast::<i8>(), job.row_bytes, 0, Fmt::Blocks(qtype))
+                    } else if in_place {
                         let p = job.raw.as_ptr().add((r + i) * job.row_bytes + 2);
-                        (p.cast::<i8>(), job.row_bytes, 34)
+                        (p.cast::<i8>(), job.row_bytes, 34, Fmt::Codes)
                     } else {
-                        (s.codes.as_ptr().add(i * k), k, 32)
+                        (s.codes.as_ptr().add(i * k), k, 32, Fmt::Codes)
                     };
                     Band {
                         codes,
                         stride,
                         cstride,
+                        fmt,
                         scale: s.scale.as_ptr().add(i * groups),
                         offset: s.offset.as_ptr().add(i * groups),
                         groups,
@@ -487,6 +549,8 @@ unsafe fn tile<S: Dot>(
 
 /// The integer dot products of one build.
 trait Dot {
+    /// Whether [`Fmt::Blocks`] bands are read (else every band is [`Fmt::Codes`]).
+    const IN_REGISTERS: bool;
     /// `R` weight rows of `band` times `N` activation rows (codes `xq`, `k`
     /// apart; scales `xd`, `k >> 5 >> shift` apart, block of chunk `c` is
     /// `c >> shift`): `sum_c hsum(scale_c * d * int_dot_c)` without offsets.
@@ -502,6 +566,8 @@ trait Dot {
 }
 
 impl Dot for Portable {
+    const IN_REGISTERS: bool = false;
+
     #[inline(always)]
     unsafe fn dots<const R: usize, const N: usize>(
         band: Band,
@@ -544,6 +610,8 @@ impl Dot for Portable {
 
 #[cfg(target_arch = "x86_64")]
 impl Dot for Avx2 {
+    const IN_REGISTERS: bool = true;
+
     #[inline(always)]
     unsafe fn dots<const R: usize, const N: usize>(
         band: Band,
@@ -553,45 +621,226 @@ impl Dot for Avx2 {
         shift: usize,
         k: usize,
     ) -> [[f32; N]; R] {
-        use std::arch::x86_64::*;
-        let chunks = k / 32;
-        let nb = chunks >> shift;
-        // SAFETY (whole body): in bounds per the caller; AVX2 present.
+        use x86::*;
+        // SAFETY: forwarded from the caller.
         unsafe {
-            let ones = _mm256_set1_epi16(1);
-            let mut acc = [[_mm256_setzero_ps(); N]; R];
-            for c in 0..chunks {
-                let mut dv = [_mm256_setzero_ps(); N];
-                for (t, dv) in dv.iter_mut().enumerate() {
-                    *dv = _mm256_set1_ps(*xd.add(t * nb + (c >> shift)));
+            match band.fmt {
+                Fmt::Codes => dots_avx2::<Codes, R, N>(band, g16, xq, xd, shift, k),
+                Fmt::Blocks(QuantType::Q4_0) => dots_avx2::<Q4_0, R, N>(band, g16, xq, xd, shift, k),
+                Fmt::Blocks(QuantType::Q4_1) => dots_avx2::<Q4_1, R, N>(band, g16, xq, xd, shift, k),
+                Fmt::Blocks(QuantType::Q5_0) => dots_avx2::<Q5_0, R, N>(band, g16, xq, xd, shift, k),
+                Fmt::Blocks(QuantType::Q5_1) => dots_avx2::<Q5_1, R, N>(band, g16, xq, xd, shift, k),
+                Fmt::Blocks(QuantType::IQ4NL) => {
+                    dots_avx2::<Iq4Nl, R, N>(band, g16, xq, xd, shift, k)
                 }
-                let mut xv = [_mm256_setzero_si256(); N];
-                for (t, xv) in xv.iter_mut().enumerate() {
-                    *xv = _mm256_loadu_si256(xq.add(t * k + c * 32).cast());
-                }
-                for (i, acc) in acc.iter_mut().enumerate() {
-                    let w = _mm256_loadu_si256(
-                        band.codes.add(i * band.stride + c * band.cstride).cast(),
-                    );
-                    let aw = _mm256_sign_epi8(w, w);
-                    let sp = band.scale.add(i * band.groups);
-                    let sv = if g16 {
-                        _mm256_set_m128(
-                            _mm_set1_ps(*sp.add(2 * c + 1)),
-                            _mm_set1_ps(*sp.add(2 * c)),
-                        )
-                    } else {
-                        _mm256_set1_ps(*sp.add(c))
-                    };
-                    for (t, acc) in acc.iter_mut().enumerate() {
-                        let sx = _mm256_sign_epi8(xv[t], w);
-                        let p = _mm256_madd_epi16(_mm256_maddubs_epi16(aw, sx), ones);
-                        *acc =
-                            _mm256_fmadd_ps(_mm256_mul_ps(sv, dv[t]), _mm256_cvtepi32_ps(p), *acc);
-                    }
+                Fmt::Blocks(QuantType::Q4K) => dots_avx2::<Q4K, R, N>(band, g16, xq, xd, shift, k),
+                Fmt::Blocks(QuantType::Q6K) => dots_avx2::<Q6K, R, N>(band, g16, xq, xd, shift, k),
+                Fmt::Blocks(other) => unreachable!("{} is not read in registers", other.name()),
+            }
+        }
+    }
+}
+
+/// `R` weight rows of `band` (codes read by `L`) times `N` activation rows.
+#[cfg(target_arch = "x86_64")]
+#[inline(always)]
+unsafe fn dots_avx2<L: x86::Load, const R: usize, const N: usize>(
+    band: Band,
+    g16: bool,
+    xq: *const i8,
+    xd: *const f32,
+    shift: usize,
+    k: usize,
+) -> [[f32; N]; R] {
+    use std::arch::x86_64::*;
+    let chunks = k / 32;
+    let nb = chunks >> shift;
+    // SAFETY (whole body): in bounds per the caller; AVX2 present.
+    unsafe {
+        let ones = _mm256_set1_epi16(1);
+        let mut acc = [[_mm256_setzero_ps(); N]; R];
+        for c in 0..chunks {
+            let mut dv = [_mm256_setzero_ps(); N];
+            for (t, dv) in dv.iter_mut().enumerate() {
+                *dv = _mm256_set1_ps(*xd.add(t * nb + (c >> shift)));
+            }
+            let mut xv = [_mm256_setzero_si256(); N];
+            for (t, xv) in xv.iter_mut().enumerate() {
+                *xv = _mm256_loadu_si256(xq.add(t * k + c * 32).cast());
+            }
+            for (i, acc) in acc.iter_mut().enumerate() {
+                let w = L::load(&band, i, c);
+                let aw = _mm256_sign_epi8(w, w);
+                let sp = band.scale.add(i * band.groups);
+                let sv = if g16 {
+                    _mm256_set_m128(_mm_set1_ps(*sp.add(2 * c + 1)), _mm_set1_ps(*sp.add(2 * c)))
+                } else {
+                    _mm256_set1_ps(*sp.add(c))
+                };
+                for (t, acc) in acc.iter_mut().enumerate() {
+                    let sx = _mm256_sign_epi8(xv[t], w);
+                    let p = _mm256_madd_epi16(_mm256_maddubs_epi16(aw, sx), ones);
+                    *acc = _mm256_fmadd_ps(_mm256_mul_ps(sv, dv[t]), _mm256_cvtepi32_ps(p), *acc);
                 }
             }
-            acc.map(|row| row.map(|v| Avx2::hsum(v)))
+        }
+        acc.map(|row| row.map(|v| Avx2::hsum(v)))
+    }
+}
+
+/// The AVX2 code readers: 32 int8 codes of row `i`, chunk `c` of a band,
+/// the same codes `unpack.rs` writes.
+#[cfg(target_arch = "x86_64")]
+mod x86 {
+    use super::Band;
+    use std::arch::x86_64::*;
+
+    pub(super) trait Load {
+        /// # Safety
+        /// AVX2 present; row `i`, chunk `c` inside the band.
+        unsafe fn load(band: &Band, i: usize, c: usize) -> __m256i;
+    }
+
+    /// The 16 bytes at `p` as 32 nibbles: low ones, then high ones.
+    #[inline(always)]
+    unsafe fn nibbles(p: *const u8) -> __m256i {
+        // SAFETY: 16 readable bytes at p (caller).
+        unsafe {
+            let v = _mm_loadu_si128(p.cast());
+            let m = _mm_set1_epi8(15);
+            _mm256_set_m128i(_mm_and_si128(_mm_srli_epi16::<4>(v), m), _mm_and_si128(v, m))
+        }
+    }
+
+    /// 0xff in byte `j` where bit `j` of the little-endian u32 at `p` is set.
+    #[inline(always)]
+    unsafe fn bits(p: *const u8) -> __m256i {
+        // SAFETY: 4 readable bytes at p (caller).
+        unsafe {
+            let qh = p.cast::<u32>().read_unaligned();
+            let spread = _mm256_setr_epi8(
+                0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1, 2, 2, 2, 2, 2, 2, 2, 2, 3, 3, 3, 3,
+                3, 3, 3, 3,
+            );
+            let b = _mm256_shuffle_epi8(_mm256_set1_epi32(qh as i32), spread);
+            let bit = _mm256_set1_epi64x(0x8040_2010_0804_0201_u64 as i64);
+            _mm256_cmpeq_epi8(_mm256_and_si256(b, bit), bit)
+        }
+    }
+
+    #[inline(always)]
+    fn at(band: &Band, i: usize) -> *const u8 {
+        band.codes.wrapping_add(i * band.stride).cast()
+    }
+
+    pub(super) struct Codes;
+    impl Load for Codes {
+        #[inline(always)]
+        unsafe fn load(band: &Band, i: usize, c: usize) -> __m256i {
+            // SAFETY: forwarded.
+            unsafe { _mm256_loadu_si256(at(band, i).add(c * band.cstride).cast()) }
+        }
+    }
+
+    pub(super) struct Q4_0;
+    impl Load for Q4_0 {
+        #[inline(always)]
+        unsafe fn load(band: &Band, i: usize, c: usize) -> __m256i {
+            // SAFETY: forwarded; block c is 18 bytes, nibbles after `d`.
+            unsafe { _mm256_sub_epi8(nibbles(at(band, i).add(c * 18 + 2)), _mm256_set1_epi8(8)) }
+        }
+    }
+
+    pub(super) struct Q4_1;
+    impl Load for Q4_1 {
+        #[inline(always)]
+        unsafe fn load(band: &Band, i: usize, c: usize) -> __m256i {
+            // SAFETY: forwarded; block c is 20 bytes, nibbles after `d`, `m`.
+            unsafe { nibbles(at(band, i).add(c * 20 + 4)) }
+        }
+    }
+
+    pub(super) struct Q5_0;
+    impl Load for Q5_0 {
+        #[inline(always)]
+        unsafe fn load(band: &Band, i: usize, c: usize) -> __m256i {
+            // SAFETY: forwarded; block c is 22 bytes: `d`, qh, nibbles.
+            unsafe {
+                let b = at(band, i).add(c * 22);
+                // (q | h << 4) - 16: the nibble where the bit is set, else the nibble - 16.
+                let high = _mm256_andnot_si256(bits(b.add(2)), _mm256_set1_epi8(0xf0_u8 as i8));
+                _mm256_or_si256(nibbles(b.add(6)), high)
+            }
+        }
+    }
+
+    pub(super) struct Q5_1;
+    impl Load for Q5_1 {
+        #[inline(always)]
+        unsafe fn load(band: &Band, i: usize, c: usize) -> __m256i {
+            // SAFETY: forwarded; block c is 24 bytes: `d`, `m`, qh, nibbles.
+            unsafe {
+                let b = at(band, i).add(c * 24);
+                let high = _mm256_and_si256(bits(b.add(4)), _mm256_set1_epi8(0x10));
+                _mm256_or_si256(nibbles(b.add(8)), high)
+            }
+        }
+    }
+
+    pub(super) struct Iq4Nl;
+    impl Load for Iq4Nl {
+        #[inline(always)]
+        unsafe fn load(band: &Band, i: usize, c: usize) -> __m256i {
+            // SAFETY: forwarded; block c is 18 bytes, nibbles after `d`.
+            unsafe {
+                let t = _mm256_broadcastsi128_si256(_mm_loadu_si128(
+                    super::super::unpack::IQ4_VALUES.as_ptr().cast(),
+                ));
+                _mm256_shuffle_epi8(t, nibbles(at(band, i).add(c * 18 + 2)))
+            }
+        }
+    }
+
+    pub(super) struct Q4K;
+    impl Load for Q4K {
+        #[inline(always)]
+        unsafe fn load(band: &Band, i: usize, c: usize) -> __m256i {
+            // SAFETY: forwarded; 144-byte blocks of 8 chunks: chunk 2j and
+            // 2j + 1 are the low and high nibbles of qs[32j..32j + 32].
+            unsafe {
+                let (blk, w) = (c / 8, c % 8);
+                let p = at(band, i).add(blk * 144 + 16 + 32 * (w / 2));
+                let v = _mm256_loadu_si256(p.cast());
+                let v = _mm256_srl_epi16(v, _mm_cvtsi32_si128(4 * (w as i32 & 1)));
+                _mm256_and_si256(v, _mm256_set1_epi8(15))
+            }
+        }
+    }
+
+    pub(super) struct Q6K;
+    impl Load for Q6K {
+        #[inline(always)]
+        unsafe fn load(band: &Band, i: usize, c: usize) -> __m256i {
+            // SAFETY: forwarded; 210-byte blocks: ql[128], qh[64], scales, d.
+            // Chunk 4h + s: low (s < 2) or high nibbles of ql[64h + 32(s & 1)..],
+            // with bits 2s..2s + 2 of qh[32h..] above them, minus 32.
+            unsafe {
+                let (blk, w) = (c / 8, c % 8);
+                let (h, s) = (w / 4, w % 4);
+                let b = at(band, i).add(blk * 210);
+                let ql = _mm256_loadu_si256(b.add(64 * h + 32 * (s & 1)).cast());
+                let ql = _mm256_and_si256(
+                    _mm256_srl_epi16(ql, _mm_cvtsi32_si128(4 * (s as i32 >> 1))),
+                    _mm256_set1_epi8(15),
+                );
+                let qh = _mm256_loadu_si256(b.add(128 + 32 * h).cast());
+                let qh = _mm256_and_si256(
+                    _mm256_srl_epi16(qh, _mm_cvtsi32_si128(2 * s as i32)),
+                    _mm256_set1_epi8(3),
+                );
+                let q = _mm256_or_si256(ql, _mm256_slli_epi16::<4>(qh));
+                _mm256_sub_epi8(q, _mm256_set1_epi8(32))
+            }
         }
     }
 }

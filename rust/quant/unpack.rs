@@ -71,6 +71,75 @@ pub(crate) fn unpack_row<S: Lanes>(
     }
 }
 
+/// Whether the fast mode's AVX2 kernel reads `qtype`'s codes straight from
+/// the stored blocks (in registers), so that a row needs only
+/// [`scales_only`]: Q4_0, Q4_1, Q5_0, Q5_1, IQ4_NL, Q4_K, Q6_K (Q8_0 is
+/// read in place everywhere).
+pub(crate) fn codes_in_registers(qtype: QuantType) -> bool {
+    matches!(
+        qtype,
+        QuantType::Q4_0
+            | QuantType::Q4_1
+            | QuantType::Q5_0
+            | QuantType::Q5_1
+            | QuantType::IQ4NL
+            | QuantType::Q4K
+            | QuantType::Q6K
+    )
+}
+
+/// The group scales (and offsets) [`unpack_row`] gives a row of `qtype`,
+/// without its codes: the formats of [`codes_in_registers`] and Q8_0.
+#[inline(always)]
+pub(crate) fn scales_only<S: Lanes>(
+    qtype: QuantType,
+    raw: &[u8],
+    scale: &mut [f32],
+    offset: &mut [f32],
+) {
+    fn each<const BB: usize, const NG: usize>(
+        raw: &[u8],
+        scale: &mut [f32],
+        offset: &mut [f32],
+        f: impl Fn(&[u8; BB], &mut [f32; NG], &mut [f32; NG]),
+    ) {
+        let (raw, _) = raw.as_chunks::<BB>();
+        let (scale, _) = scale.as_chunks_mut::<NG>();
+        let (offset, _) = offset.as_chunks_mut::<NG>();
+        let mut dummy = [0.0f32; NG];
+        let mut offsets = offset.iter_mut();
+        for (b, s) in raw.iter().zip(scale.iter_mut()) {
+            f(b, s, offsets.next().unwrap_or(&mut dummy));
+        }
+    }
+    match qtype {
+        QuantType::Q4_0 | QuantType::IQ4NL => {
+            each::<18, 1>(raw, scale, offset, |b, s, _| s[0] = half::<S>(b, 0))
+        }
+        QuantType::Q5_0 => each::<22, 1>(raw, scale, offset, |b, s, _| s[0] = half::<S>(b, 0)),
+        QuantType::Q8_0 => each::<34, 1>(raw, scale, offset, |b, s, _| s[0] = half::<S>(b, 0)),
+        QuantType::Q4_1 => each::<20, 1>(raw, scale, offset, |b, s, o| {
+            s[0] = half::<S>(b, 0);
+            o[0] = -half::<S>(b, 2);
+        }),
+        QuantType::Q5_1 => each::<24, 1>(raw, scale, offset, |b, s, o| {
+            s[0] = half::<S>(b, 0);
+            o[0] = -half::<S>(b, 2);
+        }),
+        QuantType::Q4K => each::<144, 8>(raw, scale, offset, |b, s, o| {
+            k4_scales::<S, 144>(b, s, o)
+        }),
+        QuantType::Q6K => each::<210, 16>(raw, scale, offset, |b, s, _| {
+            let sc: &[u8; 16] = part(b, 192);
+            let d = half::<S>(b, 208);
+            for g in 0..16 {
+                s[g] = d * (sc[g] as i8) as f32;
+            }
+        }),
+        _ => unreachable!("{} has no scales-only unpacking", qtype.name()),
+    }
+}
+
 /// Scales of Q8_0 rows only (its codes are used in place).
 #[inline(always)]
 pub(crate) fn q8_0_scales<S: Lanes>(raw: &[u8], scale: &mut [f32]) {

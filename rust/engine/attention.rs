@@ -32,6 +32,7 @@ fn seg_rows(s: &Seg<'_>, hd: usize) -> usize {
     }
 }
 
+#[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
 fn avx2() -> bool {
     static HAS: OnceLock<bool> = OnceLock::new();
     *HAS.get_or_init(|| {
@@ -168,7 +169,13 @@ mod x86 {
             let r = _mm256_fnmadd_ps(fx, _mm256_set1_ps(0.693_359_4), x);
             let r = _mm256_fnmadd_ps(fx, _mm256_set1_ps(-2.121_944_4e-4), r);
             let mut y = _mm256_set1_ps(1.987_569_1e-4);
-            for c in [1.398_199_9e-3, 8.333_452e-3, 4.166_579_6e-2, 0.166_666_65, 0.5] {
+            for c in [
+                1.398_199_9e-3,
+                8.333_452e-3,
+                4.166_579_6e-2,
+                0.166_666_65,
+                0.5,
+            ] {
                 y = _mm256_fmadd_ps(y, r, _mm256_set1_ps(c));
             }
             let y = _mm256_fmadd_ps(
@@ -306,7 +313,8 @@ mod tests {
                 let want32 = reference(&q, &k, &v, hd, scale);
                 let want16 = reference(&q, &kr, &vr, hd, scale);
                 let split = t / 2;
-                let cases: Vec<(Vec<(Seg<'_>, Seg<'_>)>, &Vec<f64>)> = vec![
+                type Case<'a> = (Vec<(Seg<'a>, Seg<'a>)>, &'a Vec<f64>);
+                let cases: Vec<Case<'_>> = vec![
                     (vec![(Rows::F32(&k), Rows::F32(&v))], &want32),
                     (
                         vec![

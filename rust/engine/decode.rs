@@ -340,16 +340,6 @@ impl Model {
         out: *mut f32,
     ) -> CoreResult<()> {
         // SAFETY: forwarded.
-        unsafe {
-            prep.rows(
-                t.kind,
-                self.weights.bytes(t),
-                t.rows,
-                t.cols,
-                lo,
-                hi,
-                out,
-            )
-        }
+        unsafe { prep.rows(t.kind, self.weights.bytes(t), t.rows, t.cols, lo, hi, out) }
     }
 }

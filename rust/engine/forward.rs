@@ -9,8 +9,8 @@
 use ndarray::ArrayView3;
 use rayon::prelude::*;
 
-use crate::engine::config::{Config, RopeStyle};
 use crate::engine::attention::{attend, slice_rows};
+use crate::engine::config::{Config, RopeStyle};
 use crate::engine::linear::{gather, matmul, Activations};
 use crate::engine::team::Team;
 use crate::engine::weights::{Store, Tensor, Weights};

@@ -174,7 +174,10 @@ impl Team {
         // `done` below, while `job` is alive; no worker reads `s.job` now
         // (they all finished the previous job and wait for a new epoch).
         unsafe {
-            *s.job.get() = Some(JobPtr(std::mem::transmute::<&(dyn Fn(&Member<'_>) + Sync + '_), *const Job>(erased)));
+            *s.job.get() = Some(JobPtr(std::mem::transmute::<
+                &(dyn Fn(&Member<'_>) + Sync + '_),
+                *const Job,
+            >(erased)));
         }
         s.epoch.fetch_add(1, Ordering::SeqCst);
         if s.parked.load(Ordering::SeqCst) > 0 {

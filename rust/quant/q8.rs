@@ -310,6 +310,7 @@ pub(crate) fn matmul_quantized(
 /// # Safety
 /// `out` points to `rows` writable floats; nobody else reads or writes
 /// `out[lo..hi]` meanwhile.
+#[allow(clippy::too_many_arguments)]
 pub(crate) unsafe fn rows_into(
     qtype: QuantType,
     raw: &[u8],
@@ -389,6 +390,7 @@ unsafe fn rows_avx2(job: &Job<'_>, lo: usize, hi: usize, out: *mut f32, s: &mut 
 
 /// How a band's codes are read.
 #[derive(Clone, Copy, PartialEq, Eq)]
+#[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
 enum Fmt {
     /// int8 codes: row `i`, chunk `c` (32 codes) at `codes + i * stride + c * cstride`
     /// (unpacked rows, or Q8_0's stored codes).
@@ -400,6 +402,7 @@ enum Fmt {
 
 /// Where a band of unpacked rows lives.
 #[derive(Clone, Copy)]
+#[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
 struct Band {
     codes: *const i8,
     stride: usize,
@@ -626,10 +629,18 @@ impl Dot for Avx2 {
         unsafe {
             match band.fmt {
                 Fmt::Codes => dots_avx2::<Codes, R, N>(band, g16, xq, xd, shift, k),
-                Fmt::Blocks(QuantType::Q4_0) => dots_avx2::<Q4_0, R, N>(band, g16, xq, xd, shift, k),
-                Fmt::Blocks(QuantType::Q4_1) => dots_avx2::<Q4_1, R, N>(band, g16, xq, xd, shift, k),
-                Fmt::Blocks(QuantType::Q5_0) => dots_avx2::<Q5_0, R, N>(band, g16, xq, xd, shift, k),
-                Fmt::Blocks(QuantType::Q5_1) => dots_avx2::<Q5_1, R, N>(band, g16, xq, xd, shift, k),
+                Fmt::Blocks(QuantType::Q4_0) => {
+                    dots_avx2::<Q4_0, R, N>(band, g16, xq, xd, shift, k)
+                }
+                Fmt::Blocks(QuantType::Q4_1) => {
+                    dots_avx2::<Q4_1, R, N>(band, g16, xq, xd, shift, k)
+                }
+                Fmt::Blocks(QuantType::Q5_0) => {
+                    dots_avx2::<Q5_0, R, N>(band, g16, xq, xd, shift, k)
+                }
+                Fmt::Blocks(QuantType::Q5_1) => {
+                    dots_avx2::<Q5_1, R, N>(band, g16, xq, xd, shift, k)
+                }
                 Fmt::Blocks(QuantType::IQ4NL) => {
                     dots_avx2::<Iq4Nl, R, N>(band, g16, xq, xd, shift, k)
                 }
@@ -708,7 +719,10 @@ mod x86 {
         unsafe {
             let v = _mm_loadu_si128(p.cast());
             let m = _mm_set1_epi8(15);
-            _mm256_set_m128i(_mm_and_si128(_mm_srli_epi16::<4>(v), m), _mm_and_si128(v, m))
+            _mm256_set_m128i(
+                _mm_and_si128(_mm_srli_epi16::<4>(v), m),
+                _mm_and_si128(v, m),
+            )
         }
     }
 

@@ -131,7 +131,7 @@ pub fn top_k(
             c.logit = edits.apply(c.id, c.logit);
         }
     };
-    let cap = (4 * k).max(256);
+    let cap = k.saturating_mul(4).max(256);
     let start = if k.saturating_mul(4) >= row.len() {
         f32::MIN
     } else {

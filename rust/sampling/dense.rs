@@ -931,7 +931,7 @@ pub fn top_k(
         // Most of the row survives anyway: take every finite entry.
         gather_ge(row, 1.0, f32::MIN, out);
     } else {
-        let cap = (4 * k).max(256);
+        let cap = k.saturating_mul(4).max(256);
         gather_top(row, max - *delta, k, cap, &|_| {}, out);
         if out.len() < k {
             // The threshold started too high: again from the bottom.

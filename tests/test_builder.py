@@ -294,6 +294,7 @@ def test_every_setting_is_a_constructor_keyword_validated_by_its_setter(tmp_path
         "prefer_gguf": "Q8_0",
         "kv_dtype": "float16",
         "threads": 2,
+        "activations": "q8",
     }
     built = LmRunnerBuilder(**kw)  # type: ignore[arg-type]
     chained = LmRunnerBuilder()

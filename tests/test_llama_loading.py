@@ -97,9 +97,8 @@ def test_llama3_rope_scaling_follows_its_three_bands() -> None:
 def test_header_fields_decode_without_the_readers_contents_method(tmp_path: Path) -> None:
     # gguf releases before ReaderField.contents() go through the raw parts instead
     from model_factory import write_gguf
+    from numpy_llama.gguf_file import _field_value, open_gguf
     from tokenizer_factory import spm_gguf_fields
-
-    from rlx_lm.runners.gguf_loader import _field_value, open_gguf
 
     tiny = make_tiny("llama")
     fields = spm_gguf_fields()

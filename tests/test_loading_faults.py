@@ -302,3 +302,22 @@ def test_families_do_not_import_what_builds_them() -> None:
     for mod, deps in graph.items():
         if mod.startswith("rlx_lm.runners"):
             assert not deps & {"rlx_lm.builder", "rlx_lm.generation", "rlx_lm.cli"}, mod
+
+
+def test_the_library_reads_gguf_through_its_own_reader_only() -> None:
+    """One reader per format (issue 15): no module of rlx_lm uses gguf.GGUFReader, which
+    trusts its input (the 2^40-item array that hung it is in test_tokenizer.py); every GGUF
+    header goes through the bounds-checked walker of rlx_lm._headers."""
+    package = Path(rlx_lm.__file__).parent
+    users = []
+    for source in sorted(package.rglob("*.py")):
+        for node in ast.walk(ast.parse(source.read_text())):
+            named = (isinstance(node, ast.Name) and node.id == "GGUFReader") or (
+                isinstance(node, ast.Attribute) and node.attr == "GGUFReader"
+            )
+            imported = isinstance(node, ast.ImportFrom) and any(
+                a.name == "GGUFReader" for a in node.names
+            )
+            if named or imported:
+                users.append(str(source.relative_to(package)))
+    assert users == []

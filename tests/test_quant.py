@@ -150,6 +150,26 @@ def test_matmul_is_x_times_the_dequantised_weight(qtype: T) -> None:
             assert_within_f32_accumulation(got, x, w, off, qtype)
 
 
+@pytest.mark.parametrize("qtype", QTYPES, ids=lambda t: t.name)
+def test_every_batch_of_1_to_9_rows_is_exact_and_row_for_row_the_single_row_bits(
+    qtype: T,
+) -> None:
+    # Two or more activation rows take the multi-row kernel (rust/quant/multirow.rs): weight
+    # rows unpacked once for the batch, tiles of 3 weight rows x 2 activation rows. 7 and 13
+    # weight rows leave partial tiles; each batch size leaves its own activation tail.
+    values = gguf.GGML_QUANT_SIZES[qtype][0]
+    for rows, cols in ((7, 3 * values if values > 1 else 111), (13, values if values > 1 else 77)):
+        raw = random_blocks(qtype, rows, cols, seed=rows * cols)
+        w = gguf_weight(raw, qtype, rows, cols)
+        off = weight_offsets(raw, qtype, rows, cols)
+        x = np.random.default_rng(rows).standard_normal((9, cols)).astype(np.float32)
+        alone = np.stack([quant_matmul(raw, int(qtype), cols, x[t : t + 1])[0] for t in range(9)])
+        for b in range(1, 10):
+            got = quant_matmul(raw, int(qtype), cols, x[:b].copy())
+            assert_within_f32_accumulation(got, x[:b], w, off, qtype)
+            np.testing.assert_array_equal(got.view(np.uint32), alone[:b].view(np.uint32))
+
+
 @settings(max_examples=40, deadline=None)
 @given(
     qtype=st.sampled_from(QTYPES),

@@ -435,3 +435,27 @@ def test_top_n_sigma_moments_hold_at_every_scale(scale: float, first: bool) -> N
         got = {t for t, lp in r.top if lp > -math.inf}
         assert got == want, (scale, n, first, sorted(got), sorted(want))
         assert 1 < len(want) < len(row), n
+
+
+def test_an_options_object_missing_a_knob_is_refused_by_the_knobs_name() -> None:
+    # issue 15: SamplerChain(object()) leaked Python's bare AttributeError.
+    from rlx_lm import SamplerChain
+
+    with pytest.raises(InvalidOptionError, match=r"top_k: missing \(the object passed"):
+        SamplerChain(object())
+    fields = {f: getattr(SampleOpts(), f) for f in ("top_k", "repetition_window")}
+    partial = type("PartialOpts", (), fields)()
+    with pytest.raises(InvalidOptionError, match=r"PartialOpts passed"):
+        SamplerChain(partial)
+
+
+def test_a_knob_whose_property_raises_keeps_its_own_error() -> None:
+    from rlx_lm import SamplerChain
+
+    class Raising:
+        @property
+        def top_k(self) -> int:
+            raise KeyError("the property's own failure")
+
+    with pytest.raises(KeyError, match="own failure"):
+        SamplerChain(Raising())

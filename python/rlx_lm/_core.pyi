@@ -62,12 +62,15 @@ def quant_matmul(
     x: npt.NDArray[np.float32],
     *,
     threads: int | None = None,
+    activations: str = "exact",
 ) -> npt.NDArray[np.float32]:
     """``x @ W.T`` for ``W`` stored as GGUF blocks (``raw`` is ``[rows, row_bytes]``).
 
     F32, F16, BF16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q2_K..Q6_K, IQ4_NL and IQ4_XS;
     ``threads`` runs it on a pool of that many threads (1: on the calling thread;
-    default: the global pool)."""
+    default: the global pool). ``activations="q8"`` quantises ``x`` to 8 bits first
+    (Q8_0 blocks of 32, Q8_K blocks of 256 for the K-quants and IQ4_XS) and uses integer
+    dot products; float formats stay exact."""
 
 def quant_rows(
     raw: npt.NDArray[np.uint8], qtype: int, cols: int, ids: npt.NDArray[np.int64]
@@ -310,6 +313,7 @@ class Engine:
         tensors: list[tuple[str, int, int, int, list[int]]],
         owned: list[tuple[str, list[int], npt.NDArray[np.float32]]],
         threads: int,
+        activations: str = "exact",
     ) -> Self: ...
     def forward(
         self, cache: KvCache, ids: npt.NDArray[np.int64], all_logits: bool = False
@@ -327,5 +331,7 @@ class Engine:
         ...
     @property
     def threads(self) -> int: ...
+    @property
+    def activations(self) -> str: ...
     @property
     def mapped_bytes(self) -> int: ...

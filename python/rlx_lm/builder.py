@@ -31,7 +31,15 @@ from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any, Final, get_args, overload
 
-from rlx_lm.config import ConfigSource, Device, Embedded, Explicit, KvDtype, available_cores
+from rlx_lm.config import (
+    Activations,
+    ConfigSource,
+    Device,
+    Embedded,
+    Explicit,
+    KvDtype,
+    available_cores,
+)
 from rlx_lm.errors import InvalidOptionError, RlxError, UnsupportedError, WeightFormatError
 from rlx_lm.runner import LmCore
 from rlx_lm.sample_opts import SampleOpts
@@ -128,6 +136,7 @@ class _Fields:
     prefer_gguf: str | None = None
     kv_dtype: KvDtype = "float32"
     threads: int | None = None
+    activations: Activations = "exact"
 
 
 class LmRunnerBuilder:
@@ -136,8 +145,8 @@ class LmRunnerBuilder:
     Defaults: no weights, embedded config, CPU, ``max_seq`` 128, no memory cap,
     streaming on, greedy sampling, format detected from the weights, packed
     loading automatic (GGUF of 256 MiB or more), ``Q4_K_M`` preferred when
-    a directory holds several GGUF files, a float32 KV cache, and as many
-    compute threads as the process may use cores.
+    a directory holds several GGUF files, a float32 KV cache, as many
+    compute threads as the process may use cores, and exact float32 activations.
     """
 
     __slots__ = ("_f",)
@@ -157,6 +166,7 @@ class LmRunnerBuilder:
         prefer_gguf: str | _Unset | None = _UNSET,
         kv_dtype: KvDtype | _Unset = _UNSET,
         threads: int | _Unset | None = _UNSET,
+        activations: Activations | _Unset = _UNSET,
     ) -> None:
         """A builder with the defaults, changed by each keyword given (validated by its setter)."""
         self._f = _Fields()
@@ -173,6 +183,7 @@ class LmRunnerBuilder:
             "prefer_gguf": prefer_gguf,
             "kv_dtype": kv_dtype,
             "threads": threads,
+            "activations": activations,
         }
         b: LmRunnerBuilder = self
         for name, value in given.items():
@@ -361,6 +372,21 @@ class LmRunnerBuilder:
         if n is not None and (isinstance(n, bool) or not isinstance(n, int) or n < 1):
             raise InvalidOptionError(f"threads must be a positive integer, got {n!r}")
         return self._with(threads=n)
+
+    @overload
+    def activations(self, /) -> Activations: ...
+    @overload
+    def activations(self, mode: Activations, /) -> LmRunnerBuilder: ...
+    def activations(self, mode: Activations | _Unset = _UNSET, /) -> Activations | LmRunnerBuilder:
+        """How activations meet the weights: ``"exact"`` float32 (default) or ``"q8"``.
+
+        ``"q8"`` quantises them to 8 bits as llama.cpp does and uses integer dot products:
+        faster, with logits off by about what llama.cpp's are (see docs/kernels.md)."""
+        if mode is _UNSET:
+            return self._f.activations
+        if mode not in get_args(Activations):
+            raise InvalidOptionError(f'activations must be "exact" or "q8", got {mode!r}')
+        return self._with(activations=mode)
 
     # -- resolution and build ----------------------------------------------------------
 

@@ -260,6 +260,13 @@ def _parser() -> argparse.ArgumentParser:
         help="Compute threads (default: the cores this process may use).",
     )
     g.add_argument(
+        "--activations",
+        choices=("exact", "q8"),
+        default=None,
+        help="exact: float32 activations (default); q8: quantised to 8 bits as llama.cpp "
+        "does, integer dot products (faster, logits slightly less exact).",
+    )
+    g.add_argument(
         "-s",
         "--seed",
         type=int,
@@ -536,6 +543,12 @@ def _serve_parser(sub: Any) -> None:
         help="compute threads (default: the cores this process may use)",
     )
     s.add_argument(
+        "--activations",
+        choices=("exact", "q8"),
+        default=None,
+        help="exact: float32 activations (default); q8: 8-bit, integer dot products (faster)",
+    )
+    s.add_argument(
         "--ray",
         action="store_true",
         help="serve as Ray Serve replicas with prefix-aware routing (needs rlx-lm[ray]; "
@@ -614,6 +627,8 @@ def _serve(args: argparse.Namespace) -> int:
         if args.threads < 1:
             raise _usage(f"-t must be >= 1, got {args.threads}")
         builder = builder.threads(args.threads)
+    if args.activations is not None:
+        builder = builder.activations(args.activations)
     runner = builder.build()
     name = args.model_name or Path(builder.resolved_weights()).stem
     config = ServerConfig(
@@ -726,6 +741,8 @@ def _generate(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
         if args.threads < 1:
             raise _usage(f"-t must be >= 1, got {args.threads}")
         builder = builder.threads(args.threads)
+    if args.activations is not None:
+        builder = builder.activations(args.activations)
     kv = {args.cache_type_k, args.cache_type_v} - {None}
     if len(kv) > 1:
         raise _usage("-ctk and -ctv must match: the KV cache stores keys and values alike")

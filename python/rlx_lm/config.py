@@ -11,6 +11,7 @@ from typing import Any, ClassVar, Generic, Literal, TypeVar
 from rlx_lm.errors import InvalidOptionError
 
 __all__ = [
+    "Activations",
     "ConfigSource",
     "Device",
     "Embedded",
@@ -21,6 +22,10 @@ __all__ = [
 ]
 
 KvDtype = Literal["float32", "float16"]
+
+#: How activations meet the weights: ``"exact"`` float32 (default) or ``"q8"``, quantised to
+#: 8 bits as llama.cpp does, with integer dot products (faster, slightly less exact).
+Activations = Literal["exact", "q8"]
 """How a runner stores its KV cache: float16 halves its memory."""
 
 _T = TypeVar("_T")

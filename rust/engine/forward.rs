@@ -10,7 +10,7 @@ use ndarray::ArrayView3;
 use rayon::prelude::*;
 
 use crate::engine::config::{Config, RopeStyle};
-use crate::engine::linear::{gather, matmul};
+use crate::engine::linear::{gather, matmul, Activations};
 use crate::engine::weights::{Store, Tensor, Weights};
 use crate::kv::{f16_to_f32, Dtype, Geometry, Half, KvCache, Rows};
 use crate::{CoreError, CoreResult};
@@ -20,6 +20,8 @@ use crate::{CoreError, CoreResult};
 pub struct Model {
     pub cfg: Config,
     pub weights: Weights,
+    /// Exact float32 activations (default) or the 8-bit fast mode.
+    pub activations: Activations,
 }
 
 /// One sequence's part of a forward call: its cache and its new tokens.
@@ -35,7 +37,11 @@ impl Model {
     pub fn new(cfg: Config, store: Store) -> CoreResult<Self> {
         cfg.validate()?;
         let weights = Weights::gather(&cfg, store)?;
-        Ok(Self { cfg, weights })
+        Ok(Self {
+            cfg,
+            weights,
+            activations: Activations::Exact,
+        })
     }
 
     /// The KV geometry this model's caches have.
@@ -52,7 +58,15 @@ impl Model {
         let n = x.len() / t.cols;
         out.clear();
         out.resize(n * t.rows, 0.0);
-        matmul(t.kind, self.weights.bytes(t), t.rows, t.cols, x, out)
+        matmul(
+            self.activations,
+            t.kind,
+            self.weights.bytes(t),
+            t.rows,
+            t.cols,
+            x,
+            out,
+        )
     }
 
     /// The float32 embedding rows of `ids`.

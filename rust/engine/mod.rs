@@ -16,6 +16,7 @@ pub mod weights;
 
 pub use config::{BlockVariant, Config, RopeStyle};
 pub use forward::{Model, Step};
+pub use linear::Activations;
 pub use weights::{Store, TensorEntry};
 
 #[cfg(test)]

@@ -13,7 +13,9 @@ use super::arrays::borrow;
 use super::errors::{catch_panics, IntoPyResult};
 use super::gil::{detached, pin, Pin};
 use super::kv::PyKvCache;
-use crate::engine::{BlockVariant, Config, Model, RopeStyle, Step, Store, TensorEntry};
+use crate::engine::{
+    Activations, BlockVariant, Config, Model, RopeStyle, Step, Store, TensorEntry,
+};
 use crate::kv::KvCache;
 use crate::CoreError;
 
@@ -179,7 +181,8 @@ impl PyEngine {
 #[pymethods]
 impl PyEngine {
     #[new]
-    #[pyo3(signature = (*, config, files, tensors, owned, threads))]
+    #[pyo3(signature = (*, config, files, tensors, owned, threads, activations = "exact"))]
+    #[allow(clippy::too_many_arguments)]
     fn new(
         py: Python<'_>,
         config: &Bound<'_, PyDict>,
@@ -187,9 +190,11 @@ impl PyEngine {
         tensors: Vec<(String, usize, u64, u32, Vec<usize>)>,
         owned: Vec<(String, Vec<usize>, Bound<'_, PyAny>)>,
         threads: usize,
+        activations: &str,
     ) -> PyResult<Self> {
         catch_panics(|| {
             let cfg = self::config(config)?;
+            let activations = Activations::from_name(activations).py()?;
             // A configuration the engine refuses comes from the model's files (or
             // an explicit config standing in for them): a format error.
             cfg.validate()
@@ -227,6 +232,10 @@ impl PyEngine {
                 Store::open(&files, entries, owned).and_then(|s| Model::new(cfg, s))
             })
             .py()?;
+            let model = Model {
+                activations,
+                ..model
+            };
             let pool = rayon::ThreadPoolBuilder::new()
                 .num_threads(threads)
                 .thread_name(|i| format!("rlx-engine-{i}"))
@@ -340,6 +349,12 @@ impl PyEngine {
     #[getter]
     fn threads(&self) -> usize {
         self.threads
+    }
+
+    /// How activations meet the weights: `"exact"` or `"q8"`.
+    #[getter]
+    fn activations(&self) -> &'static str {
+        self.model.activations.name()
     }
 
     /// Bytes of the memory-mapped weight files.

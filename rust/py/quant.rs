@@ -15,6 +15,7 @@ use pyo3::prelude::*;
 use super::arrays::borrow;
 use super::errors::{catch_panics, IntoPyResult};
 use super::gil::{detached, pin, Pin};
+use crate::engine::Activations;
 use crate::quant::{self, QuantType};
 use crate::CoreError;
 
@@ -82,9 +83,11 @@ fn weight(raw: &[u8], rows: usize, qtype: u32, cols: usize) -> PyResult<QuantTyp
 /// `x @ W.T` for `W` stored as GGUF blocks: `raw` is `[rows, row_bytes]`
 /// uint8, `qtype` the ggml type id, `x` float32 `[n, cols]`; float32
 /// `[n, rows]`. `threads` runs it on a pool of that many threads (1: on the
-/// calling thread; default: rayon's global pool).
+/// calling thread; default: rayon's global pool). `activations="q8"`
+/// quantises `x` to 8 bits first (`crate::quant::q8`, the fast mode).
 #[pyfunction]
-#[pyo3(signature = (raw, qtype, cols, x, *, threads = None))]
+#[pyo3(signature = (raw, qtype, cols, x, *, threads = None, activations = "exact"))]
+#[allow(clippy::too_many_arguments)]
 pub fn quant_matmul<'py>(
     py: Python<'py>,
     raw: &Bound<'py, PyAny>,
@@ -92,8 +95,10 @@ pub fn quant_matmul<'py>(
     cols: usize,
     x: &Bound<'py, PyAny>,
     threads: Option<usize>,
+    activations: &str,
 ) -> PyResult<Bound<'py, PyArray2<f32>>> {
     catch_panics(|| {
+        let fast = Activations::from_name(activations).py()? == Activations::Q8;
         let raw = borrow::<u8, numpy::Ix2>(raw, "raw", "uint8")?;
         let x = borrow::<f32, numpy::Ix2>(x, "x", "float32")?;
         let (rows, (n, xc)) = (raw.shape()[0], (x.shape()[0], x.shape()[1]));
@@ -109,11 +114,19 @@ pub fn quant_matmul<'py>(
         let mut out = output(n.checked_mul(rows))?;
         let pool = threads.filter(|&t| t > 1).map(pool).transpose()?;
         detached(py, &[&raw_pin, &x_pin], || {
-            let mut go = || quant::matmul(qtype, raw_s, rows, cols, x_s, &mut out);
+            let mut go = |parallel| {
+                if fast {
+                    quant::q8::matmul_parallel(parallel, qtype, raw_s, rows, cols, x_s, &mut out)
+                } else if parallel {
+                    quant::matmul(qtype, raw_s, rows, cols, x_s, &mut out)
+                } else {
+                    quant::matmul_serial(qtype, raw_s, rows, cols, x_s, &mut out)
+                }
+            };
             match (&pool, threads) {
-                (Some(p), _) => p.install(go),
-                (None, Some(1)) => quant::matmul_serial(qtype, raw_s, rows, cols, x_s, &mut out),
-                (None, _) => go(),
+                (Some(p), _) => p.install(|| go(true)),
+                (None, Some(1)) => go(false),
+                (None, _) => go(true),
             }
         })
         .py()?;

@@ -43,17 +43,34 @@ fn narrow(field: &str, v: f64) -> PyResult<f32> {
     Ok(x)
 }
 
+/// The attribute `field` of an options object; a missing one is refused by name
+/// (not Python's bare `AttributeError`), saying what the chain expects.
+fn knob<'py>(opts: &Bound<'py, PyAny>, field: &str) -> PyResult<Bound<'py, PyAny>> {
+    opts.getattr(field).map_err(|e| {
+        if !e.is_instance_of::<pyo3::exceptions::PyAttributeError>(opts.py()) {
+            return e; // a property that raised: its own error, untouched
+        }
+        let kind = opts
+            .get_type()
+            .name()
+            .map(|n| n.to_string())
+            .unwrap_or_else(|_| "object".to_owned());
+        bad(
+            field,
+            format!("missing (the {kind} passed has no such attribute); pass a SampleOpts"),
+        )
+    })
+}
+
 fn get_f32(opts: &Bound<'_, PyAny>, field: &str) -> PyResult<f32> {
-    let v = opts
-        .getattr(field)?
+    let v = knob(opts, field)?
         .extract::<f64>()
         .map_err(|_| bad(field, "must be a number"))?;
     narrow(field, v)
 }
 
 fn get_usize(opts: &Bound<'_, PyAny>, field: &str) -> PyResult<usize> {
-    let v: i64 = opts
-        .getattr(field)?
+    let v: i64 = knob(opts, field)?
         .extract()
         .map_err(|_| bad(field, "must be an integer"))?;
     usize::try_from(v).map_err(|_| bad(field, format!("must be >= 0, got {v}")))
@@ -65,8 +82,7 @@ fn token_id(field: &str, v: i64) -> PyResult<u32> {
 
 /// Read the knobs from any object with `SampleOpts`' attributes.
 fn knobs_from(opts: &Bound<'_, PyAny>) -> PyResult<Knobs> {
-    let top_k: Option<i64> = opts
-        .getattr("top_k")?
+    let top_k: Option<i64> = knob(opts, "top_k")?
         .extract()
         .map_err(|_| bad("top_k", "must be an integer or None"))?;
     let top_k = match top_k {
@@ -75,8 +91,7 @@ fn knobs_from(opts: &Bound<'_, PyAny>) -> PyResult<Knobs> {
             usize::try_from(k).map_err(|_| bad("top_k", format!("must be >= 0, got {k}")))?
         }
     };
-    let window: Option<i64> = opts
-        .getattr("repetition_window")?
+    let window: Option<i64> = knob(opts, "repetition_window")?
         .extract()
         .map_err(|_| bad("repetition_window", "must be an integer or None"))?;
     let repetition_window = match window {
@@ -90,12 +105,10 @@ fn knobs_from(opts: &Bound<'_, PyAny>) -> PyResult<Knobs> {
             ))
         }
     };
-    let dynamic_temp: Option<(f64, f64)> = opts
-        .getattr("dynamic_temp")?
+    let dynamic_temp: Option<(f64, f64)> = knob(opts, "dynamic_temp")?
         .extract()
         .map_err(|_| bad("dynamic_temp", "must be a (min, max) pair or None"))?;
-    let mirostat: i64 = opts
-        .getattr("mirostat")?
+    let mirostat: i64 = knob(opts, "mirostat")?
         .extract()
         .map_err(|_| bad("mirostat", "must be a MirostatMode"))?;
     let mirostat = match mirostat {
@@ -104,21 +117,19 @@ fn knobs_from(opts: &Bound<'_, PyAny>) -> PyResult<Knobs> {
         2 => Mirostat::V2,
         m => return Err(bad("mirostat", format!("must be 0 (off), 1 or 2, got {m}"))),
     };
-    let breakers: Vec<i64> = opts
-        .getattr("dry_sequence_breakers")?
+    let breakers: Vec<i64> = knob(opts, "dry_sequence_breakers")?
         .extract()
         .map_err(|_| bad("dry_sequence_breakers", "must be a sequence of token ids"))?;
     let breakers = breakers
         .into_iter()
         .map(|t| token_id("dry_sequence_breakers", t))
         .collect::<PyResult<Vec<u32>>>()?;
-    let seed: Option<u64> = opts
-        .getattr("seed")?
+    let seed: Option<u64> = knob(opts, "seed")?
         .extract()
         .map_err(|_| bad("seed", "must be an integer in 0..2**64 or None"))?;
     let seed = seed.unwrap_or_else(random_seed);
     let mut logit_bias = Vec::new();
-    let bias_obj = opts.getattr("logit_bias")?;
+    let bias_obj = knob(opts, "logit_bias")?;
     if !bias_obj.is_none() {
         let items = bias_obj
             .call_method0("items")

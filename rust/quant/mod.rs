@@ -22,6 +22,8 @@
 
 pub mod format;
 mod kernel;
+mod multirow;
+pub mod q8;
 mod simd;
 #[cfg(test)]
 mod tests;
@@ -115,6 +117,21 @@ unsafe fn rows_portable(job: &Job<'_>, lo: usize, hi: usize, out: *mut f32, s: &
 /// As [`kernel::run_rows`]: `out` holds `n * rows` floats and nobody else
 /// writes columns `lo..hi` meanwhile.
 unsafe fn run(build: Build, job: &Job<'_>, lo: usize, hi: usize, out: *mut f32) {
+    if job.n >= multirow::MIN_ROWS {
+        // Several activation rows: each weight row is unpacked once for all.
+        return multirow::with_scratch(|s| {
+            // SAFETY: forwarded; each build only where best_build found it.
+            unsafe {
+                match build {
+                    #[cfg(target_arch = "x86_64")]
+                    Build::Avx2 => multirow::rows_avx2(job, lo, hi, out, s),
+                    #[cfg(target_arch = "aarch64")]
+                    Build::Neon => multirow::rows_neon(job, lo, hi, out, s),
+                    Build::Portable => multirow::rows_portable(job, lo, hi, out, s),
+                }
+            }
+        });
+    }
     let go = |s: &mut Scratch| {
         // SAFETY: forwarded; each build only where best_build found it.
         unsafe {

@@ -261,6 +261,43 @@ fn one_row_gives_the_same_bits_alone_in_a_batch_and_on_any_thread_count() {
 }
 
 #[test]
+fn batches_of_1_to_9_rows_give_each_row_its_single_row_bits_in_every_build() {
+    // Two or more activation rows go through `multirow`, one through `kernel`.
+    let mut rng = Rng(21);
+    for build in [best_build(), Build::Portable] {
+        for qtype in ALL {
+            let cols = if qtype.is_float() {
+                45
+            } else {
+                2 * qtype.block_values()
+            };
+            for rows in [1, 7, 14] {
+                let raw = random_rows(qtype, rows, cols, &mut rng);
+                let x: Vec<f32> = (0..9 * cols).map(|_| rng.unit()).collect();
+                let mut alone = vec![0.0f32; 9 * rows];
+                for t in 0..9 {
+                    let (xs, o) = (&x[t * cols..(t + 1) * cols], &mut alone[t * rows..][..rows]);
+                    matmul_with(build, false, qtype, &raw, rows, cols, xs, o).unwrap();
+                }
+                for b in 2..=9 {
+                    let mut got = vec![f32::NAN; b * rows];
+                    let xs = &x[..b * cols];
+                    matmul_with(build, true, qtype, &raw, rows, cols, xs, &mut got).unwrap();
+                    for (i, (g, a)) in got.iter().zip(&alone).enumerate() {
+                        assert_eq!(
+                            g.to_bits(),
+                            a.to_bits(),
+                            "{} {build:?} {rows}x{cols} b={b} element {i}",
+                            qtype.name()
+                        );
+                    }
+                }
+            }
+        }
+    }
+}
+
+#[test]
 fn gathered_rows_are_the_dequantised_rows() {
     let mut rng = Rng(5);
     for qtype in ALL {
@@ -346,7 +383,7 @@ fn perf_probe() {
             (1536, 576)
         };
         let raw = random_rows(qtype, rows, cols, &mut rng);
-        for n in [1usize, 8] {
+        for n in [1usize, 2, 4, 8, 16] {
             let x: Vec<f32> = (0..n * cols).map(|_| rng.unit()).collect();
             let mut out = vec![0.0f32; n * rows];
             let mut best = f64::MAX;
@@ -380,5 +417,213 @@ fn perf_probe() {
                 (rows * cols * n) as f64 / best / 1e9
             );
         }
+    }
+}
+
+/// The fast mode against a float64 product of gguf's weights with the
+/// dequantised int8 activations (`d * q`), to float32 rounding.
+fn check_q8(build: Build, qtype: QuantType, rows: usize, cols: usize, n: usize, rng: &mut Rng) {
+    let raw = random_rows(qtype, rows, cols, rng);
+    let w = dequantized(qtype, &raw, rows, cols);
+    let off = offsets(qtype, &raw, rows, cols);
+    let x: Vec<f32> = (0..n * cols).map(|_| rng.unit() * 3.0).collect();
+    let block = q8::act_block(qtype).unwrap();
+    let acts = q8::quantize(&x, cols, block).unwrap();
+    let xd: Vec<f64> = acts
+        .codes
+        .iter()
+        .enumerate()
+        .map(|(i, &q)| f64::from(acts.scales[i / block]) * f64::from(q))
+        .collect();
+    let mut out = vec![f32::NAN; n * rows];
+    q8::matmul_with(build, true, qtype, &raw, rows, cols, &x, &mut out).unwrap();
+    for t in 0..n {
+        for r in 0..rows {
+            let (mut want, mut abs, mut abs_off) = (0.0f64, 0.0f64, 0.0f64);
+            for c in 0..cols {
+                let xv = xd[t * cols + c];
+                let p = f64::from(w[r * cols + c]) * xv;
+                want += p;
+                abs += p.abs();
+                abs_off += f64::from(off[r * cols + c]) * xv.abs();
+            }
+            let got = f64::from(out[t * rows + r]);
+            assert!(
+                (got - want).abs() <= bound(qtype, cols, abs, abs_off),
+                "q8 {} {build:?} {rows}x{cols} n={n} ({t}, {r}): {got} vs {want}",
+                qtype.name()
+            );
+        }
+    }
+}
+
+#[test]
+fn q8_matmul_is_the_quantised_activations_times_the_dequantised_weight() {
+    let mut rng = Rng(21);
+    for build in [best_build(), Build::Portable] {
+        for qtype in ALL.into_iter().filter(|t| !t.is_float()) {
+            for cols in shapes(qtype) {
+                for (rows, n) in [(1, 1), (7, 3), (13, 9), (5, 17)] {
+                    check_q8(build, qtype, rows, cols, n, &mut rng);
+                }
+            }
+        }
+    }
+    check_q8(best_build(), QuantType::Q4K, 301, 512, 2, &mut rng);
+    check_q8(best_build(), QuantType::Q8_0, 301, 512, 1, &mut rng);
+}
+
+#[test]
+fn q8_activations_are_quantised_as_ggml_does() {
+    // Q8_0: d = max|x| / 127, q = round(x / d), halves away from zero.
+    let mut x = vec![0.0f32; 32];
+    x[0] = -2.54;
+    x[1] = 0.01;
+    x[2] = 1.27;
+    let a = q8::quantize(&x, 32, 32).unwrap();
+    assert_eq!(a.scales, vec![2.54f32 / 127.0]);
+    assert_eq!(&a.codes[..4], &[-127, 1, 64, 0]);
+    // Q8_K: the value of largest magnitude maps to -127 * sign, d = 1 / (-127 / m).
+    let mut x = vec![0.5f32; 256];
+    x[7] = -4.0;
+    let a = q8::quantize(&x, 256, 256).unwrap();
+    assert_eq!(a.scales, vec![1.0 / (-127.0f32 / -4.0)]);
+    assert_eq!((a.codes[7], a.codes[0]), (-127, 16));
+    // All zero: scale 0, codes 0.
+    let a = q8::quantize(&[0.0; 64], 32, 32).unwrap();
+    assert_eq!((a.scales, a.codes), (vec![0.0; 2], vec![0; 64]));
+    assert!(q8::quantize(&[0.0; 48], 48, 32).is_err());
+    assert!(q8::quantize(&[0.0; 64], 32, 64).is_err());
+}
+
+#[test]
+fn q8_rows_give_the_same_bits_alone_in_a_batch_and_on_any_thread_count() {
+    let mut rng = Rng(12);
+    for qtype in ALL.into_iter().filter(|t| !t.is_float()) {
+        let (rows, cols) = (
+            203,
+            if qtype.block_values() == 256 {
+                512
+            } else {
+                160
+            },
+        );
+        let raw = random_rows(qtype, rows, cols, &mut rng);
+        let n = 11;
+        let x: Vec<f32> = (0..n * cols).map(|_| rng.unit()).collect();
+        let pool = |t| {
+            rayon::ThreadPoolBuilder::new()
+                .num_threads(t)
+                .build()
+                .unwrap()
+        };
+        let mut batch = vec![0.0f32; n * rows];
+        pool(2).install(|| q8::matmul(qtype, &raw, rows, cols, &x, &mut batch).unwrap());
+        for threads in [1, 3] {
+            for (t, m) in [(0, 1), (6, 1), (3, 4), (8, 3)] {
+                let mut part = vec![0.0f32; m * rows];
+                let xs = &x[t * cols..(t + m) * cols];
+                pool(threads)
+                    .install(|| q8::matmul(qtype, &raw, rows, cols, xs, &mut part).unwrap());
+                let whole = &batch[t * rows..(t + m) * rows];
+                assert!(
+                    part.iter()
+                        .zip(whole)
+                        .all(|(a, b)| a.to_bits() == b.to_bits()),
+                    "{} rows {t}..{}",
+                    qtype.name(),
+                    t + m
+                );
+            }
+        }
+    }
+}
+
+#[test]
+fn q8_float_formats_run_the_exact_kernels() {
+    let mut rng = Rng(5);
+    let (rows, cols) = (9, 64);
+    for qtype in [QuantType::F32, QuantType::F16, QuantType::BF16] {
+        let raw = random_rows(qtype, rows, cols, &mut rng);
+        let x: Vec<f32> = (0..2 * cols).map(|_| rng.unit()).collect();
+        let (mut a, mut b) = (vec![0.0f32; 2 * rows], vec![0.0f32; 2 * rows]);
+        q8::matmul(qtype, &raw, rows, cols, &x, &mut a).unwrap();
+        matmul(qtype, &raw, rows, cols, &x, &mut b).unwrap();
+        assert_eq!(a, b);
+    }
+}
+
+#[test]
+#[ignore = "a speed probe, not a test: cargo test --release -q q8_perf_probe -- --ignored --nocapture"]
+fn q8_perf_probe() {
+    let mut rng = Rng(1);
+    for (qtype, rows, cols) in [
+        (QuantType::Q8_0, 1536, 576),
+        (QuantType::Q4_0, 1536, 576),
+        (QuantType::Q4_1, 1536, 576),
+        (QuantType::Q5_0, 1536, 576),
+        (QuantType::Q4K, 576, 1536),
+        (QuantType::Q6K, 576, 1536),
+        (QuantType::Q8_0, 49152, 576),
+    ] {
+        let raw = random_rows(qtype, rows, cols, &mut rng);
+        let x: Vec<f32> = (0..8 * cols).map(|_| rng.unit()).collect();
+        for n in [1usize, 8] {
+            let mut out = vec![0.0f32; n * rows];
+            let reps = (200_000_000 / (rows * cols * n)).max(3);
+            let mut t_exact = f64::MAX;
+            let mut t_q8 = f64::MAX;
+            for _ in 0..3 {
+                let t = std::time::Instant::now();
+                for _ in 0..reps {
+                    matmul_serial(qtype, &raw, rows, cols, &x[..n * cols], &mut out).unwrap();
+                }
+                t_exact = t_exact.min(t.elapsed().as_secs_f64() / reps as f64);
+                let t = std::time::Instant::now();
+                for _ in 0..reps {
+                    q8::matmul_with(
+                        best_build(),
+                        false,
+                        qtype,
+                        &raw,
+                        rows,
+                        cols,
+                        &x[..n * cols],
+                        &mut out,
+                    )
+                    .unwrap();
+                }
+                t_q8 = t_q8.min(t.elapsed().as_secs_f64() / reps as f64);
+            }
+            let macs = (rows * cols * n) as f64;
+            println!(
+                "{:>6} {rows}x{cols} n={n}: exact {:.1} Gmac/s, q8 {:.1} Gmac/s ({:.2}x)",
+                qtype.name(),
+                macs / t_exact / 1e9,
+                macs / t_q8 / 1e9,
+                t_exact / t_q8
+            );
+        }
+    }
+}
+
+#[test]
+fn q8_rounding_without_libm_is_libms() {
+    let mut rng = Rng(77);
+    let mut values: Vec<f32> = (0..20_000).map(|_| rng.unit() * 130.0).collect();
+    for k in -130..=130 {
+        let h = k as f32 + 0.5;
+        values.extend([
+            h,
+            -h,
+            k as f32,
+            h - 1e-5,
+            h + 1e-5,
+            f32::from_bits(h.to_bits() - 1),
+        ]);
+    }
+    for v in values {
+        assert_eq!(q8::round_away(v), v.round() as i32, "{v}");
+        assert_eq!(q8::round_even(v), v.round_ties_even() as i32, "{v}");
     }
 }

@@ -275,6 +275,48 @@ mod tests {
         }
     }
 
+    /// fuzz/sampler_chain found `4 * k` overflowing (a panic with overflow checks) for a
+    /// `top_k` near `usize::MAX`; any k past the row keeps the whole row, ranked.
+    #[test]
+    fn a_top_k_near_usize_max_keeps_the_whole_row() {
+        let stages = [Stage::LogitBias, Stage::Penalties, Stage::Dry];
+        let row = [0.5f32, 2.0, -1.0, 2.0, f32::NEG_INFINITY];
+        let pen = Penalties {
+            output_only: false,
+            repeat: 1.0,
+            frequency: 0.0,
+            presence: 0.0,
+            window: None,
+        };
+        let dry = Dry {
+            multiplier: 0.0,
+            base: 1.75,
+            allowed_length: 2,
+            max_ngram: 0,
+            breakers: vec![],
+        };
+        let history: Vec<u32> = vec![];
+        let mut counts = WindowCounts::default();
+        counts.sync(pen.window(&history), row.len());
+        let mut zero = vec![0u32; row.len()];
+        let lens = dry.lengths(&history, &mut zero);
+        let edits = Edits {
+            stages: &stages,
+            bias: &[],
+            penalties: &pen,
+            counts: &counts,
+            dry: &dry,
+            dry_lengths: &lens,
+        };
+        for k in [usize::MAX, usize::MAX / 2, usize::MAX / 4 + 1] {
+            let want = by_copy(&row, k, &[], &pen, &dry, &history);
+            let mut delta = 8.0;
+            let mut got = Vec::new();
+            let r = top_k(&row, 2.0, k, false, &mut delta, &edits, &mut got).map(|()| got);
+            assert_eq!(r, want, "k {k}");
+        }
+    }
+
     #[test]
     fn plans_only_edits_that_lower_logits_before_a_top_k() {
         let stages = [

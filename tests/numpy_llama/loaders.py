@@ -10,11 +10,11 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
+from numpy_llama.gguf_file import GgufFile
 from numpy_llama.linear import DenseMatrix, Matrix, PackedMatrix
 from numpy_llama.weights import LlamaWeights, unpermute_rope_rows
 from rlx_lm._headers import SAFETENSORS_INDEX, read_safetensors_header, read_safetensors_index
 from rlx_lm.errors import UnsupportedError, WeightFormatError
-from rlx_lm.runners.gguf_loader import GgufFile
 from rlx_lm.runners.llama_config import LlamaConfig
 
 # Architectures whose q/k rows llama.cpp's converter permutes for its NORM-style RoPE.

@@ -21,7 +21,9 @@ class ToyRunner:
     def __init__(self, path: str | os.PathLike[str], max_seq: int = 128) -> None:
         reader = gguf.GGUFReader(path)
         arch = reader.get_field("general.architecture")
-        if arch is None or arch.contents() != ARCHITECTURE:
+        # ReaderField.contents() is gguf>=0.14; the parts/data form works from 0.10 on.
+        name = None if arch is None else bytes(arch.parts[arch.data[0]]).decode("utf-8")
+        if name != ARCHITECTURE:
             raise ValueError(f"{path}: not a {ARCHITECTURE} GGUF")
         tables = [t for t in reader.tensors if t.name == TABLE]
         if not tables:

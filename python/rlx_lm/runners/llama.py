@@ -14,13 +14,13 @@ import hashlib
 from collections.abc import Callable, Mapping, Sequence
 from os import PathLike
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, get_args
 
 import numpy as np
 import numpy.typing as npt
 
 from rlx_lm._core import Engine, KvCache, argmax
-from rlx_lm.config import KvDtype
+from rlx_lm.config import Activations, KvDtype
 from rlx_lm.errors import (
     CapacityError,
     InvalidOptionError,
@@ -134,6 +134,11 @@ class LlamaRunner:
     def threads(self) -> int:
         """Threads of the engine's own pool."""
         return int(self.engine.threads)
+
+    @property
+    def activations(self) -> Activations:
+        """``"exact"`` (float32 activations) or ``"q8"`` (8-bit, integer dot products)."""
+        return "q8" if self.engine.activations == "q8" else "exact"
 
     @property
     def dequantised_tensors(self) -> dict[str, str]:
@@ -406,6 +411,7 @@ def load_llama(
     on_progress: ProgressCallback | None = None,
     kv_dtype: KvDtype = "float32",
     threads: int | None = None,
+    activations: Activations = "exact",
 ) -> LlamaRunner:
     """Load a GGUF file (a split one from its first shard), a safetensors file, or a
     Hugging Face / MLX directory onto the Rust engine.
@@ -416,7 +422,9 @@ def load_llama(
     (``packed`` is accepted for compatibility and changes nothing). ``threads`` sizes the
     engine's own pool (default: the cores this process may use). ``on_progress(done,
     total)`` follows the load steps (default: the callback of an enclosing `load_progress`
-    block). ``kv_dtype="float16"`` halves the KV cache.
+    block). ``kv_dtype="float16"`` halves the KV cache. ``activations="q8"`` quantises
+    activations to 8 bits as llama.cpp does (integer dot products, faster; default
+    ``"exact"``, see docs/kernels.md for the error).
     """
     del packed  # weights are always used in place
     p = Path(path)
@@ -424,14 +432,20 @@ def load_llama(
         raise WeightFormatError(f"{p}: no such file or directory")
     if threads is not None and (isinstance(threads, bool) or threads < 1):
         raise InvalidOptionError(f"threads must be a positive integer, got {threads!r}")
+    if activations not in get_args(Activations):
+        raise InvalidOptionError(f'activations must be "exact" or "q8", got {activations!r}')
     progress = on_progress or current_load_progress()
     explicit = _explicit_config(config)
     if p.is_file() and _is_gguf(p):
-        loaded = load_gguf_engine(p, config=explicit, threads=threads, on_progress=progress)
+        loaded = load_gguf_engine(
+            p, config=explicit, threads=threads, on_progress=progress, activations=activations
+        )
     else:
         files, cfg_path = locate_safetensors(p)
         cfg = explicit or _config_beside(cfg_path, p)
-        loaded = load_safetensors_engine(files, cfg, threads=threads, on_progress=progress)
+        loaded = load_safetensors_engine(
+            files, cfg, threads=threads, on_progress=progress, activations=activations
+        )
     return LlamaRunner(loaded, max_seq=max_seq, chunk=chunk, source=str(p), kv_dtype=kv_dtype)
 
 
@@ -491,6 +505,7 @@ def load_from_builder(builder: LmRunnerBuilder) -> LlamaRunner:
         max_seq=builder.max_seq(),
         kv_dtype=builder.kv_dtype(),
         threads=builder.threads(),
+        activations=builder.activations(),
     )
 
 

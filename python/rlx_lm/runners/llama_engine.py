@@ -196,6 +196,7 @@ def load_gguf_engine(
     config: LlamaConfig | None = None,
     threads: int | None = None,
     on_progress: Progress = None,
+    activations: str = "exact",
 ) -> EngineLoad:
     """Check and map a GGUF file (or split GGUF from its first shard) into an engine.
 
@@ -235,7 +236,7 @@ def load_gguf_engine(
     ]
     report(2, 3)
     style = "interleaved" if cfg.arch in _PERMUTED_ARCHS else "halves"
-    engine = _build(cfg, style, files, plan, owned, threads, where=str(path))
+    engine = _build(cfg, style, files, plan, owned, threads, activations, where=str(path))
     report(3, 3)
     norm = table.get("output_norm.weight")
     sample = b""
@@ -283,6 +284,7 @@ def load_safetensors_engine(
     *,
     threads: int | None = None,
     on_progress: Progress = None,
+    activations: str = "exact",
 ) -> EngineLoad:
     """Map safetensors files (F32/F16/BF16 used in place; F64 converted once) into an engine.
 
@@ -322,7 +324,7 @@ def load_safetensors_engine(
                     sample = fh.read(256)
         if on_progress is not None:
             on_progress(fi + 1, len(files) + 1)
-    engine = _build(cfg, "halves", files, plan, owned, threads, where=str(files[0]))
+    engine = _build(cfg, "halves", files, plan, owned, threads, activations, where=str(files[0]))
     if on_progress is not None:
         on_progress(len(files) + 1, len(files) + 1)
     return EngineLoad(cfg, engine, files, dequantised, sample)
@@ -335,6 +337,7 @@ def _build(
     plan: list[Tensor],
     owned: list[Owned],
     threads: int | None,
+    activations: str,
     *,
     where: str,
 ) -> Engine:
@@ -345,6 +348,7 @@ def _build(
             tensors=plan,
             owned=owned,
             threads=threads or default_threads(),
+            activations=activations,
         )
     except WeightFormatError as exc:
         raise WeightFormatError(f"{where}: {exc}") from None

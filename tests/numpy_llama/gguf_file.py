@@ -1,8 +1,8 @@
-"""Read a Llama-family GGUF file through ``gguf.GGUFReader``: header fields and config.
+"""The numpy reference's GGUF access, through ``gguf.GGUFReader``: header fields and config.
 
-The runner no longer loads through this (see `rlx_lm.runners.llama_engine`, which walks the
-header once with the bounds-checked reader); it stays for callers that want typed fields
-and tensor objects, and for the tests' numpy reference."""
+A reader independent of the library's own (`rlx_lm._headers`, the one bounds-checked GGUF
+reader everything in `rlx_lm` uses), so the reference forward does not share its bugs. It
+trusts its input: use it on files the tests wrote, never on hostile ones."""
 
 from __future__ import annotations
 

@@ -1,0 +1,597 @@
+//! The fast mode: activations quantised to 8 bits as llama.cpp quantises
+//! them, then integer dot products with the weight codes.
+//!
+//! Each activation row is cut into blocks and every block stored as int8
+//! codes `q` and one float32 scale `d` (value `d * q`):
+//!
+//! - **Q8_0** blocks of 32 (weights Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, IQ4_NL):
+//!   `d = max|x| / 127`, `q = round(x / d)` (halves away from zero), as
+//!   ggml's `quantize_row_q8_0_ref`;
+//! - **Q8_K** blocks of 256 (the K-quants and IQ4_XS): `m` the value of
+//!   largest magnitude, `q = min(127, round_even(-127 / m * x))`,
+//!   `d = 1 / (-127 / m)`, as `quantize_row_q8_K_ref`.
+//!
+//! Unlike ggml, scales stay float32 (ggml rounds Q8_0's to float16), which
+//! only removes error. A weight row is unpacked into int8 codes with its
+//! float32 group scales and offsets (`unpack.rs`, the exact mode's own
+//! unpacking; Q8_0's codes are read in place), and for each 32 codes
+//!
+//! ```text
+//! acc = fma(scale_g * d_b, float(sum_j code_j * q_j), acc)      (8 lanes)
+//! off += offset_g * (d_b * sum_{j in g} q_j)                       (per group)
+//! result = hsum(acc) - off
+//! ```
+//!
+//! The integer sums are exact (AVX2 `_mm256_maddubs_epi16` on `|code|` and
+//! `q` carrying the code's sign, then `_mm256_madd_epi16`; no pair exceeds
+//! 2 * 128 * 127), so the result equals a float64 product of the
+//! dequantised weights with the dequantised activations up to float32
+//! rounding. As in the exact mode, an element's operations do not depend
+//! on the batch, its place in it or the threads.
+//!
+//! Float formats (F32, F16, BF16) have no codes and run the exact kernels.
+
+use std::cell::RefCell;
+
+use rayon::prelude::*;
+
+use super::format::QuantType;
+#[cfg(target_arch = "x86_64")]
+use super::simd::Avx2;
+use super::simd::{Lanes, Portable};
+use super::unpack::{q8_0_scales, unpack_row};
+use super::{best_build, check, Build, OutPtr, CHUNKS_PER_THREAD, PARALLEL_BYTES};
+use crate::error::{CoreError, CoreResult};
+
+/// Values per activation block for weights of `qtype` (32: Q8_0, 256:
+/// Q8_K), or `None` for the float formats, which have no fast kernel.
+pub fn act_block(qtype: QuantType) -> Option<usize> {
+    match qtype {
+        QuantType::F32 | QuantType::F16 | QuantType::BF16 => None,
+        QuantType::Q2K
+        | QuantType::Q3K
+        | QuantType::Q4K
+        | QuantType::Q5K
+        | QuantType::Q6K
+        | QuantType::IQ4XS => Some(256),
+        _ => Some(32),
+    }
+}
+
+/// Activation rows quantised in blocks of `block`: codes `n x cols`,
+/// scales `n x cols / block`.
+#[derive(Debug, Clone, PartialEq)]
+pub struct QActs {
+    pub block: usize,
+    pub cols: usize,
+    pub codes: Vec<i8>,
+    pub scales: Vec<f32>,
+}
+
+/// Quantise the rows of `x` (`cols` a row) in blocks of `block` (32: Q8_0,
+/// 256: Q8_K). `cols` must be a whole number of blocks.
+pub fn quantize(x: &[f32], cols: usize, block: usize) -> CoreResult<QActs> {
+    if !(block == 32 || block == 256) || cols == 0 || !cols.is_multiple_of(block) {
+        return Err(CoreError::Shape(format!(
+            "{cols} columns is not a whole number of activation blocks of {block}"
+        )));
+    }
+    if !x.len().is_multiple_of(cols) {
+        return Err(CoreError::Shape(format!(
+            "{} activations are not whole rows of {cols}",
+            x.len()
+        )));
+    }
+    let mut codes = vec![0i8; x.len()];
+    let mut scales = vec![0.0f32; x.len() / block];
+    for ((xb, qb), d) in x
+        .chunks_exact(block)
+        .zip(codes.chunks_exact_mut(block))
+        .zip(scales.iter_mut())
+    {
+        *d = if block == 32 {
+            quantize_q8_0(xb, qb)
+        } else {
+            quantize_q8_k(xb, qb)
+        };
+    }
+    Ok(QActs {
+        block,
+        cols,
+        codes,
+        scales,
+    })
+}
+
+/// ggml's `quantize_row_q8_0_ref` for one block (scale kept float32).
+fn quantize_q8_0(x: &[f32], q: &mut [i8]) -> f32 {
+    let amax = x.iter().fold(0.0f32, |m, &v| m.max(v.abs()));
+    let d = amax / 127.0;
+    let id = if d != 0.0 { 1.0 / d } else { 0.0 };
+    for (q, &v) in q.iter_mut().zip(x) {
+        *q = round_away(v * id) as i8;
+    }
+    d
+}
+
+/// `v.round()` (halves away from zero) for `|v| < 2^31`, without a libm
+/// call: the fraction `v - trunc(v)` is exact in float32.
+#[inline(always)]
+pub(crate) fn round_away(v: f32) -> i32 {
+    let t = v as i32;
+    let f = v - t as f32;
+    t + i32::from(f >= 0.5) - i32::from(f <= -0.5)
+}
+
+/// `v.round_ties_even()` for `|v| < 2^31`, without a libm call.
+#[inline(always)]
+pub(crate) fn round_even(v: f32) -> i32 {
+    let t = v as i32;
+    let f = v - t as f32;
+    let odd = t & 1 != 0;
+    t + i32::from(f > 0.5 || (f == 0.5 && odd)) - i32::from(f < -0.5 || (f == -0.5 && odd))
+}
+
+/// ggml's `quantize_row_q8_K_ref` for one block.
+fn quantize_q8_k(x: &[f32], q: &mut [i8]) -> f32 {
+    let (mut amax, mut max) = (0.0f32, 0.0f32);
+    for &v in x {
+        if v.abs() > amax {
+            amax = v.abs();
+            max = v;
+        }
+    }
+    if amax == 0.0 {
+        q.iter_mut().for_each(|q| *q = 0);
+        return 0.0;
+    }
+    let iscale = -127.0 / max;
+    for (q, &v) in q.iter_mut().zip(x) {
+        *q = round_even(iscale * v).min(127) as i8;
+    }
+    1.0 / iscale
+}
+
+/// Per-thread buffers for unpacked weight rows.
+#[derive(Default)]
+struct Scratch {
+    codes: Vec<i8>,
+    scale: Vec<f32>,
+    offset: Vec<f32>,
+}
+
+thread_local! {
+    static SCRATCH: RefCell<Scratch> = RefCell::new(Scratch::default());
+}
+
+/// Weight rows unpacked per step.
+const ROW_TILE: usize = 4;
+
+/// One fast product.
+struct Job<'a> {
+    qtype: QuantType,
+    raw: &'a [u8],
+    row_bytes: usize,
+    rows: usize,
+    cols: usize,
+    n: usize,
+    acts: &'a QActs,
+    /// Formats with offsets: `d_b * sum q` over each weight group, `n x groups`.
+    qsum: &'a [f32],
+}
+
+/// `x @ W.T` as [`super::matmul`], with the activations quantised (see the
+/// module). Float formats run the exact kernels.
+pub fn matmul(
+    qtype: QuantType,
+    raw: &[u8],
+    rows: usize,
+    cols: usize,
+    x: &[f32],
+    out: &mut [f32],
+) -> CoreResult<()> {
+    matmul_with(best_build(), true, qtype, raw, rows, cols, x, out)
+}
+
+/// [`matmul`], on the calling thread only unless `parallel` (the same bits).
+pub fn matmul_parallel(
+    parallel: bool,
+    qtype: QuantType,
+    raw: &[u8],
+    rows: usize,
+    cols: usize,
+    x: &[f32],
+    out: &mut [f32],
+) -> CoreResult<()> {
+    matmul_with(best_build(), parallel, qtype, raw, rows, cols, x, out)
+}
+
+/// [`matmul`] with a given build, in parallel when `parallel`.
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn matmul_with(
+    build: Build,
+    parallel: bool,
+    qtype: QuantType,
+    raw: &[u8],
+    rows: usize,
+    cols: usize,
+    x: &[f32],
+    out: &mut [f32],
+) -> CoreResult<()> {
+    let Some(block) = act_block(qtype) else {
+        return super::matmul_with(build, parallel, qtype, raw, rows, cols, x, out);
+    };
+    check(qtype, raw, rows, cols)?;
+    if !x.len().is_multiple_of(cols) || (x.len() / cols).checked_mul(rows) != Some(out.len()) {
+        return Err(CoreError::Shape(format!(
+            "activations of {} values and an output of {} values do not fit a {rows} x {cols} weight",
+            x.len(),
+            out.len()
+        )));
+    }
+    let acts = quantize(x, cols, block)?;
+    matmul_quantized(build, parallel, qtype, raw, rows, &acts, out)
+}
+
+/// The product with activations already quantised (in `act_block(qtype)` blocks).
+pub(crate) fn matmul_quantized(
+    build: Build,
+    parallel: bool,
+    qtype: QuantType,
+    raw: &[u8],
+    rows: usize,
+    acts: &QActs,
+    out: &mut [f32],
+) -> CoreResult<()> {
+    let cols = acts.cols;
+    let rb = check(qtype, raw, rows, cols)?;
+    if act_block(qtype) != Some(acts.block) {
+        return Err(CoreError::Shape(format!(
+            "{} weights need activation blocks of {:?}, got {}",
+            qtype.name(),
+            act_block(qtype),
+            acts.block
+        )));
+    }
+    let n = acts.codes.len() / cols;
+    if n.checked_mul(rows) != Some(out.len()) {
+        return Err(CoreError::Shape(format!(
+            "an output of {} values does not fit {n} rows of a {rows} x {cols} weight",
+            out.len()
+        )));
+    }
+    if n == 0 || rows == 0 {
+        return Ok(());
+    }
+    let qsum = if qtype.has_offsets() {
+        group_qsums(acts, qtype.group_values())
+    } else {
+        Vec::new()
+    };
+    let job = Job {
+        qtype,
+        raw,
+        row_bytes: rb,
+        rows,
+        cols,
+        n,
+        acts,
+        qsum: &qsum,
+    };
+    let ptr = OutPtr(out.as_mut_ptr());
+    let threads = rayon::current_num_threads();
+    // Integer products cost about a third of the exact ones per weight.
+    let work = raw.len().saturating_mul(n.div_ceil(8)) / 2;
+    let tiles = rows.div_ceil(ROW_TILE);
+    let chunks = if !parallel || threads <= 1 || work < PARALLEL_BYTES {
+        1
+    } else {
+        (threads * CHUNKS_PER_THREAD).min(tiles)
+    };
+    if chunks == 1 {
+        // SAFETY: `out` is n x rows and borrowed mutably here.
+        unsafe { run(build, &job, 0, rows, ptr.get()) };
+        return Ok(());
+    }
+    let per = tiles.div_ceil(chunks) * ROW_TILE;
+    (0..rows.div_ceil(per)).into_par_iter().for_each(|c| {
+        let (lo, hi) = (c * per, ((c + 1) * per).min(rows));
+        // SAFETY: disjoint row ranges write disjoint elements of `out`.
+        unsafe { run(build, &job, lo, hi, ptr.get()) };
+    });
+    Ok(())
+}
+
+/// `d_b * sum q` over each group of `group` values of every row.
+fn group_qsums(acts: &QActs, group: usize) -> Vec<f32> {
+    acts.codes
+        .chunks_exact(group)
+        .enumerate()
+        .map(|(g, c)| {
+            let s: i32 = c.iter().map(|&q| i32::from(q)).sum();
+            acts.scales[g * group / acts.block] * s as f32
+        })
+        .collect()
+}
+
+/// Rows `lo..hi` of `job` with `build`.
+///
+/// # Safety
+/// `out` holds `n * rows` floats and nobody else writes rows `lo..hi`.
+unsafe fn run(build: Build, job: &Job<'_>, lo: usize, hi: usize, out: *mut f32) {
+    let go = |s: &mut Scratch| {
+        // SAFETY: forwarded; each build only where best_build found it.
+        unsafe {
+            match build {
+                #[cfg(target_arch = "x86_64")]
+                Build::Avx2 => rows_avx2(job, lo, hi, out, s),
+                #[cfg(target_arch = "aarch64")]
+                Build::Neon => rows::<Portable>(job, lo, hi, out, s),
+                Build::Portable => rows::<Portable>(job, lo, hi, out, s),
+            }
+        }
+    };
+    SCRATCH.with(|cell| match cell.try_borrow_mut() {
+        Ok(mut s) => go(&mut s),
+        Err(_) => go(&mut Scratch::default()),
+    })
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn rows_avx2(job: &Job<'_>, lo: usize, hi: usize, out: *mut f32, s: &mut Scratch) {
+    // SAFETY: forwarded; AVX2, FMA and F16C were checked by the caller.
+    unsafe { rows::<Avx2>(job, lo, hi, out, s) }
+}
+
+/// Where a band of unpacked rows lives.
+#[derive(Clone, Copy)]
+struct Band {
+    /// Codes of row `i`, chunk `c` (32 codes) at `codes + i * stride + c * cstride`.
+    codes: *const i8,
+    stride: usize,
+    cstride: usize,
+    /// Scales (offsets) of row `i`, group `g` at `i * groups + g`.
+    scale: *const f32,
+    offset: *const f32,
+    groups: usize,
+}
+
+/// Rows `lo..hi`, unpacked with `S` and multiplied with the integer kernel
+/// of `S`'s build.
+#[inline(always)]
+unsafe fn rows<S: Lanes + Dot>(
+    job: &Job<'_>,
+    lo: usize,
+    hi: usize,
+    out: *mut f32,
+    s: &mut Scratch,
+) {
+    let (k, qtype) = (job.cols, job.qtype);
+    let group = qtype.group_values();
+    let groups = k / group;
+    let in_place = qtype == QuantType::Q8_0;
+    s.codes.resize(if in_place { 0 } else { ROW_TILE * k }, 0);
+    s.scale.resize(ROW_TILE * groups, 0.0);
+    s.offset.resize(ROW_TILE * groups, 0.0);
+    let mut r = lo;
+    while r < hi {
+        let rt = if hi - r >= ROW_TILE { ROW_TILE } else { 1 };
+        for i in 0..rt {
+            let row = &job.raw[(r + i) * job.row_bytes..(r + i + 1) * job.row_bytes];
+            let (sc, of) = (
+                &mut s.scale[i * groups..(i + 1) * groups],
+                &mut s.offset[i * groups..(i + 1) * groups],
+            );
+            if in_place {
+                q8_0_scales::<S>(row, sc);
+            } else {
+                unpack_row::<S>(qtype, row, &mut s.codes[i * k..(i + 1) * k], sc, of);
+            }
+        }
+        let mut t = 0;
+        while t < job.n {
+            let nt = match job.n - t {
+                4.. => 4,
+                2..=3 => 2,
+                _ => 1,
+            };
+            let rs = if nt == 4 { 2 } else { 4 }.min(rt);
+            for i in (0..rt).step_by(rs) {
+                // SAFETY: rows r + i.. of the scratch (or of `raw` for Q8_0).
+                let band = unsafe {
+                    let (codes, stride, cstride) = if in_place {
+                        let p = job.raw.as_ptr().add((r + i) * job.row_bytes + 2);
+                        (p.cast::<i8>(), job.row_bytes, 34)
+                    } else {
+                        (s.codes.as_ptr().add(i * k), k, 32)
+                    };
+                    Band {
+                        codes,
+                        stride,
+                        cstride,
+                        scale: s.scale.as_ptr().add(i * groups),
+                        offset: s.offset.as_ptr().add(i * groups),
+                        groups,
+                    }
+                };
+                // SAFETY: t + nt <= n activation rows; out is n x rows.
+                unsafe { tile::<S>(job, band, group, rs, nt, t, out.add(t * job.rows + r + i)) };
+            }
+            t += nt;
+        }
+        r += rt;
+    }
+}
+
+/// One `rs` x `nt` tile: weight rows of `band` times activation rows `t..`.
+#[inline(always)]
+unsafe fn tile<S: Dot>(
+    job: &Job<'_>,
+    band: Band,
+    group: usize,
+    rs: usize,
+    nt: usize,
+    t: usize,
+    out: *mut f32,
+) {
+    let acts = job.acts;
+    let k = job.cols;
+    let nb = k / acts.block;
+    // SAFETY: rows t..t + nt of the activations (caller).
+    let (xq, xd) = unsafe {
+        (
+            acts.codes.as_ptr().add(t * k),
+            acts.scales.as_ptr().add(t * nb),
+        )
+    };
+    let shift = if acts.block == 256 { 3 } else { 0 };
+    let g16 = group == 16;
+    macro_rules! go {
+        ($r:literal, $n:literal) => {{
+            // SAFETY: forwarded from the caller.
+            let mut res: [[f32; $n]; $r] =
+                unsafe { S::dots::<$r, $n>(band, g16, xq, xd, shift, k) };
+            if job.qtype.has_offsets() {
+                for (i, row) in res.iter_mut().enumerate() {
+                    for (tt, v) in row.iter_mut().enumerate() {
+                        let mut off = 0.0f32;
+                        for g in 0..band.groups {
+                            // SAFETY: group g of row i; qsum is n x groups.
+                            unsafe {
+                                off += *band.offset.add(i * band.groups + g)
+                                    * job.qsum[(t + tt) * band.groups + g];
+                            }
+                        }
+                        *v -= off;
+                    }
+                }
+            }
+            for (i, row) in res.iter().enumerate() {
+                for (tt, &v) in row.iter().enumerate() {
+                    // SAFETY: (tt, i) inside the output (caller).
+                    unsafe { *out.add(tt * job.rows + i) = v };
+                }
+            }
+        }};
+    }
+    match (rs, nt) {
+        (4, 1) => go!(4, 1),
+        (4, 2) => go!(4, 2),
+        (2, 4) => go!(2, 4),
+        (1, 4) => go!(1, 4),
+        (1, 2) => go!(1, 2),
+        _ => go!(1, 1),
+    }
+}
+
+/// The integer dot products of one build.
+trait Dot {
+    /// `R` weight rows of `band` times `N` activation rows (codes `xq`, `k`
+    /// apart; scales `xd`, `k >> 5 >> shift` apart, block of chunk `c` is
+    /// `c >> shift`): `sum_c hsum(scale_c * d * int_dot_c)` without offsets.
+    /// `g16`: groups of 16 (two scales a chunk).
+    unsafe fn dots<const R: usize, const N: usize>(
+        band: Band,
+        g16: bool,
+        xq: *const i8,
+        xd: *const f32,
+        shift: usize,
+        k: usize,
+    ) -> [[f32; N]; R];
+}
+
+impl Dot for Portable {
+    #[inline(always)]
+    unsafe fn dots<const R: usize, const N: usize>(
+        band: Band,
+        g16: bool,
+        xq: *const i8,
+        xd: *const f32,
+        shift: usize,
+        k: usize,
+    ) -> [[f32; N]; R] {
+        let chunks = k / 32;
+        let nb = chunks >> shift;
+        let mut res = [[0.0f32; N]; R];
+        // SAFETY (whole body): in bounds per the caller.
+        unsafe {
+            for (i, res) in res.iter_mut().enumerate() {
+                for (t, res) in res.iter_mut().enumerate() {
+                    let mut acc = 0.0f32;
+                    for c in 0..chunks {
+                        let w = band.codes.add(i * band.stride + c * band.cstride);
+                        let x = xq.add(t * k + c * 32);
+                        let d = *xd.add(t * nb + (c >> shift));
+                        let halves = if g16 { 2 } else { 1 };
+                        let per = 32 / halves;
+                        for h in 0..halves {
+                            let mut s = 0i32;
+                            for j in h * per..(h + 1) * per {
+                                s += i32::from(*w.add(j)) * i32::from(*x.add(j));
+                            }
+                            let g = c * halves + h;
+                            acc += *band.scale.add(i * band.groups + g) * d * s as f32;
+                        }
+                    }
+                    *res = acc;
+                }
+            }
+        }
+        res
+    }
+}
+
+#[cfg(target_arch = "x86_64")]
+impl Dot for Avx2 {
+    #[inline(always)]
+    unsafe fn dots<const R: usize, const N: usize>(
+        band: Band,
+        g16: bool,
+        xq: *const i8,
+        xd: *const f32,
+        shift: usize,
+        k: usize,
+    ) -> [[f32; N]; R] {
+        use std::arch::x86_64::*;
+        let chunks = k / 32;
+        let nb = chunks >> shift;
+        // SAFETY (whole body): in bounds per the caller; AVX2 present.
+        unsafe {
+            let ones = _mm256_set1_epi16(1);
+            let mut acc = [[_mm256_setzero_ps(); N]; R];
+            for c in 0..chunks {
+                let mut dv = [_mm256_setzero_ps(); N];
+                for (t, dv) in dv.iter_mut().enumerate() {
+                    *dv = _mm256_set1_ps(*xd.add(t * nb + (c >> shift)));
+                }
+                let mut xv = [_mm256_setzero_si256(); N];
+                for (t, xv) in xv.iter_mut().enumerate() {
+                    *xv = _mm256_loadu_si256(xq.add(t * k + c * 32).cast());
+                }
+                for (i, acc) in acc.iter_mut().enumerate() {
+                    let w = _mm256_loadu_si256(
+                        band.codes.add(i * band.stride + c * band.cstride).cast(),
+                    );
+                    let aw = _mm256_sign_epi8(w, w);
+                    let sp = band.scale.add(i * band.groups);
+                    let sv = if g16 {
+                        _mm256_set_m128(
+                            _mm_set1_ps(*sp.add(2 * c + 1)),
+                            _mm_set1_ps(*sp.add(2 * c)),
+                        )
+                    } else {
+                        _mm256_set1_ps(*sp.add(c))
+                    };
+                    for (t, acc) in acc.iter_mut().enumerate() {
+                        let sx = _mm256_sign_epi8(xv[t], w);
+                        let p = _mm256_madd_epi16(_mm256_maddubs_epi16(aw, sx), ones);
+                        *acc =
+                            _mm256_fmadd_ps(_mm256_mul_ps(sv, dv[t]), _mm256_cvtepi32_ps(p), *acc);
+                    }
+                }
+            }
+            acc.map(|row| row.map(|v| Avx2::hsum(v)))
+        }
+    }
+}

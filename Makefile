@@ -29,6 +29,11 @@ lint:
 	cargo fmt --check
 	cargo clippy --all-targets -- -D warnings
 	cargo clippy --all-targets --features python -- -D warnings
+	@# The aarch64 build compiles other cfg branches (no x86 kernels); lint them
+	@# too where the target's std is installed (CI installs it).
+	@if rustup target list --installed 2>/dev/null | grep -qx aarch64-unknown-linux-gnu; then \
+	  cargo clippy --target aarch64-unknown-linux-gnu --all-targets --features python -- -D warnings; \
+	else echo "lint: aarch64 clippy skipped (rustup target aarch64-unknown-linux-gnu not installed)"; fi
 
 test-rust:
 	cargo test -q

@@ -708,12 +708,11 @@ fn keep_ge_generic<const FMA: bool, const WIDE: bool>(
 ) -> usize {
     let n = ids.len().min(logits.len()).min(weights.len());
     let at_tau = logits[..n].iter().filter(|&&l| l == tau).count();
-    let mut start = 0;
     #[cfg(target_arch = "x86_64")]
-    if WIDE {
+    let start = if WIDE {
         // SAFETY: `WIDE` is set only in the AVX-512F build of a kernel,
         // which runs only on a CPU that has AVX-512F and POPCNT.
-        start = unsafe {
+        unsafe {
             keep_ge_avx512(
                 &ids[..n],
                 &logits[..n],
@@ -722,8 +721,12 @@ fn keep_ge_generic<const FMA: bool, const WIDE: bool>(
                 out,
                 masses.as_deref_mut(),
             )
-        };
-    }
+        }
+    } else {
+        0
+    };
+    #[cfg(not(target_arch = "x86_64"))]
+    let start = 0;
     for i in start..n {
         if logits[i] >= tau {
             out.push(Cand {
@@ -1078,6 +1081,7 @@ mod tests {
                 let want_tau = logits.iter().filter(|&&l| l == tau).count();
                 type Keep =
                     fn(&[u32], &[f32], &[f32], f32, &mut Vec<Cand>, Option<&mut Vec<f32>>) -> usize;
+                #[cfg_attr(not(target_arch = "x86_64"), allow(unused_mut))]
                 let mut builds: Vec<(&str, Keep)> =
                     vec![("portable", keep_ge_generic::<false, false>)];
                 #[cfg(target_arch = "x86_64")]

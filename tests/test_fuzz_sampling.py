@@ -14,17 +14,20 @@ Hypothesis draws knobs, orders, histories and rows at scales from 1e-30 to 1e38
   a pickle round trip.
 
 ``make check`` runs a short pass (the ``ci`` profile). The long campaign is
-``make fuzz-sampling``: ``python tests/test_fuzz_sampling.py SECONDS`` runs
-these properties in rounds until the time is up and prints the executions.
+``make fuzz-sampling``: ``python tests/test_fuzz_sampling.py SECONDS [SEED]`` draws
+cases of the same distribution from a seeded PRNG (hypothesis's own drawing cost
+30 times the checks) until the time is up, and prints the executions.
 """
 
 from __future__ import annotations
 
 import math
 import pickle
+import random
 import sys
 import time
-from typing import Any
+from collections.abc import Sequence
+from typing import Any, Protocol
 
 import numpy as np
 import reference_samplers as ref
@@ -34,63 +37,109 @@ from hypothesis import strategies as st
 from rlx_lm import RlxError, SampleOpts
 
 F32_MIN = float(np.finfo(np.float32).min)
+F32_MAX = float(np.finfo(np.float32).max)
 EPS32 = 2.0**-24
 PRESETS = ["default", "llama.cpp", "hf", "vllm"]
 EXECUTIONS = {"reference": 0, "invariants": 0}
 
-scales = st.sampled_from([1e-30, 1e-10, 1e-3, 0.1, 1.0, 4.0, 1e2, 1e4, 1e6, 1e9, 1e20, 1e30, 1e38])
-grid = st.integers(-40, 40).map(lambda k: k / 4)
-special = st.sampled_from([-math.inf, F32_MIN, -0.0, 0.0])
+SCALES = [1e-30, 1e-10, 1e-3, 0.1, 1.0, 4.0, 1e2, 1e4, 1e6, 1e9, 1e20, 1e30, 1e38]
+SPECIAL = [-math.inf, F32_MIN, -0.0, 0.0]
+Case = tuple[SampleOpts, str, np.ndarray, list[int]]
 
 
-@st.composite
-def rows(draw: st.DrawFn) -> np.ndarray:
-    n = draw(st.integers(2, 40))
-    scale = draw(scales)
-    base = draw(st.lists(grid, min_size=n, max_size=n))
-    vals = np.array(base, np.float64) * scale
+class Draw(Protocol):
+    """Where a case's choices come from: hypothesis (shrinking, CI) or a seeded PRNG
+    (the long campaign, where hypothesis's own drawing cost 30x the checks)."""
+
+    def int(self, lo: int, hi: int) -> int: ...
+    def pick(self, values: Sequence[Any]) -> Any: ...
+    def float(self, lo: float, hi: float) -> float: ...
+    def bool(self) -> bool: ...
+
+
+class HypothesisDraw:
+    def __init__(self, draw: st.DrawFn) -> None:
+        self._draw = draw
+
+    def int(self, lo: int, hi: int) -> int:
+        return self._draw(st.integers(lo, hi))
+
+    def pick(self, values: Sequence[Any]) -> Any:
+        return self._draw(st.sampled_from(values))
+
+    def float(self, lo: float, hi: float) -> float:
+        return self._draw(st.floats(lo, hi))
+
+    def bool(self) -> bool:
+        return self._draw(st.booleans())
+
+
+class RandomDraw:
+    def __init__(self, rng: random.Random) -> None:
+        self._rng = rng
+
+    def int(self, lo: int, hi: int) -> int:
+        return self._rng.randint(lo, hi)
+
+    def pick(self, values: Sequence[Any]) -> Any:
+        return values[self._rng.randrange(len(values))]
+
+    def float(self, lo: float, hi: float) -> float:
+        # the ends themselves now and then, as hypothesis draws them
+        r = self._rng.random()
+        return lo if r < 0.05 else hi if r < 0.1 else self._rng.uniform(lo, hi)
+
+    def bool(self) -> bool:
+        return self._rng.random() < 0.5
+
+
+def draw_row(d: Draw) -> np.ndarray:
+    n = d.int(2, 40)
+    scale = d.pick(SCALES)
+    vals = np.array([d.int(-40, 40) / 4 for _ in range(n)], np.float64) * scale
     vals = np.clip(vals, -3.4e38, 3.4e38)
-    for i in draw(st.lists(st.integers(0, n - 1), max_size=3)):
-        vals[i] = draw(special)
+    for _ in range(d.int(0, 3)):
+        vals[d.int(0, n - 1)] = d.pick(SPECIAL)
     row = vals.astype(np.float32)
     if not np.isfinite(row).any() or np.all(row == -np.inf):
-        row[draw(st.integers(0, n - 1))] = np.float32(scale)
+        row[d.int(0, n - 1)] = np.float32(scale)
     return row
 
 
-@st.composite
-def opts(draw: st.DrawFn, vocab: int) -> SampleOpts:
-    kw: dict[str, Any] = {"seed": draw(st.integers(0, 2**64 - 1))}
-    f32 = lambda lo, hi: st.floats(lo, hi).map(lambda x: float(np.float32(x)))  # noqa: E731
-    if draw(st.booleans()):
-        kw["dynamic_temp"] = (draw(f32(0.1, 1.0)), draw(f32(1.0, 2.0)))
+def draw_opts(d: Draw, vocab: int) -> SampleOpts:
+    def f32(lo: float, hi: float) -> float:
+        return float(np.float32(d.float(lo, hi)))
+
+    kw: dict[str, Any] = {"seed": d.int(0, 2**64 - 1)}
+    if d.bool():
+        kw["dynamic_temp"] = (f32(0.1, 1.0), f32(1.0, 2.0))
     else:
-        kw["temperature"] = draw(st.sampled_from([0.0, 1e-40, 1e-30, 0.3, 0.7, 1.0, 1.5, 1e10]))
-    if draw(st.booleans()):
-        kw["top_k"] = draw(st.integers(1, 50))
-    if draw(st.booleans()):
-        kw["top_p"] = draw(f32(0.05, 1.0))
-    if draw(st.booleans()):
-        kw["min_p"] = draw(f32(0.0, 0.5))
-    if draw(st.booleans()):
-        kw["typical_p"] = draw(f32(0.2, 1.0))
-    if draw(st.booleans()):
-        kw["top_n_sigma"] = draw(f32(0.5, 3.0))
-    if draw(st.booleans()):
-        kw["xtc_prob"] = draw(f32(0.0, 1.0))
-        kw["xtc_threshold"] = draw(f32(0.01, 0.5))
-    if draw(st.booleans()):
-        kw["repetition_penalty"] = draw(f32(0.8, 2.0))
-        kw["frequency_penalty"] = draw(f32(0.0, 1.0))
-        kw["presence_penalty"] = draw(f32(0.0, 1.0))
-        kw["repetition_window"] = draw(st.sampled_from([-1, 4, 64]))
-    if draw(st.booleans()):
-        kw["dry_multiplier"] = draw(st.sampled_from([0.8, 3.0, 1e30]))
-        kw["dry_allowed_length"] = draw(st.integers(1, 3))
-        kw["dry_max_ngram"] = draw(st.sampled_from([0, 4, 32]))
-    if draw(st.booleans()):
-        toks = draw(st.lists(st.integers(0, vocab - 1), max_size=3, unique=True))
-        kw["logit_bias"] = {t: draw(st.sampled_from([-math.inf, -2.0, 1.5, 1e30])) for t in toks}
+        kw["temperature"] = d.pick([0.0, 1e-40, 1e-30, 0.3, 0.7, 1.0, 1.5, 1e10])
+    if d.bool():
+        kw["top_k"] = d.int(1, 50)
+    if d.bool():
+        kw["top_p"] = f32(0.05, 1.0)
+    if d.bool():
+        kw["min_p"] = f32(0.0, 0.5)
+    if d.bool():
+        kw["typical_p"] = f32(0.2, 1.0)
+    if d.bool():
+        kw["top_n_sigma"] = f32(0.5, 3.0)
+    if d.bool():
+        kw["xtc_prob"] = f32(0.0, 1.0)
+        kw["xtc_threshold"] = f32(0.01, 0.5)
+    if d.bool():
+        kw["repetition_penalty"] = f32(0.8, 2.0)
+        kw["frequency_penalty"] = f32(0.0, 1.0)
+        kw["presence_penalty"] = f32(0.0, 1.0)
+        kw["repetition_window"] = d.pick([-1, 4, 64])
+    if d.bool():
+        kw["dry_multiplier"] = d.pick([0.8, 3.0, 1e30])
+        kw["dry_allowed_length"] = d.int(1, 3)
+        kw["dry_max_ngram"] = d.pick([0, 4, 32])
+    if d.bool():
+        toks = sorted({d.int(0, vocab - 1) for _ in range(d.int(0, 3))})
+        kw["logit_bias"] = {t: d.pick([-math.inf, -2.0, 1.5, 1e30]) for t in toks}
     # min_keep only with a stage of every order that reads it (llama.cpp's top-k
     # does not); a min_keep no stage reads is refused as a no-op.
     reads_min_keep = (
@@ -100,32 +149,46 @@ def opts(draw: st.DrawFn, vocab: int) -> SampleOpts:
         or kw.get("xtc_prob", 0.0) > 0
     )
     if reads_min_keep:
-        kw["min_keep"] = draw(st.sampled_from([1, 1, 2, 5]))
+        kw["min_keep"] = d.pick([1, 1, 2, 5])
     return SampleOpts(**kw)
 
 
-@st.composite
-def cases(draw: st.DrawFn) -> tuple[SampleOpts, str, np.ndarray, list[int]]:
-    row = draw(rows())
-    o = draw(opts(len(row)))
-    order = draw(st.sampled_from(PRESETS))
-    history = draw(st.lists(st.integers(0, min(len(row), 6) - 1), max_size=30))
+def draw_case(d: Draw) -> Case:
+    row = draw_row(d)
+    o = draw_opts(d, len(row))
+    order = d.pick(PRESETS)
+    history = [d.int(0, min(len(row), 6) - 1) for _ in range(d.int(0, 30))]
     # Every stage at every scale, top-n-sigma included (its moments are taken
     # in float64: test_sampling_hostile pins the 1e-30 and 1e20 cases).
     return o, order, row, history
 
 
-def rounding(o: SampleOpts, row: np.ndarray) -> float:
-    """How far float32 arithmetic may move a scaled logit, in nats."""
+@st.composite
+def cases(draw: st.DrawFn) -> Case:
+    return draw_case(HypothesisDraw(draw))
+
+
+def raw_magnitude(o: SampleOpts, row: np.ndarray, history: list[int]) -> float:
+    """A bound on the largest |logit| the chain computes before temperature: the row
+    scaled by a repetition penalty, shifted by presence, frequency, DRY and a finite bias."""
     finite = row[np.isfinite(row)]
     m = float(np.abs(finite).max()) if finite.size else 0.0
+    m = m * max(o.repetition_penalty, 1.0 / o.repetition_penalty) + o.presence_penalty
+    m += o.frequency_penalty * len(history)
+    m += max((abs(b) for b in o.logit_bias.values() if math.isfinite(b)), default=0.0)
+    if o.dry_multiplier > 0:
+        grow = max(0, len(history) - o.dry_allowed_length)
+        m += min(o.dry_multiplier * o.dry_base ** min(grow, 128), 3.4e38)
+    return m
+
+
+def rounding(o: SampleOpts, row: np.ndarray, history: list[int]) -> float:
+    """How far float32 arithmetic may move a scaled logit, in nats: float32's rounding
+    of the largest logit the chain computes before temperature, divided by the
+    temperature."""
+    m = raw_magnitude(o, row, history)
     t = o.dynamic_temp[0] if o.dynamic_temp is not None else o.temperature
     m = m / t if t > 0 else m
-    for b in o.logit_bias.values():
-        if math.isfinite(b):
-            m = max(m, abs(b))
-    if o.dry_multiplier > 0:
-        m = max(m, o.dry_multiplier)
     return 1e-5 + 256 * EPS32 * m
 
 
@@ -162,19 +225,29 @@ def check_reference(o: SampleOpts, order: str, row: np.ndarray, history: list[in
     token = check_invariants(o, order, row, history)
     if token is None:
         return
+    if raw_magnitude(o, row, history) > F32_MAX:
+        # A penalty or bias pushed a logit past float32's range: the chain's +-inf
+        # ties tokens that float64 still orders, so only the invariants apply.
+        return
     EXECUTIONS["reference"] += 1
     want = ref.run_chain(o, order, row, history)
-    tol = rounding(o, row)
+    tol = rounding(o, row, history)
     if tol < 0.05:
         if want.margin > 4 * tol:
             assert token == want.token, (token, want.token, want.margin, tol)
         return
     # float32 cannot resolve the decision: the token is one the reference
-    # keeps, or tied with one within the rounding of the raw logits.
+    # keeps, or tied with one within the rounding of the logits it decided on: the
+    # raw row plus the logit bias, in float32 as the chain adds it (a bias of 1e30
+    # ties every token it lifts, and which of a tie a ranked stage keeps is the
+    # tie-break's business, not the reference's).
     if token in want.final:
         return
     t = o.dynamic_temp[1] if o.dynamic_temp is not None else max(o.temperature, 1e-45)
-    near = [abs(float(row[token]) - float(row[k])) for k in want.final]
+    biased = row.astype(np.float32).copy()
+    for k, b in o.logit_bias.items():
+        biased[k] = np.float32(biased[k] + np.float32(b))
+    near = [abs(float(biased[token]) - float(biased[k])) for k in want.final]
     assert min(near) <= tol * t * 4 + 1e-30, (token, sorted(want.final), tol)
 
 
@@ -188,23 +261,42 @@ def _property(case: tuple[SampleOpts, str, np.ndarray, list[int]]) -> None:
 test_the_chain_matches_the_reference_at_every_scale = SETTINGS(given(cases())(_property))
 
 
-def campaign(seconds: float) -> int:
-    """Run the property in rounds of fresh random examples until time is up."""
+def campaign(seconds: float, seed: int | None = None) -> int:
+    """Check fresh pseudo-random cases (the same distribution as ``cases()``, drawn
+    from a seeded PRNG) until time is up; a failure prints the seed and case index
+    that reproduce it."""
+    seed = random.SystemRandom().randrange(2**63) if seed is None else seed
+    rng = random.Random(seed)
     deadline = time.monotonic() + seconds
-    rounds = 0
-    run = settings(SETTINGS, max_examples=200, database=None, derandomize=False)(
-        given(cases())(_property)
-    )
-    while time.monotonic() < deadline:
-        run()
-        rounds += 1
+    done = 0
+    while done == 0 or time.monotonic() < deadline:  # one batch at least
+        for _ in range(256):
+            case = draw_case(RandomDraw(rng))
+            try:
+                check_reference(*case)
+            except AssertionError:
+                print(f"FAILED at case {done} of seed {seed}: {case!r}")
+                raise
+            done += 1
     print(
-        f"sampler chain vs reference: {rounds} rounds, "
+        f"sampler chain vs reference (seed {seed}): {done} cases, "
         f"{EXECUTIONS['invariants']} executions ({EXECUTIONS['reference']} compared "
         f"with the reference), no failure"
     )
     return 0
 
 
+def test_the_campaign_driver_checks_cases() -> None:
+    """The PRNG driver draws valid cases and runs the same checks."""
+    before = dict(EXECUTIONS)
+    campaign(0.0, seed=1)
+    assert EXECUTIONS["invariants"] - before["invariants"] == 256
+
+
 if __name__ == "__main__":
-    sys.exit(campaign(float(sys.argv[1]) if len(sys.argv) > 1 else 60.0))
+    sys.exit(
+        campaign(
+            float(sys.argv[1]) if len(sys.argv) > 1 else 60.0,
+            int(sys.argv[2]) if len(sys.argv) > 2 else None,
+        )
+    )

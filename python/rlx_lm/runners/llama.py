@@ -304,7 +304,7 @@ class LlamaRunner:
             return np.empty((0, self.vocab_size), dtype=np.float32), []
         logits: F32 = self.engine.decode_batch(caches, toks)
         advanced = [
-            SessionSnapshot(c.snapshot(), [*s.tokens, t], self.fingerprint)
+            s.advanced(c.snapshot(), t, self.fingerprint)
             for c, s, t in zip(caches, sessions, toks, strict=True)
         ]
         return logits, advanced

@@ -521,6 +521,8 @@ class BatchScheduler:
 
     def _admit(self) -> list[RequestHandle]:
         out: list[RequestHandle] = []
+        if not self._waiting:  # the common step: nothing queued, no lock to take
+            return out
         with self._cond:
             keep: deque[RequestHandle] = deque()
             cancelled = [h for h in self._waiting if h.cancelled]

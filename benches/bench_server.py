@@ -16,7 +16,10 @@ its own on 127.0.0.1 (so the client shares no interpreter lock with it).
   same runner driven directly (prefill, then sample + ``decode_logits`` per token, as
   `rlx_lm.generate` does), as a fraction of the direct step (``overhead_fraction``); also
   `BatchScheduler` alone, no HTTP (``overhead_scheduler``). Target: <= 5%. The three are
-  measured interleaved so that a loaded machine slows all three alike.
+  measured interleaved so that a loaded machine slows all three alike. ``--overhead``
+  adds the spread, a lean client's figure, CPU time per token (the server process's,
+  differenced over two request lengths) and the server's own CPU per token with a runner
+  whose logits are ready at once (``instant_cpu_us``: everything but the model).
 """
 
 from __future__ import annotations
@@ -47,8 +50,11 @@ class _Served:
             sock.bind(("127.0.0.1", 0))
             port = sock.getsockname()[1]
         self.url = f"http://127.0.0.1:{port}"
-        self.cmd = [sys.executable, "-m", "rlx_lm.cli", "serve", model, "--port", str(port)]
-        self.cmd += ["-c", str(ctx), "--max-batch", str(max_batch), "--max-queue", "64"]
+        if model == _INSTANT:  # the app over `_Instant`, served by this file
+            self.cmd = [sys.executable, __file__, "--serve-instant", str(port)]
+        else:
+            self.cmd = [sys.executable, "-m", "rlx_lm.cli", "serve", model, "--port", str(port)]
+            self.cmd += ["-c", str(ctx), "--max-batch", str(max_batch), "--max-queue", "64"]
         if threads is not None:
             self.cmd += ["-t", str(threads)]
         self.proc: subprocess.Popen[bytes] | None = None
@@ -240,7 +246,12 @@ def report(
 
 
 def overhead(
-    model: str | Path, *, tokens: int = 64, reps: int = 7, threads: int | None = None
+    model: str | Path,
+    *,
+    tokens: int = 64,
+    reps: int = 7,
+    threads: int | None = None,
+    instant: tuple[int, int, int] = (256, 12, 5),
 ) -> dict[str, float]:
     """Only the overhead figures (``--overhead``): direct, scheduler and served, interleaved.
 
@@ -280,6 +291,13 @@ def overhead(
         out[f"{name}_max_ms"] = max(xs) * 1e3
     cpu_d, cpu_s = statistics.median(cpu_direct), statistics.median(cpu_served)
     out["cpu_overhead_fraction"] = (cpu_s - cpu_d) / cpu_d
+    n, k, r = instant
+    own = instant_cpu(tokens=n, requests=k, reps=r)
+    out["instant_cpu_us"] = statistics.median(own) * 1e6
+    out["instant_cpu_min_us"] = min(own) * 1e6
+    out["instant_cpu_max_us"] = max(own) * 1e6
+    # an upper bound of the overhead: the direct loop samples too, which this counts
+    out["instant_over_direct_cpu"] = statistics.median(own) / cpu_d
     for name, xs in (("direct", direct), ("scheduler", sched), ("served", served)):
         out[f"{name}_step_ms"] = statistics.median(xs) * 1e3
         out[f"{name}_min_ms"] = min(xs) * 1e3
@@ -379,16 +397,99 @@ def served_cpu(served: _Served, prompt: list[int], tokens: int) -> float:
     return ((c2 - c1) - (c1 - c0)) / tokens
 
 
+_INSTANT = "<instant>"
+
+
+class _Instant:
+    """A runner whose logits are ready at once: served, it leaves the server's own work.
+
+    Its ``decode_batch`` advances the sessions as `LlamaRunner.decode_batch` does, so
+    what the server process spends per token with it is everything but the model:
+    sampling, detokenising, the SSE frame and write, the thread hand-over."""
+
+    family = "instant"
+    max_seq = 8192
+
+    def __init__(self, vocab: int) -> None:
+        self.vocab_size = vocab
+        self.row = np.random.default_rng(0).standard_normal(vocab).astype(np.float32)
+        self.toks: list[int] = []
+
+    def predict_logits(self, ids: Any, /) -> Any:
+        return self.row
+
+    def prefill_logits(self, ids: Any, /) -> Any:
+        self.toks = [int(t) for t in ids]
+        return self.row
+
+    def decode_logits(self, token: int, /) -> Any:
+        self.toks.append(int(token))
+        return self.row
+
+    def export_session(self) -> Any:
+        from rlx_lm.session import SessionSnapshot
+
+        return SessionSnapshot(None, self.toks, None)
+
+    def restore_session(self, snap: Any, /) -> bool:
+        self.toks = list(snap.tokens)
+        return True
+
+    def decode_batch(self, sessions: Any, tokens: Any, /) -> Any:
+        rows = np.broadcast_to(self.row, (len(tokens), self.vocab_size))
+        return rows, [s.advanced(None, t) for s, t in zip(sessions, tokens, strict=True)]
+
+
+def _serve_instant(port: int) -> None:
+    import uvicorn
+
+    from rlx_lm.server import ServerConfig, create_app
+
+    _, tokenizer = rlx_lm.load_default(max_seq=8)
+    config = ServerConfig(prompt_cache_bytes=0, max_tokens=4096)
+    app = create_app(_Instant(tokenizer.vocab_size), tokenizer, config=config)
+    uvicorn.run(app, host="127.0.0.1", port=port, log_level="warning")
+
+
+def instant_cpu(*, tokens: int = 256, requests: int = 12, reps: int = 5) -> list[float]:
+    """The server's own CPU seconds per token (`_Instant` runner), one figure per rep.
+
+    ``requests`` streamed requests of ``tokens`` tokens against as many of 4, differenced,
+    so the per-request work cancels and the clock's 10 ms tick is spread thin."""
+    out = []
+    prompt = [1, 2, 3, 4, 5]
+    with _Served(_INSTANT, 0, 4) as s:
+        assert s.proc is not None
+        served_step(s.url, prompt, 4)  # warm up
+        for _ in range(reps):
+            c0 = _proc_cpu(s.proc.pid)
+            for _ in range(requests):
+                served_step(s.url, prompt, 4)
+            c1 = _proc_cpu(s.proc.pid)
+            for _ in range(requests):
+                served_step(s.url, prompt, 4 + tokens)
+            c2 = _proc_cpu(s.proc.pid)
+            out.append(((c2 - c1) - (c1 - c0)) / (tokens * requests))
+    return out
+
+
 def test_bench_server_smoke() -> None:
     from rlx_lm.default_model import default_model_path
 
     figures = report(default_model_path(), streams=(1, 2), tokens=3, prefix=64, reps=1)
     assert {"tok_s_2", "ttft_speedup", "overhead_fraction"} <= set(figures)
     assert all(np.isfinite(v) for v in figures.values())
+    small = overhead(default_model_path(), tokens=3, reps=1, instant=(8, 1, 1))
+    assert {"overhead_lean_client", "cpu_overhead_fraction", "instant_cpu_us"} <= set(small)
+    assert all(np.isfinite(v) for v in small.values())
 
 
 if __name__ == "__main__":
     from rlx_lm.default_model import default_model_path
+
+    if "--serve-instant" in sys.argv:
+        _serve_instant(int(sys.argv[sys.argv.index("--serve-instant") + 1]))
+        sys.exit(0)
 
     args = [a for a in sys.argv[1:] if not a.startswith("--")]
     path = args[0] if args else str(default_model_path())
@@ -397,4 +498,4 @@ if __name__ == "__main__":
     threads = next((int(a.split("=")[1]) for a in sys.argv if a.startswith("--threads=")), None)
     figures = overhead(path, threads=threads) if "--overhead" in sys.argv else report(path)
     for key, value in figures.items():
-        print(f"{key:>18}: {value:.4g}")
+        print(f"{key:>26}: {value:.4g}")

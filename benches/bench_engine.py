@@ -136,9 +136,9 @@ class Ours:
         times = []
         for s in range(steps):
             toks = _ids(batch, self.vocab, 100 + s)
-            t = time.perf_counter()
+            t = CLOCK()
             _, sessions = self.runner.decode_batch(sessions, toks)
-            times.append(time.perf_counter() - t)
+            times.append(CLOCK() - t)
         return batch / statistics.median(times)
 
 

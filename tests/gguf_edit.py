@@ -8,7 +8,7 @@ import struct
 from collections.abc import Sequence
 from pathlib import Path
 
-_UINT32, _INT32 = 4, 5
+_UINT32, _INT32, _FLOAT32 = 4, 5, 6
 
 
 def _after_key(data: bytes | bytearray, key: str) -> int:
@@ -28,6 +28,18 @@ def set_u32(path: Path, key: str, value: int) -> None:
     if vtype not in (_UINT32, _INT32):
         raise TypeError(f"{key} has GGUF value type {vtype}, not a 32-bit integer")
     struct.pack_into("<I", data, at + 4, value & 0xFFFFFFFF)
+    path.write_bytes(bytes(data))
+
+
+def set_f32(path: Path, key: str, value: float) -> None:
+    """Make the 4-byte metadata value ``key`` (an integer or a float) a float32 ``value``:
+    a header whose field has the wrong type, or a float that is NaN, zero or negative."""
+    data = bytearray(path.read_bytes())
+    at = _after_key(data, key)
+    (vtype,) = struct.unpack_from("<I", data, at)
+    if vtype not in (_UINT32, _INT32, _FLOAT32):
+        raise TypeError(f"{key} has GGUF value type {vtype}, not a 4-byte number")
+    struct.pack_into("<If", data, at, _FLOAT32, value)
     path.write_bytes(bytes(data))
 
 

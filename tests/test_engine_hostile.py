@@ -18,7 +18,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from gguf_edit import set_tensor, set_u32, tensor_fields
+from gguf_edit import set_f32, set_tensor, set_u32, tensor_fields
 from model_factory import make_tiny, write_gguf
 from tokenizer_factory import spm_gguf_fields, spm_vocab
 
@@ -180,6 +180,36 @@ HOSTILE: list[tuple[str, Callable[[Path], None], type[Exception], str]] = [
         lambda p: set_u32(p, f"{ARCH}.embedding_length", 2**32 - 1),
         WeightFormatError,
         "hidden_size: must be between 1 and 2",
+    ),
+    (  # found by the gguf_engine fuzz target: int(nan) raised a bare ValueError
+        "hidden_is_a_float_nan",
+        lambda p: set_f32(p, f"{ARCH}.embedding_length", float("nan")),
+        WeightFormatError,
+        rf"GGUF field {ARCH}\.embedding_length must be an integer, got float nan",
+    ),
+    (
+        "heads_is_a_float",
+        lambda p: set_f32(p, f"{ARCH}.attention.head_count", 2.0),
+        WeightFormatError,
+        rf"GGUF field {ARCH}\.attention\.head_count must be an integer",
+    ),
+    (
+        "rope_theta_nan",
+        lambda p: set_f32(p, f"{ARCH}.rope.freq_base", float("nan")),
+        WeightFormatError,
+        rf"GGUF field {ARCH}\.rope\.freq_base must be finite",
+    ),
+    (  # 1 / theta ** x divided by zero before
+        "rope_theta_zero",
+        lambda p: set_f32(p, f"{ARCH}.rope.freq_base", 0.0),
+        WeightFormatError,
+        "rope_theta must be positive and finite, got 0.0",
+    ),
+    (
+        "rope_theta_negative",
+        lambda p: set_f32(p, f"{ARCH}.rope.freq_base", -1.0),
+        WeightFormatError,
+        "rope_theta must be positive",
     ),
     (
         "heads_2_31",

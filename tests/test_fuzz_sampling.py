@@ -243,12 +243,15 @@ def check_reference(o: SampleOpts, order: str, row: np.ndarray, history: list[in
     # tie-break's business, not the reference's).
     if token in want.final:
         return
-    t = o.dynamic_temp[1] if o.dynamic_temp is not None else max(o.temperature, 1e-45)
+    # The tolerance in raw-logit units: the float32 rounding of the largest logit
+    # before temperature (at temperature 0 the argmax decides on raw logits).
+    t = o.dynamic_temp[1] if o.dynamic_temp is not None else o.temperature
+    raw_tol = 4 * (256 * EPS32 * raw_magnitude(o, row, history) + 1e-5 * t) + 1e-30
     biased = row.astype(np.float32).copy()
     for k, b in o.logit_bias.items():
         biased[k] = np.float32(biased[k] + np.float32(b))
     near = [abs(float(biased[token]) - float(biased[k])) for k in want.final]
-    assert min(near) <= tol * t * 4 + 1e-30, (token, sorted(want.final), tol)
+    assert min(near) <= raw_tol, (token, sorted(want.final), tol, raw_tol)
 
 
 SETTINGS = settings(suppress_health_check=list(HealthCheck), deadline=None)

@@ -109,14 +109,14 @@ def assert_within_f32_accumulation(
     got: np.ndarray, x: np.ndarray, w: np.ndarray, off: np.ndarray, qtype: T
 ) -> None:
     """|got - x @ w.T| <= 2^-24 (c1 |x| @ (|w| + |off|).T + c2 |x| @ |off|.T): the float32
-    bound of the kernels' sums (rust/quant/kernel.rs: a group's eight-lane sum, its scaling,
-    the sum over groups and lanes; float formats k/8 steps, the lanes and the tail)."""
+    bound of the kernels' sums (rust/quant/kernel.rs: a weight's scaling, k/8 multiply-adds a
+    lane, the lanes' sum, the offset; float formats k/8 steps, the lanes and the tail)."""
     x64, w64 = x.astype(np.float64), w.astype(np.float64)
     want = x64 @ w64.T
     k = w.shape[1]
     values = gguf.GGML_QUANT_SIZES[qtype][0]
     g = 16 if qtype in (T.Q2_K, T.Q3_K, T.Q6_K) else max(8, min(values, 32))
-    c1 = k // 8 + 4 + k % 8 if values == 1 else g // 8 + k // g + 6
+    c1 = k // 8 + 4 + k % 8 if values == 1 else k // 8 + 5
     c2 = c1 + g + k // g + 2
     ax, aoff = np.abs(x64), off.astype(np.float64)
     tol = 2.0**-24 * (c1 * (ax @ (np.abs(w64) + aoff).T) + c2 * (ax @ aoff.T)) + 1e-30

@@ -3,19 +3,20 @@
 //! A band of weight rows is unpacked (a few rows at a time, into a small
 //! per-thread buffer of int8 codes and per-group scales that stays in L1),
 //! then multiplied by tiles of activation rows: each eight-code chunk is
-//! converted to floats once and fused into the group sums of every
-//! activation row of the tile. A weight is `scale_g * code - offset_g`, so
-//! a row's dot product is `sum_g scale_g * (sum code * x) - offset_g * X_g`
-//! with `X_g` the activations' sum over group `g` (computed once per call).
+//! converted to floats and scaled once (`w = scale_g * code`) and fused into
+//! the accumulators of every activation row of the tile. A weight is
+//! `scale_g * code - offset_g`, so a row's dot product is
+//! `sum_c w_c * x_c - sum_g offset_g * X_g` with `X_g` the activations' sum
+//! over group `g` (computed once per call).
 //!
-//! **Fixed order.** Every output element `(t, r)` is accumulated the same
-//! way whatever the tile, the batch size, the row's position in the batch
-//! or the thread that runs it: per group an eight-lane sum over its chunks
-//! in column order (`s = fma(code_c, x_c, s)`), then `acc = fma(scale_g, s,
-//! acc)` and `off += offset_g * X_g` in group order, finally
-//! `hsum(acc) - off` ([`Lanes::hsum`]). Float formats: one accumulator,
-//! `acc = fma(w_c, x_c, acc)` in column order, `hsum`, then the columns past
-//! the last whole chunk one by one.
+//! **Fixed order** (the scale-folded order; `multirow` keeps it too).
+//! Every output element `(t, r)` is accumulated the same way whatever the
+//! tile, the batch size, the row's position in the batch or the thread that
+//! runs it: one eight-lane accumulator over the chunks in column order,
+//! `acc = fma(w_c, x_c, acc)` with `w_c = code_c * scale_g` rounded once,
+//! and `off += offset_g * X_g` in group order, finally `hsum(acc) - off`
+//! ([`Lanes::hsum`]). Float formats: the same with `w_c` the stored values,
+//! then the columns past the last whole chunk one by one.
 
 use super::format::QuantType;
 use super::simd::Lanes;
@@ -256,19 +257,16 @@ unsafe fn codes_tile<S: Lanes, const R: usize, const N: usize, const OFFSETS: bo
         let mut off = [[0.0f32; N]; R];
         for g in 0..groups {
             for i in 0..R {
-                let mut s = [S::zero(); N];
+                let a = S::splat(*scale.add(i * groups + g));
                 let mut j = 0;
                 while j < group {
-                    let q = S::codes(codes.add(i * stride + g * gstride + j));
+                    // gguf's weight (before the offset): code times scale.
+                    let w = S::mul(S::codes(codes.add(i * stride + g * gstride + j)), a);
                     let c = g * group + j;
-                    for (t, s) in s.iter_mut().enumerate() {
-                        *s = S::fma(q, S::load(x.add(t * k + c)), *s);
+                    for (t, acc) in acc[i].iter_mut().enumerate() {
+                        *acc = S::fma(w, S::load(x.add(t * k + c)), *acc);
                     }
                     j += 8;
-                }
-                let a = S::splat(*scale.add(i * groups + g));
-                for (acc, s) in acc[i].iter_mut().zip(s) {
-                    *acc = S::fma(a, s, *acc);
                 }
                 if OFFSETS {
                     let b = *offset.add(i * groups + g);

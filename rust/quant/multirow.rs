@@ -1,26 +1,28 @@
 //! Matrix-matrix products (batched decode, prefill): each weight row is
-//! unpacked and converted to float32 **once per call**, then multiplied into
-//! every activation row in register-blocked tiles of 3 weight rows x 2
-//! activation rows, so the cost of dequantising is shared by the whole batch
-//! and each activation chunk is loaded once for three weight rows.
+//! unpacked and dequantised to float32 **once per call** (`w = scale_g *
+//! code`, the offset kept apart), then multiplied into every activation row
+//! in register-blocked tiles of [`R_TILE`] weight rows x [`N_TILE`]
+//! activation rows: one fused multiply-add per eight weights per activation
+//! row, so the cost of dequantising is shared by the whole batch and each
+//! activation chunk is loaded once for four weight rows.
 //!
 //! **The same bits as the matrix-vector path.** Every output element `(t, r)`
-//! is accumulated by exactly the operations of `kernel`'s order: per group an
-//! eight-lane sum over its chunks in column order (`s = fma(code_c, x_c, s)`;
-//! a code converted to float32 is exact, so converting it once beforehand
-//! changes nothing), then `acc = fma(scale_g, s, acc)` and `off += offset_g *
-//! X_g` in group order, finally `hsum(acc) - off`; float formats
-//! `acc = fma(w_c, x_c, acc)`, `hsum`, then the tail columns one by one. So a
-//! row gives the same bits alone (matrix-vector) or in any batch, and the
-//! tests check it.
+//! is accumulated by exactly the operations of `kernel`'s (scale-folded)
+//! order: one eight-lane accumulator over the chunks in column order,
+//! `acc = fma(w_c, x_c, acc)` with `w_c = code_c * scale_g` (the same
+//! rounded product whether it is formed here once or there per call), then
+//! `hsum(acc) - off` with `off = sum_g offset_g * X_g` in group order; float
+//! formats `acc = fma(w_c, x_c, acc)`, `hsum`, then the tail columns one by
+//! one. So a row gives the same bits alone (matrix-vector) or in any batch,
+//! and the tests check it.
 //!
 //! The offset terms `sum_g offset_g * X_g` (formats with offsets) are
 //! summed outside the tiles, per band, vectorised over the activation rows
 //! (the same per-element operations), and subtracted as each tile is written.
 //!
-//! Loop nest, per chunk of weight rows a thread owns: bands of [`BAND`] rows
-//! are unpacked to float32 into a per-thread buffer (in L1/L2), then for each
-//! pair of activation rows, for each three rows of the band, one tile.
+//! Loop nest, per chunk of weight rows a thread owns: bands of [`R_TILE`]
+//! rows are dequantised into a per-thread buffer (in L1), then for each
+//! [`N_TILE`] activation rows one tile over the whole row.
 
 use std::cell::RefCell;
 
@@ -29,14 +31,12 @@ use super::kernel::Job;
 use super::simd::Lanes;
 use super::unpack::{float_at, q8_0_scales, unpack_row};
 
-/// Weight rows unpacked to float32 at a time (a multiple of [`R_TILE`]).
-const BAND: usize = 12;
-
 /// Register tile: weight rows x activation rows. Each output element holds
-/// a group sum and an accumulator (two registers), so 3 x 2 of them, plus
-/// two activation chunks and a weight chunk, fill AVX2's sixteen registers.
-const R_TILE: usize = 3;
-const N_TILE: usize = 2;
+/// one accumulator, so 4 x 3 of them, plus three activation chunks and a
+/// weight chunk, fill AVX2's sixteen registers; each weight chunk feeds
+/// three activation rows and each activation chunk four weight rows.
+const R_TILE: usize = 4;
+const N_TILE: usize = 3;
 
 /// Fewest activation rows for which this path beats `kernel`'s tiles.
 pub(crate) const MIN_ROWS: usize = 2;
@@ -50,7 +50,7 @@ pub(crate) struct Wide {
     offset: Vec<f32>,
     /// The activations' group sums, group-major (`groups` x `n`).
     xt: Vec<f32>,
-    /// A band's offset terms, `sum_g offset_g * X_g` (`BAND` x `n`).
+    /// A band's offset terms, `sum_g offset_g * X_g` (`R_TILE` x `n`).
     offs: Vec<f32>,
 }
 
@@ -126,9 +126,9 @@ pub(crate) unsafe fn rows_portable(
     unsafe { run_rows::<super::simd::Portable>(job, lo, hi, out, s) }
 }
 
-/// Weight row `row` of `job` as float32 codes (or values, float formats)
-/// into `w` (`cols` floats), its group scales and offsets into `scale` and
-/// `offset`.
+/// Weight row `row` of `job` dequantised into `w` (`cols` floats): float
+/// formats their values, block formats `code * scale_g` (the offsets
+/// `offset_g` into `offset`, applied outside the tiles).
 #[inline(always)]
 fn unpack_float<S: Store>(
     job: &Job<'_>,
@@ -165,11 +165,13 @@ fn unpack_float<S: Store>(
         QuantType::Q8_0 => {
             q8_0_scales::<S>(raw, scale);
             let (blocks, _) = raw.as_chunks::<34>();
-            for (b, w) in blocks.iter().zip(w.chunks_exact_mut(32)) {
+            for ((b, w), &d) in blocks.iter().zip(w.chunks_exact_mut(32)).zip(scale.iter()) {
+                // SAFETY: S is usable (caller).
+                let a = unsafe { S::splat(d) };
                 for j in (0..32).step_by(8) {
                     // SAFETY: 8 codes at 2 + j of the block, 8 floats at w[j].
                     unsafe {
-                        let q = S::codes(b.as_ptr().add(2 + j).cast());
+                        let q = S::mul(S::codes(b.as_ptr().add(2 + j).cast()), a);
                         S::store(w.as_mut_ptr().add(j), q);
                     }
                 }
@@ -177,14 +179,19 @@ fn unpack_float<S: Store>(
         }
         qtype => {
             unpack_row::<S>(qtype, raw, codes, scale, offset);
-            let mut c = 0;
-            while c < k {
-                // SAFETY: k is a whole number of 8-code chunks (blocks of 32 or 256).
-                unsafe {
-                    let q = S::codes(codes.as_ptr().add(c));
-                    S::store(w.as_mut_ptr().add(c), q);
+            let group = qtype.group_values();
+            for (g, &d) in scale[..k / group].iter().enumerate() {
+                // SAFETY: S is usable (caller).
+                let a = unsafe { S::splat(d) };
+                let mut c = g * group;
+                while c < (g + 1) * group {
+                    // SAFETY: groups are whole 8-code chunks (16 or 32 values).
+                    unsafe {
+                        let q = S::mul(S::codes(codes.as_ptr().add(c)), a);
+                        S::store(w.as_mut_ptr().add(c), q);
+                    }
+                    c += 8;
                 }
-                c += 8;
             }
         }
     }
@@ -205,18 +212,20 @@ pub(crate) unsafe fn run_rows<S: Store>(
     scratch: &mut Wide,
 ) {
     let (k, qtype) = (job.cols, job.qtype);
-    let float = qtype.is_float();
     let offsets = qtype.has_offsets();
-    let group = if float { 8 } else { qtype.group_values() };
-    let groups = if float { 0 } else { k / group };
+    let groups = if qtype.is_float() {
+        0
+    } else {
+        k / qtype.group_values()
+    };
     scratch.codes.resize(k, 0);
-    scratch.w.resize(BAND * k, 0.0);
-    scratch.scale.resize(BAND * groups, 0.0);
-    scratch.offset.resize(BAND * groups, 0.0);
+    scratch.w.resize(R_TILE * k, 0.0);
+    scratch.scale.resize(R_TILE * groups, 0.0);
+    scratch.offset.resize(R_TILE * groups, 0.0);
     let n = job.n;
     if offsets {
         scratch.xt.resize(groups * n, 0.0);
-        scratch.offs.resize(BAND * n, 0.0);
+        scratch.offs.resize(R_TILE * n, 0.0);
         for t in 0..n {
             for g in 0..groups {
                 scratch.xt[g * n + t] = job.xsum[t * groups + g];
@@ -233,8 +242,8 @@ pub(crate) unsafe fn run_rows<S: Store>(
     } = scratch;
     let mut r = lo;
     while r < hi {
-        let rb = (hi - r).min(BAND);
-        for i in 0..rb {
+        let rt = (hi - r).min(R_TILE);
+        for i in 0..rt {
             unpack_float::<S>(
                 job,
                 r + i,
@@ -248,7 +257,7 @@ pub(crate) unsafe fn run_rows<S: Store>(
             // The offset terms out of the tiles' loop, vectorised over the
             // activation rows: per element `off += offset_g * X_g` in group
             // order, the same operations as `kernel`'s.
-            for i in 0..rb {
+            for i in 0..rt {
                 let o = &mut offs[i * n..(i + 1) * n];
                 o.fill(0.0);
                 for g in 0..groups {
@@ -260,49 +269,29 @@ pub(crate) unsafe fn run_rows<S: Store>(
             }
         }
         let mut t = 0;
-        while t < job.n {
-            let nt = (job.n - t).min(N_TILE);
-            let mut i = 0;
-            while i < rb {
-                let rt = (rb - i).min(R_TILE);
-                // SAFETY: rows i..i + rt of the band are unpacked; x holds
-                // rows t..t + nt; out is n x rows (caller).
-                unsafe {
-                    let src = Band {
-                        w: w.as_ptr().add(i * k),
-                        scale: scale.as_ptr().add(i * groups),
-                        groups,
-                        group,
-                    };
-                    let x = job.x.as_ptr().add(t * k);
-                    let o = out.add(t * job.rows + r + i);
-                    let sub = offsets.then(|| (offs.as_ptr().add(i * n + t), n));
-                    tile::<S>(float, sub, src, rt, nt, (x, k), o, job.rows);
-                }
-                i += rt;
+        while t < n {
+            let nt = (n - t).min(N_TILE);
+            // SAFETY: rows 0..rt of the band are dequantised; x holds rows
+            // t..t + nt; out is n x rows (caller).
+            unsafe {
+                let x = job.x.as_ptr().add(t * k);
+                let o = out.add(t * job.rows + r);
+                let sub = offsets.then(|| (offs.as_ptr().add(t), n));
+                tile::<S>(sub, w.as_ptr(), rt, nt, (x, k), o, job.rows);
             }
             t += nt;
         }
-        r += rb;
+        r += rt;
     }
 }
 
-/// Unpacked weight rows: float32 rows `k` apart, `groups` scales (offsets) a row.
-#[derive(Clone, Copy)]
-struct Band {
-    w: *const f32,
-    scale: *const f32,
-    groups: usize,
-    group: usize,
-}
-
-/// One `rt` x `nt` tile (weight rows x activation rows), written to `out`.
+/// One `rt` x `nt` tile (weight rows `k` apart at `w`, activation rows),
+/// written to `out`, less the offset terms `sub` (row `i`, activation `t` at
+/// `i * stride + t`).
 #[inline(always)]
-#[allow(clippy::too_many_arguments)]
 unsafe fn tile<S: Lanes>(
-    float: bool,
     sub: Option<(*const f32, usize)>,
-    src: Band,
+    w: *const f32,
     rt: usize,
     nt: usize,
     (x, k): (*const f32, usize),
@@ -312,13 +301,7 @@ unsafe fn tile<S: Lanes>(
     macro_rules! go {
         ($r:literal, $n:literal) => {{
             // SAFETY: forwarded from the caller.
-            let res: [[f32; $n]; $r] = unsafe {
-                match (float, src.group) {
-                    (true, _) => float_tile::<S, $r, $n>(src.w, x, k),
-                    (_, 16) => codes_tile::<S, $r, $n, 16>(src, (x, k)),
-                    _ => codes_tile::<S, $r, $n, 32>(src, (x, k)),
-                }
-            };
+            let res: [[f32; $n]; $r] = unsafe { dot_tile::<S, $r, $n>(w, x, k) };
             for (i, row) in res.iter().enumerate() {
                 for (t, &v) in row.iter().enumerate() {
                     // SAFETY: (t, i) inside the output and the offset terms (caller).
@@ -334,63 +317,26 @@ unsafe fn tile<S: Lanes>(
         }};
     }
     match (rt, nt) {
+        (4, 3) => go!(4, 3),
+        (4, 2) => go!(4, 2),
+        (4, _) => go!(4, 1),
+        (3, 3) => go!(3, 3),
         (3, 2) => go!(3, 2),
         (3, _) => go!(3, 1),
+        (2, 3) => go!(2, 3),
         (2, 2) => go!(2, 2),
         (2, _) => go!(2, 1),
+        (_, 3) => go!(1, 3),
         (_, 2) => go!(1, 2),
         _ => go!(1, 1),
     }
 }
 
-/// `R` unpacked rows times `N` activation rows (`k` apart), in `kernel`'s
-/// order, before the offset terms (the caller subtracts them).
+/// `R` dequantised rows (`k` apart) times `N` activation rows, in `kernel`'s
+/// order, before the offset terms (the caller subtracts them). For block
+/// formats `k` is a whole number of chunks and the tail loop is empty.
 #[inline(always)]
-unsafe fn codes_tile<S: Lanes, const R: usize, const N: usize, const G: usize>(
-    src: Band,
-    (x, k): (*const f32, usize),
-) -> [[f32; N]; R] {
-    let groups = src.groups;
-    // SAFETY (whole body): R rows of k floats at src.w and their scales, N
-    // rows of k at x are in bounds (caller).
-    unsafe {
-        let mut acc = [[S::zero(); N]; R];
-        for g in 0..groups {
-            let mut s = [[S::zero(); N]; R];
-            for j in 0..G / 8 {
-                let c = g * G + 8 * j;
-                let mut xv = [S::zero(); N];
-                for (t, xv) in xv.iter_mut().enumerate() {
-                    *xv = S::load(x.add(t * k + c));
-                }
-                for (i, s) in s.iter_mut().enumerate() {
-                    let wv = S::load(src.w.add(i * k + c));
-                    for (s, &xv) in s.iter_mut().zip(&xv) {
-                        *s = S::fma(wv, xv, *s);
-                    }
-                }
-            }
-            for i in 0..R {
-                let a = S::splat(*src.scale.add(i * groups + g));
-                for (acc, &s) in acc[i].iter_mut().zip(&s[i]) {
-                    *acc = S::fma(a, s, *acc);
-                }
-            }
-        }
-        let mut res = [[0.0f32; N]; R];
-        for i in 0..R {
-            for t in 0..N {
-                // `kernel` subtracts a zero offset sum here: `v - 0.0` is `v`.
-                res[i][t] = S::hsum(acc[i][t]);
-            }
-        }
-        res
-    }
-}
-
-/// `R` float rows (`k` apart) times `N` activation rows, in `kernel`'s order.
-#[inline(always)]
-unsafe fn float_tile<S: Lanes, const R: usize, const N: usize>(
+unsafe fn dot_tile<S: Lanes, const R: usize, const N: usize>(
     w: *const f32,
     x: *const f32,
     k: usize,

@@ -20,6 +20,8 @@ pub(crate) trait Lanes: Copy {
     unsafe fn load_f16(p: *const u8) -> Self::V;
     /// Eight bfloat16 at `p` (any alignment), as float32.
     unsafe fn load_bf16(p: *const u8) -> Self::V;
+    /// `a * b`, rounded once (a code times its group scale: gguf's weight).
+    unsafe fn mul(a: Self::V, b: Self::V) -> Self::V;
     /// `a * b + c` (fused where the build has FMA).
     unsafe fn fma(a: Self::V, b: Self::V, c: Self::V) -> Self::V;
     /// `((v0 + v4) + (v2 + v6)) + ((v1 + v5) + (v3 + v7))`.
@@ -83,6 +85,10 @@ impl Lanes for Portable {
         })
     }
     #[inline(always)]
+    unsafe fn mul(a: Self::V, b: Self::V) -> Self::V {
+        std::array::from_fn(|i| a[i] * b[i])
+    }
+    #[inline(always)]
     unsafe fn fma(a: Self::V, b: Self::V, c: Self::V) -> Self::V {
         std::array::from_fn(|i| a[i] * b[i] + c[i])
     }
@@ -138,6 +144,10 @@ mod x86 {
                 let h = _mm256_cvtepu16_epi32(_mm_loadu_si128(p.cast()));
                 _mm256_castsi256_ps(_mm256_slli_epi32::<16>(h))
             }
+        }
+        #[inline(always)]
+        unsafe fn mul(a: __m256, b: __m256) -> __m256 {
+            unsafe { _mm256_mul_ps(a, b) }
         }
         #[inline(always)]
         unsafe fn fma(a: __m256, b: __m256, c: __m256) -> __m256 {
@@ -251,6 +261,10 @@ mod arm {
                     vreinterpretq_f32_u32(vshll_n_u16::<16>(vget_high_u16(h))),
                 )
             }
+        }
+        #[inline(always)]
+        unsafe fn mul(a: Self::V, b: Self::V) -> Self::V {
+            unsafe { (vmulq_f32(a.0, b.0), vmulq_f32(a.1, b.1)) }
         }
         #[inline(always)]
         unsafe fn fma(a: Self::V, b: Self::V, c: Self::V) -> Self::V {

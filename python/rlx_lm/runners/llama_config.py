@@ -77,6 +77,19 @@ class LlamaConfig:
             raise WeightFormatError(f"sliding_window must be positive, got {self.sliding_window}")
         if self.head_dim <= 0 or self.head_dim % 2:
             raise WeightFormatError(f"head_dim must be a positive even number, got {self.head_dim}")
+        if not (math.isfinite(self.rope_theta) and self.rope_theta > 0):
+            raise WeightFormatError(
+                f"rope_theta must be positive and finite, got {self.rope_theta}"
+            )
+        if not (math.isfinite(self.rms_norm_eps) and self.rms_norm_eps >= 0):
+            raise WeightFormatError(
+                f"rms_norm_eps must be finite and >= 0, got {self.rms_norm_eps}"
+            )
+        if self.max_position <= 0:
+            raise WeightFormatError(f"max_position must be positive, got {self.max_position}")
+        rs = self.rope_scaling
+        if rs is not None and not (math.isfinite(rs.factor) and rs.factor > 0):
+            raise WeightFormatError(f"rope scaling factor must be positive, got {rs.factor}")
 
     @property
     def geometry(self) -> tuple[int, ...]:
@@ -179,43 +192,70 @@ class LlamaConfig:
             value = get(f"{arch}.{key}")
             if value is None:
                 raise WeightFormatError(f"{where}: GGUF header lacks {arch}.{key}")
-            return int(value)
+            return _gguf_int(value, f"{arch}.{key}", where)
+
+        def opt_int(key: str, default: int) -> int:
+            value = get(f"{arch}.{key}")
+            return default if value is None else _gguf_int(value, f"{arch}.{key}", where)
+
+        def opt_float(key: str, default: float) -> float:
+            value = get(f"{arch}.{key}")
+            return default if value is None else _gguf_float(value, f"{arch}.{key}", where)
 
         hidden = need("embedding_length")
         n_heads = need("attention.head_count")
-        n_kv = get(f"{arch}.attention.head_count_kv")
-        head_dim = get(f"{arch}.attention.key_length") or (hidden // n_heads if n_heads > 0 else 0)
-        v_dim = get(f"{arch}.attention.value_length")
-        if v_dim is not None and int(v_dim) != int(head_dim):
+        n_kv = opt_int("attention.head_count_kv", n_heads)
+        head_dim = opt_int("attention.key_length", 0) or (hidden // n_heads if n_heads > 0 else 0)
+        v_dim = opt_int("attention.value_length", head_dim)
+        if v_dim != head_dim:
             raise UnsupportedError(
                 f"{where}: {arch}.attention.value_length={v_dim} differs from the key length "
                 f"{head_dim}; the engine needs keys and values of one head size"
             )
-        vocab = get(f"{arch}.vocab_size") or vocab_fallback
-        eps = get(f"{arch}.attention.layer_norm_rms_epsilon")
-        theta = get(f"{arch}.rope.freq_base")
+        vocab = opt_int("vocab_size", 0) or vocab_fallback
         scaling = None
         if str(get(f"{arch}.rope.scaling.type") or "none") == "linear":
-            scaling = RopeScaling("linear", factor=float(get(f"{arch}.rope.scaling.factor") or 1.0))
+            scaling = RopeScaling("linear", factor=opt_float("rope.scaling.factor", 1.0) or 1.0)
         try:
             return cls(
                 arch=arch,
-                vocab_size=int(vocab),
+                vocab_size=vocab,
                 hidden_size=hidden,
                 intermediate_size=need("feed_forward_length"),
                 n_layers=need("block_count"),
                 n_heads=n_heads,
-                n_kv_heads=int(n_kv) if n_kv is not None else n_heads,
-                head_dim=int(head_dim),
-                rms_norm_eps=float(eps) if eps is not None else 1e-5,
-                rope_theta=float(theta) if theta is not None else 10000.0,
-                max_position=int(get(f"{arch}.context_length") or 4096),
+                n_kv_heads=n_kv,
+                head_dim=head_dim,
+                rms_norm_eps=opt_float("attention.layer_norm_rms_epsilon", 1e-5),
+                rope_theta=opt_float("rope.freq_base", 10000.0),
+                max_position=opt_int("context_length", 0) or 4096,
                 attention_bias=arch == "qwen2",
                 qk_norm=arch == "qwen3",
                 rope_scaling=scaling,
             )
         except WeightFormatError as exc:
             raise WeightFormatError(f"{where}: {exc}") from None
+
+
+def _gguf_int(value: Any, key: str, where: str) -> int:
+    """A GGUF integer field; a float, string, bool or array there is a malformed header
+    (llama.cpp refuses a key of the wrong type too)."""
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
+        raise WeightFormatError(
+            f"{where}: GGUF field {key} must be an integer, got {type(value).__name__} {value!r}"
+        )
+    return int(value)
+
+
+def _gguf_float(value: Any, key: str, where: str) -> float:
+    """A GGUF number field: an integer or a float, finite."""
+    if isinstance(value, bool) or not isinstance(value, (int, float, np.integer, np.floating)):
+        raise WeightFormatError(
+            f"{where}: GGUF field {key} must be a number, got {type(value).__name__} {value!r}"
+        )
+    if not math.isfinite(float(value)):
+        raise WeightFormatError(f"{where}: GGUF field {key} must be finite, got {value!r}")
+    return float(value)
 
 
 def _require_int(cfg: Mapping[str, Any], key: str, where: str) -> int:

@@ -519,14 +519,10 @@ class LmRunnerBuilder:
         ``packed_weights(False)`` counts every tensor not stored as float32 at 4 bytes a
         weight; otherwise the files' sizes (memory-mapped, used as stored)."""
         from rlx_lm._headers import read_gguf_header, read_safetensors_header
-        from rlx_lm.runners.safetensors_loader import locate_safetensors
 
         fmt = self.resolved_format()
         path = self.resolved_weights()
-        if fmt is WeightFormat.GGUF:
-            files = _gguf_shards(path)
-        else:
-            files, _ = locate_safetensors(path)
+        files = _gguf_shards(path) if fmt is WeightFormat.GGUF else _safetensors_files(path)
         if self._f.packed_weights is not False:
             return sum(f.stat().st_size for f in files)
         total = 0
@@ -589,4 +585,15 @@ def _gguf_shards(path: Path) -> list[Path]:
         return [path]
     stem, count = path.stem[: m.start()], int(m.group(2))
     files = [path.with_name(f"{stem}-{i:05d}-of-{count:05d}.gguf") for i in range(1, count + 1)]
+    return [f for f in files if f.is_file()]
+
+
+def _safetensors_files(path: Path) -> list[Path]:
+    """The weight files of a safetensors file or directory (its index's shards, else all)."""
+    from rlx_lm._headers import read_safetensors_index
+
+    if not path.is_dir():
+        return [path]
+    shards = read_safetensors_index(path)  # names confined to the directory
+    files = list(shards) if shards is not None else sorted(path.glob("*.safetensors"))
     return [f for f in files if f.is_file()]

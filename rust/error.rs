@@ -22,6 +22,12 @@ pub enum CoreError {
     Internal(String),
     /// A token id outside `0..vocab`.
     TokenOutOfRange { token: i64, vocab: usize },
+    /// A value given as a token id that no vocabulary holds (negative, or
+    /// beyond `u32`); the message names where it was given.
+    TokenId(String),
+    /// A call out of order or on an object that is busy (for example a
+    /// sampler chain re-entered from its own arguments).
+    SequenceState(String),
     /// An option or argument with an invalid value; `field` names it.
     InvalidOption { field: String, reason: String },
     /// An array of the wrong shape.
@@ -79,6 +85,8 @@ impl fmt::Display for CoreError {
             | Self::Format(msg)
             | Self::Unsupported(msg)
             | Self::Dtype(msg)
+            | Self::TokenId(msg)
+            | Self::SequenceState(msg)
             | Self::Type(msg)
             | Self::Io(msg)
             | Self::OutOfMemory(msg) => f.write_str(msg),

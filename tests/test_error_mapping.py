@@ -13,11 +13,12 @@ from rlx_lm import DtypeError, KvCache, SampleOpts, SamplerChain, ShapeError, ar
 from rlx_lm._core import quant_matmul, quant_rows
 
 RUST_PY = Path(__file__).resolve().parents[1] / "rust" / "py"
-# Bindings still building exceptions themselves (owned elsewhere; to move onto the mapping).
-PENDING = {"sampling.rs"}
-# Bindings whose every entry point runs through catch_panics.
-# (sampling.rs is the sampler engineer's: its `stages` and `__repr__` are not yet guarded.)
-GUARDED = ("engine.rs", "kv.rs", "quant.rs")
+# Bindings still building exceptions themselves (to move onto the mapping): none left.
+PENDING: set[str] = set()
+# Bindings whose every entry point that can fail runs through catch_panics.
+GUARDED = ("engine.rs", "kv.rs", "quant.rs", "sampling.rs")
+# Bindings whose every entry point, fallible or not (getters, __repr__, pickling), does.
+ALL_GUARDED = ("sampling.rs",)
 
 
 @pytest.mark.skipif(not RUST_PY.is_dir(), reason="needs the source tree")
@@ -73,6 +74,45 @@ def test_every_entry_point_that_can_fail_catches_panics(name: str) -> None:
         if "PyResult" in sig and not body.lstrip().startswith("catch_panics(")
     ]
     assert not unguarded, f"{name}: {unguarded}"
+
+
+@pytest.mark.skipif(not RUST_PY.is_dir(), reason="needs the source tree")
+@pytest.mark.parametrize("name", ALL_GUARDED)
+def test_every_entry_point_catches_panics(name: str) -> None:
+    """Getters, ``__repr__`` and pickling too: each returns a PyResult from catch_panics, so
+    even a core bug in a trivial accessor is an InternalError, never a PanicException."""
+    points = _entry_points((RUST_PY / name).read_text())
+    assert len(points) >= 10, (name, [n for n, _, _ in points])
+    unguarded = [
+        n
+        for n, sig, body in points
+        if "PyResult" not in sig or not body.lstrip().startswith("catch_panics(")
+    ]
+    assert not unguarded, f"{name}: {unguarded}"
+
+
+def test_the_entry_point_scanner_sees_unguarded_methods() -> None:
+    """The scanner the guards rely on finds methods, getters and free functions, and tells
+    a guarded body from an unguarded one (so the tests above cannot pass vacuously)."""
+    text = """#[pymethods]
+impl X {
+    #[getter]
+    fn step(&self) -> u64 {
+        self.step
+    }
+
+    fn run(&self) -> PyResult<u32> {
+        catch_panics(|| Ok(1))
+    }
+}
+
+#[pyfunction]
+pub fn free(a: u8) -> PyResult<()> {
+    Ok(())
+}
+"""
+    points = {n: body.lstrip().startswith("catch_panics(") for n, _, body in _entry_points(text)}
+    assert points == {"step": False, "run": True, "free": False}
 
 
 @pytest.mark.skipif(not RUST_PY.is_dir(), reason="needs the source tree")

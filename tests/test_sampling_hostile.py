@@ -459,3 +459,29 @@ def test_a_knob_whose_property_raises_keeps_its_own_error() -> None:
 
     with pytest.raises(KeyError, match="own failure"):
         SamplerChain(Raising())
+
+
+def test_a_chain_reentered_from_its_own_argument_is_a_sequence_state_error() -> None:
+    # accept() holds the chain while it reads the token; a token whose __index__
+    # samples from the same chain meets a typed error (through the one mapping),
+    # not PyO3's bare "Already borrowed".
+    from rlx_lm import SequenceStateError
+
+    chain = SampleOpts(temperature=1.0, seed=2).into_chain()
+    row = np.zeros(8, np.float32)
+    seen: list[BaseException] = []
+
+    class Reentrant:
+        def __index__(self) -> int:
+            try:
+                chain.sample(row)
+            except BaseException as e:
+                seen.append(e)
+            return 1
+
+    chain.peek(row)
+    chain.accept(Reentrant())
+    assert len(seen) == 1, seen
+    assert isinstance(seen[0], SequenceStateError), seen
+    assert "in use by a call" in str(seen[0])
+    assert chain.step == 1

@@ -17,6 +17,7 @@ pyo3::import_exception!(rlx_lm.errors, CapacityError);
 pyo3::import_exception!(rlx_lm.errors, SnapshotMismatchError);
 pyo3::import_exception!(rlx_lm.errors, WeightFormatError);
 pyo3::import_exception!(rlx_lm.errors, UnsupportedError);
+pyo3::import_exception!(rlx_lm.errors, SequenceStateError);
 
 /// Convert a core error into the matching `rlx_lm.errors` exception.
 pub fn to_py(err: CoreError) -> PyErr {
@@ -26,7 +27,10 @@ pub fn to_py(err: CoreError) -> PyErr {
         CoreError::EmptyLogits | CoreError::NanLogit { .. } | CoreError::AllBanned => {
             InvalidLogitsError::new_err(msg)
         }
-        CoreError::TokenOutOfRange { .. } => TokenOutOfRangeError::new_err(msg),
+        CoreError::TokenOutOfRange { .. } | CoreError::TokenId(_) => {
+            TokenOutOfRangeError::new_err(msg)
+        }
+        CoreError::SequenceState(_) => SequenceStateError::new_err(msg),
         CoreError::InvalidOption { .. } => InvalidOptionError::new_err(msg),
         CoreError::Shape(_) => ShapeError::new_err(msg),
         CoreError::Capacity { .. } => CapacityError::new_err(msg),

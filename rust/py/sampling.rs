@@ -5,15 +5,10 @@ use numpy::{
     PyArray1, PyArray2, PyArrayMethods, PyReadonlyArray2, PyUntypedArray, PyUntypedArrayMethods,
 };
 use pyo3::prelude::*;
-use pyo3::types::{
-    PyBool, PyByteArray, PyBytes, PyDict, PyFloat, PyList, PyMemoryView, PyString, PyTuple,
-};
+use pyo3::types::{PyBool, PyByteArray, PyBytes, PyDict, PyFloat, PyMemoryView, PyString, PyTuple};
 
 use super::arrays::{f32_row, refuse_masked};
-use super::errors::catch_panics;
-use super::errors::{
-    DtypeError, IntoPyResult, InvalidOptionError, ShapeError, TokenOutOfRangeError,
-};
+use super::errors::{catch_panics, to_py, IntoPyResult};
 use super::gil::{detached, pin};
 use crate::sampling::batch::Batch;
 use crate::sampling::chain::{
@@ -21,11 +16,23 @@ use crate::sampling::chain::{
     Selector,
 };
 use crate::sampling::knobs::Window;
+use crate::CoreError;
 
-pyo3::import_exception!(rlx_lm.errors, SequenceStateError);
-
+// Every exception goes through the one mapping (`errors::to_py`).
 fn bad(field: &str, reason: impl std::fmt::Display) -> PyErr {
-    InvalidOptionError::new_err(format!("{field}: {reason}"))
+    to_py(CoreError::option(field, reason.to_string()))
+}
+
+fn dtype_err(msg: impl Into<String>) -> PyErr {
+    to_py(CoreError::Dtype(msg.into()))
+}
+
+fn shape_err(msg: impl Into<String>) -> PyErr {
+    to_py(CoreError::Shape(msg.into()))
+}
+
+fn token_err(msg: impl Into<String>) -> PyErr {
+    to_py(CoreError::TokenId(msg.into()))
 }
 
 /// A knob as the float32 the chain computes with. Rounding to the nearest
@@ -211,7 +218,7 @@ fn history_from(obj: Option<&Bound<'_, PyAny>>, what: &str) -> PyResult<Vec<u32>
         || obj.is_instance_of::<PyString>()
         || obj.is_instance_of::<PyMemoryView>()
     {
-        return Err(DtypeError::new_err(format!(
+        return Err(dtype_err(format!(
             "{what} must be token ids (a sequence of ints or a 1-D integer array), got {}; \
              bytes are not read as ids: pass list(b) if they are",
             describe(obj)
@@ -220,7 +227,7 @@ fn history_from(obj: Option<&Bound<'_, PyAny>>, what: &str) -> PyResult<Vec<u32>
     let values: Vec<i64> = if let Ok(arr) = obj.cast::<PyUntypedArray>() {
         refuse_masked(obj, what)?;
         if arr.ndim() != 1 {
-            return Err(ShapeError::new_err(format!(
+            return Err(shape_err(format!(
                 "{what} must be 1-D (one sequence of token ids), got an array of shape {:?}",
                 arr.shape()
             )));
@@ -245,7 +252,7 @@ fn history_from(obj: Option<&Bound<'_, PyAny>>, what: &str) -> PyResult<Vec<u32>
         } else if let Ok(a) = obj.cast::<PyArray1<u16>>() {
             a.to_vec()?.into_iter().map(i64::from).collect()
         } else {
-            return Err(DtypeError::new_err(format!(
+            return Err(dtype_err(format!(
                 "{what} must hold integer token ids (int32, int64, uint16 or uint32), got dtype {}; \
                  convert with x.astype(np.int64)",
                 arr.dtype()
@@ -253,7 +260,7 @@ fn history_from(obj: Option<&Bound<'_, PyAny>>, what: &str) -> PyResult<Vec<u32>
         }
     } else {
         let items = obj.try_iter().map_err(|_| {
-            DtypeError::new_err(format!(
+            dtype_err(format!(
                 "{what} must be a sequence of token ids or a 1-D numpy integer array, got {}",
                 describe(obj)
             ))
@@ -267,11 +274,8 @@ fn history_from(obj: Option<&Bound<'_, PyAny>>, what: &str) -> PyResult<Vec<u32>
     values
         .into_iter()
         .map(|t| {
-            u32::try_from(t).map_err(|_| {
-                TokenOutOfRangeError::new_err(format!(
-                    "{what}: token id {t} is negative or too large"
-                ))
-            })
+            u32::try_from(t)
+                .map_err(|_| token_err(format!("{what}: token id {t} is negative or too large")))
         })
         .collect()
 }
@@ -301,13 +305,13 @@ fn describe(obj: &Bound<'_, PyAny>) -> String {
 /// `__index__`, such as numpy integers), never a bool or a float.
 fn token_value(obj: &Bound<'_, PyAny>, what: &str) -> PyResult<i64> {
     if obj.is_instance_of::<PyBool>() || obj.is_instance_of::<PyFloat>() {
-        return Err(DtypeError::new_err(format!(
+        return Err(dtype_err(format!(
             "{what}: token ids are integers, got {} {obj}",
             describe(obj)
         )));
     }
     obj.extract::<i64>().map_err(|_| {
-        DtypeError::new_err(format!(
+        dtype_err(format!(
             "{what}: token ids are integers, got {}",
             describe(obj)
         ))
@@ -318,12 +322,12 @@ fn token_value(obj: &Bound<'_, PyAny>, what: &str) -> PyResult<i64> {
 fn sequence_ids_from(obj: &Bound<'_, PyAny>) -> PyResult<Vec<u64>> {
     let items = obj
         .try_iter()
-        .map_err(|_| DtypeError::new_err("sequence_ids must be a sequence of integers"))?;
+        .map_err(|_| dtype_err("sequence_ids must be a sequence of integers"))?;
     let mut out = Vec::new();
     for (i, item) in items.enumerate() {
         let item = item?;
         if item.is_instance_of::<PyBool>() || item.is_instance_of::<PyFloat>() {
-            return Err(DtypeError::new_err(format!(
+            return Err(dtype_err(format!(
                 "sequence_ids[{i}] must be an integer, got {}",
                 describe(&item)
             )));
@@ -351,26 +355,48 @@ fn mode_from(mode: &str) -> PyResult<LogprobMode> {
 }
 
 /// A sampled token with its log-probability and the most likely alternatives.
-#[pyclass(frozen, get_all, name = "SampleResult", module = "rlx_lm._core")]
+#[pyclass(frozen, name = "SampleResult", module = "rlx_lm._core")]
 #[derive(Clone, Debug)]
 pub struct SampleResult {
-    /// The sampled token id.
     token: u32,
-    /// Its natural-log probability under the chosen distribution.
     logprob: f64,
-    /// The `top_n` most likely tokens as `(token, logprob)`, best first.
     top: Vec<(u32, f64)>,
-    /// Which distribution the log-probabilities describe.
     mode: &'static str,
 }
 
 #[pymethods]
 impl SampleResult {
-    fn __repr__(&self) -> String {
-        format!(
-            "SampleResult(token={}, logprob={:.6}, top={:?}, mode={:?})",
-            self.token, self.logprob, self.top, self.mode
-        )
+    /// The sampled token id.
+    #[getter]
+    fn token(&self) -> PyResult<u32> {
+        catch_panics(|| Ok(self.token))
+    }
+
+    /// Its natural-log probability under the chosen distribution.
+    #[getter]
+    fn logprob(&self) -> PyResult<f64> {
+        catch_panics(|| Ok(self.logprob))
+    }
+
+    /// The `top_n` most likely tokens as `(token, logprob)`, best first.
+    #[getter]
+    fn top(&self) -> PyResult<Vec<(u32, f64)>> {
+        catch_panics(|| Ok(self.top.clone()))
+    }
+
+    /// Which distribution the log-probabilities describe.
+    #[getter]
+    fn mode(&self) -> PyResult<&'static str> {
+        catch_panics(|| Ok(self.mode))
+    }
+
+    fn __repr__(&self) -> PyResult<String> {
+        catch_panics(|| {
+            Ok(format!(
+                "SampleResult(token={}, logprob={:.6}, top={:?}, mode={:?})",
+                self.token, self.logprob, self.top, self.mode
+            ))
+        })
     }
 }
 
@@ -390,6 +416,18 @@ impl PySamplerChain {
             batch_scratch: Vec::new(),
         }
     }
+
+    /// The running stages' names, then the selector's.
+    fn stage_names(&self) -> Vec<&'static str> {
+        let mut names: Vec<&'static str> = self.chain.stages().iter().map(|s| s.name()).collect();
+        names.push(match self.chain.selector() {
+            Selector::Argmax => "argmax",
+            Selector::Dist => "dist",
+            Selector::MirostatV1 => "mirostat_v1",
+            Selector::MirostatV2 => "mirostat_v2",
+        });
+        names
+    }
 }
 
 /// The chain, borrowed for a call that runs no Python code while it holds
@@ -399,10 +437,11 @@ impl PySamplerChain {
 /// argument conversion: a typed error, not PyO3's "Already borrowed".
 fn borrow_chain<'py>(slf: &Bound<'py, PySamplerChain>) -> PyResult<PyRefMut<'py, PySamplerChain>> {
     slf.try_borrow_mut().map_err(|_| {
-        SequenceStateError::new_err(
+        to_py(CoreError::SequenceState(
             "this SamplerChain is in use by a call that has not returned \
-             (a call re-entered it from its own arguments)",
-        )
+             (a call re-entered it from its own arguments)"
+                .to_owned(),
+        ))
     })
 }
 
@@ -558,13 +597,11 @@ impl PySamplerChain {
                     let items: Vec<Bound<'py, PyAny>> = h
                         .try_iter()
                         .map_err(|_| {
-                            DtypeError::new_err(
-                                "histories must be a sequence with one history per row",
-                            )
+                            dtype_err("histories must be a sequence with one history per row")
                         })?
                         .collect::<PyResult<_>>()?;
                     if items.len() != rows {
-                        return Err(ShapeError::new_err(format!(
+                        return Err(shape_err(format!(
                             "histories has {} entries for {rows} rows of logits",
                             items.len()
                         )));
@@ -610,30 +647,31 @@ impl PySamplerChain {
         catch_panics(|| {
             let token = token_value(token, "accept")?;
             let t = u32::try_from(token).map_err(|_| {
-                TokenOutOfRangeError::new_err(format!(
-                    "accept: token id {token} is negative or too large"
-                ))
+                token_err(format!("accept: token id {token} is negative or too large"))
             })?;
             self.chain.accept(t).py()
         })
     }
 
     /// Return to step 0 and the initial mirostat mu (same seed, same tokens).
-    fn reset(&mut self) {
-        self.chain.reset();
+    fn reset(&mut self) -> PyResult<()> {
+        catch_panics(|| {
+            self.chain.reset();
+            Ok(())
+        })
     }
 
     /// An independent copy with the same knobs, seed and state.
-    fn clone(&self) -> Self {
-        Self::wrap(self.chain.clone())
+    fn clone(&self) -> PyResult<Self> {
+        catch_panics(|| Ok(Self::wrap(self.chain.clone())))
     }
 
-    fn __copy__(&self) -> Self {
-        self.clone()
+    fn __copy__(&self) -> PyResult<Self> {
+        catch_panics(|| Ok(Self::wrap(self.chain.clone())))
     }
 
-    fn __deepcopy__(&self, _memo: &Bound<'_, PyDict>) -> Self {
-        self.clone()
+    fn __deepcopy__(&self, _memo: &Bound<'_, PyDict>) -> PyResult<Self> {
+        catch_panics(|| Ok(Self::wrap(self.chain.clone())))
     }
 
     /// Pickles as its state (knobs, order, sequence, step, mu, pending).
@@ -650,63 +688,56 @@ impl PySamplerChain {
 
     /// Tokens accepted since construction or the last reset.
     #[getter]
-    fn step(&self) -> u64 {
-        self.chain.step
+    fn step(&self) -> PyResult<u64> {
+        catch_panics(|| Ok(self.chain.step))
     }
 
     /// The seed of the draw (chosen at random when the options had none).
     #[getter]
-    fn seed(&self) -> u64 {
-        self.chain.knobs().seed
+    fn seed(&self) -> PyResult<u64> {
+        catch_panics(|| Ok(self.chain.knobs().seed))
     }
 
     /// The sequence id keyed into the draw.
     #[getter]
-    fn sequence_id(&self) -> u64 {
-        self.chain.sequence
+    fn sequence_id(&self) -> PyResult<u64> {
+        catch_panics(|| Ok(self.chain.sequence))
     }
 
     /// Mirostat's current mu, or None without mirostat.
     #[getter]
-    fn mu(&self) -> Option<f32> {
-        self.chain.mu()
+    fn mu(&self) -> PyResult<Option<f32>> {
+        catch_panics(|| Ok(self.chain.mu()))
     }
 
     /// The stages that run, in order (stages whose knobs are off are left out).
     #[getter]
-    fn stages<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyList>> {
-        let mut names: Vec<&str> = self.chain.stages().iter().map(|s| s.name()).collect();
-        names.push(match self.chain.selector() {
-            Selector::Argmax => "argmax",
-            Selector::Dist => "dist",
-            Selector::MirostatV1 => "mirostat_v1",
-            Selector::MirostatV2 => "mirostat_v2",
-        });
-        PyList::new(py, names)
+    fn stages(&self) -> PyResult<Vec<&'static str>> {
+        catch_panics(|| Ok(self.stage_names()))
     }
 
     /// The order's name: "default", a preset, or "custom".
     #[getter]
-    fn order(&self) -> String {
-        self.chain.order_name().to_owned()
+    fn order(&self) -> PyResult<String> {
+        catch_panics(|| Ok(self.chain.order_name().to_owned()))
     }
 
     /// Whether the chain is a plain argmax (no RNG).
     #[getter]
-    fn is_greedy(&self) -> bool {
-        self.chain.selector() == Selector::Argmax
+    fn is_greedy(&self) -> PyResult<bool> {
+        catch_panics(|| Ok(self.chain.selector() == Selector::Argmax))
     }
 
-    fn __repr__(&self, py: Python<'_>) -> PyResult<String> {
-        let stages = self.stages(py)?;
-        let names: Vec<String> = stages.extract()?;
-        Ok(format!(
-            "SamplerChain(order={:?}, stages=[{}], step={}, seed={})",
-            self.chain.order_name(),
-            names.join(" -> "),
-            self.chain.step,
-            self.chain.knobs().seed
-        ))
+    fn __repr__(&self) -> PyResult<String> {
+        catch_panics(|| {
+            Ok(format!(
+                "SamplerChain(order={:?}, stages=[{}], step={}, seed={})",
+                self.chain.order_name(),
+                self.stage_names().join(" -> "),
+                self.chain.step,
+                self.chain.knobs().seed
+            ))
+        })
     }
 }
 
@@ -722,24 +753,24 @@ pub fn _sampler_chain_from_state(state: &[u8]) -> PyResult<PySamplerChain> {
 /// Borrow a 2-D C-contiguous float32 array (one row of logits per sequence).
 fn batch_rows<'py>(obj: &Bound<'py, PyAny>) -> PyResult<PyReadonlyArray2<'py, f32>> {
     let Ok(untyped) = obj.cast::<PyUntypedArray>() else {
-        return Err(DtypeError::new_err(
+        return Err(dtype_err(
             "logits must be a 2-D numpy float32 array; convert with np.asarray(x, dtype=np.float32)",
         ));
     };
     if untyped.ndim() != 2 || untyped.shape()[1] == 0 {
-        return Err(ShapeError::new_err(format!(
+        return Err(shape_err(format!(
             "logits must be 2-D (rows, vocab) with vocab > 0, got shape {:?}",
             untyped.shape()
         )));
     }
     let Ok(arr) = obj.cast::<PyArray2<f32>>() else {
-        return Err(DtypeError::new_err(format!(
+        return Err(dtype_err(format!(
             "logits must have dtype float32, got {}; convert with x.astype(np.float32)",
             untyped.dtype()
         )));
     };
     if !untyped.is_c_contiguous() {
-        return Err(DtypeError::new_err(
+        return Err(dtype_err(
             "logits must be C-contiguous; convert with np.ascontiguousarray(x)",
         ));
     }

@@ -13,7 +13,7 @@ import itertools
 import math
 from collections import Counter
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -439,6 +439,8 @@ class ChainRun:
     final: Cands
     token: int
     margin: float
+    edited: Cands = field(default_factory=dict)
+    """The logits after the editing stages (bias, penalties, DRY), before any other."""
 
 
 def run_chain(
@@ -451,9 +453,11 @@ def run_chain(
     c = from_row(row)
     margin = math.inf
     raw = dict(c)
+    after_edits: Cands = dict(c)
     for name in names:
         if name == "logit_bias":
             c = logit_bias(c, dict(o.logit_bias))  # type: ignore[attr-defined]
+            after_edits = dict(c)
         elif name == "penalties":
             c = penalties(
                 c,
@@ -464,6 +468,7 @@ def run_chain(
                 o.repetition_window,  # type: ignore[attr-defined]
                 order,
             )
+            after_edits = dict(c)
         elif name == "dry" and o.dry_multiplier > 0:  # type: ignore[attr-defined]
             c = dry(
                 c,
@@ -474,6 +479,7 @@ def run_chain(
                 o.dry_max_ngram,  # type: ignore[attr-defined]
                 o.dry_sequence_breakers,  # type: ignore[attr-defined]
             )
+            after_edits = dict(c)
         elif name == "temperature":
             if o.dynamic_temp is not None:  # type: ignore[attr-defined]
                 lo, hi = o.dynamic_temp  # type: ignore[attr-defined]
@@ -513,4 +519,4 @@ def run_chain(
             c, m = xtc(c, o.xtc_threshold, o.xtc_prob, o.min_keep, coin)  # type: ignore[attr-defined]
             margin = min(margin, m, cut_margin(before, c, edited_since(raw, before, o)))
     token, m = draw(c, uniform(seed, 0, step, 0))
-    return ChainRun(c, token, min(margin, m))
+    return ChainRun(c, token, min(margin, m), after_edits)

@@ -247,10 +247,21 @@ def check_reference(o: SampleOpts, order: str, row: np.ndarray, history: list[in
     # before temperature (at temperature 0 the argmax decides on raw logits).
     t = o.dynamic_temp[1] if o.dynamic_temp is not None else o.temperature
     raw_tol = 4 * (256 * EPS32 * raw_magnitude(o, row, history) + 1e-5 * t) + 1e-30
+    # Compared on the logits after the editing stages (the reference's float64 bias,
+    # penalties and DRY), where a penalty may have tied what the raw row ordered;
+    # the float32 sum for a bias, which float64 may still tell apart.
     biased = row.astype(np.float32).copy()
     for k, b in o.logit_bias.items():
         biased[k] = np.float32(biased[k] + np.float32(b))
-    near = [abs(float(biased[token]) - float(biased[k])) for k in want.final]
+
+    def gap(a: int, b: int) -> float:
+        e = want.edited
+        ab = abs(float(biased[a]) - float(biased[b]))
+        if a in e and b in e and math.isfinite(e[a]) and math.isfinite(e[b]):
+            return min(ab, abs(e[a] - e[b]))
+        return ab
+
+    near = [gap(token, k) for k in want.final]
     assert min(near) <= raw_tol, (token, sorted(want.final), tol, raw_tol)
 
 

@@ -39,6 +39,25 @@ pub fn by_rank(a: &Cand, b: &Cand) -> Ordering {
         .then(a.id.cmp(&b.id))
 }
 
+/// Restore rank order (see [`by_rank`]) in candidates whose logits are still
+/// non-increasing but were scaled after they were ranked: a multiplication
+/// can round two neighbouring logits to one value (or both to +inf), and a
+/// tie ranks by id. Only runs of equal logits move; O(n) when there are none.
+pub fn reorder_ties(cands: &mut [Cand]) {
+    let mut start = 0;
+    while start < cands.len() {
+        let key = cands[start].logit + 0.0;
+        let mut end = start + 1;
+        while end < cands.len() && cands[end].logit + 0.0 == key {
+            end += 1;
+        }
+        if end - start > 1 {
+            cands[start..end].sort_unstable_by_key(|c| c.id);
+        }
+        start = end;
+    }
+}
+
 /// The row before any truncation: every finite entry is a candidate with
 /// logit `row[i] * scale` (a temperature is applied lazily through `scale`).
 #[derive(Debug)]

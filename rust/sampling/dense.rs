@@ -2,7 +2,7 @@
 //! the adaptive top-k gather. Each is one linear pass written so that it
 //! vectorises; on x86-64 an AVX-512 or AVX2+FMA build is chosen at run time.
 
-use super::candidates::{by_rank, top_k_sparse, Cand};
+use super::candidates::{by_rank, reorder_ties, top_k_sparse, Cand};
 
 const LANES: usize = 16;
 /// Entries per block of the exponential kernels (at most 64 chunks of `LANES`).
@@ -955,6 +955,8 @@ pub fn top_k(
         }
         // Far below the maximum a scaled logit can round to -inf: mass 0.
         out.retain(|c| c.logit > f32::NEG_INFINITY);
+        // Scaling can tie logits that ranked apart; a tie ranks by id.
+        reorder_ties(out);
     }
     debug_assert!(out.windows(2).all(|w| by_rank(&w[0], &w[1]).is_le()));
 }
@@ -962,6 +964,41 @@ pub fn top_k(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Found by cargo-fuzz `sampler_chain`: the scaled top-k came back out of
+    /// rank order when scaling tied two logits that ranked apart.
+    #[test]
+    fn top_k_ranks_ties_made_by_scaling_by_id() {
+        let mut row = vec![0.0f32; 64];
+        row[3] = 1.0;
+        row[7] = f32::from_bits(1.0f32.to_bits() + 1); // the next float up
+        let scale = 1e-39; // both round to one subnormal
+        assert_eq!(row[3] * scale, row[7] * scale);
+        assert!(row[7] > row[3]);
+        for keep_ties in [false, true] {
+            let (mut out, mut delta) = (Vec::new(), 8.0);
+            top_k(&row, scale, row[7], 2, keep_ties, &mut delta, &mut out);
+            let ids: Vec<u32> = out.iter().map(|c| c.id).collect();
+            assert_eq!(ids, [3, 7], "keep_ties {keep_ties}");
+        }
+    }
+
+    #[test]
+    fn reorder_ties_sorts_only_runs_of_equal_logits() {
+        let c = |id, logit| Cand { id, logit };
+        let mut v = vec![
+            c(9, 3.0),
+            c(5, 2.0),
+            c(1, 2.0),
+            c(4, -0.0),
+            c(2, 0.0),
+            c(0, -1.0),
+        ];
+        reorder_ties(&mut v);
+        let ids: Vec<u32> = v.iter().map(|c| c.id).collect();
+        assert_eq!(ids, [9, 1, 5, 2, 4, 0]);
+        assert!(v.windows(2).all(|w| by_rank(&w[0], &w[1]).is_le()));
+    }
 
     #[test]
     fn exp_neg_is_accurate_and_zero_for_banned() {

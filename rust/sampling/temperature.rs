@@ -1,7 +1,7 @@
 //! Temperature: plain (divide every logit by `t`) and dynamic (a temperature
 //! chosen from the normalised entropy of the current distribution).
 
-use super::candidates::{softmax, Cand, Order, Work};
+use super::candidates::{reorder_ties, softmax, Cand, Order, Work};
 use super::dense;
 
 /// Divide every logit by `t`; `t <= 0` keeps only the best-ranked candidate.
@@ -41,6 +41,10 @@ pub fn apply(work: &mut Work<'_>, t: f32) {
                 if banned {
                     // Far below the maximum: probability 0, as a ban.
                     work.cands.retain(|c| c.logit > f32::NEG_INFINITY);
+                }
+                if work.order == Order::Desc {
+                    // Scaling can tie logits that ranked apart; a tie ranks by id.
+                    reorder_ties(&mut work.cands);
                 }
                 return;
             }

@@ -257,13 +257,31 @@ pub(crate) unsafe fn run_rows<S: Store>(
             // The offset terms out of the tiles' loop, vectorised over the
             // activation rows: per element `off += offset_g * X_g` in group
             // order, the same operations as `kernel`'s.
+            // Eight activation rows a register over the whole group loop
+            // (lane t: `o = o + b * X_g[t]`, rounded as the scalar form).
+            let whole = n / 8 * 8;
             for i in 0..rt {
-                let o = &mut offs[i * n..(i + 1) * n];
-                o.fill(0.0);
-                for g in 0..groups {
-                    let b = offset[i * groups + g];
-                    for (o, &xs) in o.iter_mut().zip(&xt[g * n..(g + 1) * n]) {
-                        *o += b * xs;
+                let (b, o) = (
+                    &offset[i * groups..(i + 1) * groups],
+                    &mut offs[i * n..(i + 1) * n],
+                );
+                let mut t = 0;
+                while t < whole {
+                    // SAFETY: xt holds groups x n floats, o holds n; S is usable.
+                    unsafe {
+                        let mut acc = S::zero();
+                        for (g, &b) in b.iter().enumerate() {
+                            let xs = S::load(xt.as_ptr().add(g * n + t));
+                            acc = S::add(acc, S::mul(S::splat(b), xs));
+                        }
+                        S::store(o.as_mut_ptr().add(t), acc);
+                    }
+                    t += 8;
+                }
+                for (t, o) in o.iter_mut().enumerate().skip(whole) {
+                    *o = 0.0;
+                    for (g, &b) in b.iter().enumerate() {
+                        *o += b * xt[g * n + t];
                     }
                 }
             }

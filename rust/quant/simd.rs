@@ -22,6 +22,8 @@ pub(crate) trait Lanes: Copy {
     unsafe fn load_bf16(p: *const u8) -> Self::V;
     /// `a * b`, rounded once (a code times its group scale: gguf's weight).
     unsafe fn mul(a: Self::V, b: Self::V) -> Self::V;
+    /// `a + b`, rounded once.
+    unsafe fn add(a: Self::V, b: Self::V) -> Self::V;
     /// `a * b + c` (fused where the build has FMA).
     unsafe fn fma(a: Self::V, b: Self::V, c: Self::V) -> Self::V;
     /// `((v0 + v4) + (v2 + v6)) + ((v1 + v5) + (v3 + v7))`.
@@ -89,6 +91,10 @@ impl Lanes for Portable {
         std::array::from_fn(|i| a[i] * b[i])
     }
     #[inline(always)]
+    unsafe fn add(a: Self::V, b: Self::V) -> Self::V {
+        std::array::from_fn(|i| a[i] + b[i])
+    }
+    #[inline(always)]
     unsafe fn fma(a: Self::V, b: Self::V, c: Self::V) -> Self::V {
         std::array::from_fn(|i| a[i] * b[i] + c[i])
     }
@@ -148,6 +154,10 @@ mod x86 {
         #[inline(always)]
         unsafe fn mul(a: __m256, b: __m256) -> __m256 {
             unsafe { _mm256_mul_ps(a, b) }
+        }
+        #[inline(always)]
+        unsafe fn add(a: __m256, b: __m256) -> __m256 {
+            unsafe { _mm256_add_ps(a, b) }
         }
         #[inline(always)]
         unsafe fn fma(a: __m256, b: __m256, c: __m256) -> __m256 {
@@ -265,6 +275,10 @@ mod arm {
         #[inline(always)]
         unsafe fn mul(a: Self::V, b: Self::V) -> Self::V {
             unsafe { (vmulq_f32(a.0, b.0), vmulq_f32(a.1, b.1)) }
+        }
+        #[inline(always)]
+        unsafe fn add(a: Self::V, b: Self::V) -> Self::V {
+            unsafe { (vaddq_f32(a.0, b.0), vaddq_f32(a.1, b.1)) }
         }
         #[inline(always)]
         unsafe fn fma(a: Self::V, b: Self::V, c: Self::V) -> Self::V {

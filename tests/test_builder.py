@@ -96,7 +96,8 @@ def test_setters_return_a_changed_copy_and_getters_read(tmp_path: Path) -> None:
         .device("cpu")
         .max_seq(512)
         .max_memory_gb(3)
-        .stream(False)
+        .stream(True)
+        .sample(SampleOpts(temperature=0.5))
         .format("gguf")
         .packed_weights(True)
         .prefer_gguf("Q8_0")
@@ -107,7 +108,8 @@ def test_setters_return_a_changed_copy_and_getters_read(tmp_path: Path) -> None:
     assert b.device() is Device.CPU
     assert b.max_seq() == 512
     assert b.max_memory_gb() == 3.0
-    assert b.stream() is False
+    assert b.stream() is True  # False is refused: tests/test_builder_settings.py
+    assert b.sample() == SampleOpts(temperature=0.5)
     assert b.format() is WeightFormat.GGUF
     assert b.packed_weights() is True
     assert b.prefer_gguf() == "Q8_0"
@@ -287,7 +289,7 @@ def test_every_setting_is_a_constructor_keyword_validated_by_its_setter(tmp_path
         "device": "cpu",
         "max_seq": 512,
         "max_memory_gb": 2,
-        "stream": False,
+        "stream": True,
         "sample": SampleOpts(temperature=0.7, seed=1),
         "format": "gguf",
         "packed_weights": False,
@@ -323,7 +325,7 @@ SETTERS = [
     ("device", "cpu"),
     ("max_seq", 512),
     ("max_memory_gb", 1.5),
-    ("stream", False),
+    ("stream", True),
     ("sample", SampleOpts.greedy()),
     ("format", "gguf"),
     ("packed_weights", True),

@@ -250,9 +250,14 @@ def test_the_builder_picks_this_runner_for_every_layout(tmp_path: Path) -> None:
     dense = LmRunnerBuilder().weights(q8).packed_weights(False).build()
     assert isinstance(packed, LlamaRunner)
     assert isinstance(dense, LlamaRunner)
-    # weights are used as stored either way: the setting changes nothing
-    assert packed.dequantised_tensors == dense.dequantised_tensors == {}
-    np.testing.assert_array_equal(packed.predict_logits(PROMPT), dense.predict_logits(PROMPT))
+    # packed: used as stored; not packed: every quantised tensor dequantised to float32
+    assert packed.dequantised_tensors == {}
+    assert packed.packed
+    assert not dense.packed
+    assert dense.dequantised_tensors
+    assert set(dense.dequantised_tensors.values()) == {"Q8_0"}
+    a, b = packed.predict_logits(PROMPT), dense.predict_logits(PROMPT)
+    np.testing.assert_allclose(a, b, rtol=0, atol=1e-3 * float(np.abs(a).max()))
     odd = write_gguf(m, tmp_path / "odd.gguf", arch_override="rwkv6")
     with pytest.raises(UnknownArchitectureError, match="llama"):
         LmRunnerBuilder().weights(odd).build()

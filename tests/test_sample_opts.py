@@ -164,3 +164,80 @@ def test_the_runner_contract() -> None:
         assert twin.sample(logits, history) == tok
         history.append(tok)
     assert chain.step == twin.step == 20
+
+
+# The dataclass declares each knob's type and default for readers and type checkers; the
+# core's table (rust/sampling/knobs.rs) is the one owner. This pins the two together.
+_FIELD_TYPE_OF_KIND = {
+    "float": "float",
+    "int": "int",
+    "int | None": "int | None",
+    "pair | None": "tuple[float, float] | None",
+    "tokens": "tuple[int, ...]",
+    "mode": "MirostatMode",
+    "seed": "int | None",
+    "bias": "Mapping[int, float]",
+}
+
+
+def test_the_fields_are_the_core_knob_table() -> None:
+    from rlx_lm import _core
+
+    table = _core.SAMPLER_KNOBS
+    fields = dataclasses.fields(SampleOpts)
+    assert [f.name for f in fields] == [k["name"] for k in table]
+    defaults = SampleOpts()
+    for f, k in zip(fields, table, strict=True):
+        assert f.type == _FIELD_TYPE_OF_KIND[k["kind"]], f.name
+        value = getattr(defaults, f.name)
+        if k["kind"] == "float":
+            # The core holds float32; the field's default rounds to it.
+            assert float(np.float32(value)) == k["default"], f.name
+        else:
+            assert value == k["default"], f.name
+
+
+def test_stage_names_and_presets_come_from_the_core() -> None:
+    from rlx_lm import _core
+    from rlx_lm.sample_opts import ORDER_PRESETS, STAGE_NAMES
+
+    assert tuple(s["name"] for s in _core.SAMPLER_STAGES) == STAGE_NAMES
+    assert ORDER_PRESETS == ("default", "llama.cpp", "hf", "vllm")
+    assert _core.SAMPLER_PRESETS["default"] == STAGE_NAMES
+    for name, order in _core.SAMPLER_PRESETS.items():
+        assert sorted(order) == sorted(STAGE_NAMES), name
+
+
+class _Duck:
+    """Options that skip SampleOpts' constructor: the chain's own check must refuse them."""
+
+    def __init__(self, **kw: object) -> None:
+        for f in dataclasses.fields(SampleOpts):
+            setattr(self, f.name, kw.get(f.name, getattr(SampleOpts(), f.name)))
+
+
+@pytest.mark.parametrize(
+    ("field", "kwargs"),
+    [
+        ("temperature", {"temperature": 0.5, "dynamic_temp": (0.2, 0.8)}),
+        ("min_keep", {"temperature": 1.0, "min_keep": 2}),
+        ("top_p", {"top_p": 0.0}),
+        ("dry_max_ngram", {"dry_max_ngram": -1}),
+    ],
+)
+def test_sample_opts_and_the_chain_refuse_alike(field: str, kwargs: dict[str, object]) -> None:
+    # One validator: the same message whether SampleOpts or a chain sees the value.
+    with pytest.raises(InvalidOptionError, match=rf"^{field}:") as by_opts:
+        SampleOpts(**kwargs)  # type: ignore[arg-type]
+    with pytest.raises(InvalidOptionError, match=rf"^{field}:") as by_chain:
+        SamplerChain(_Duck(**kwargs))
+    assert str(by_opts.value) == str(by_chain.value)
+
+
+def test_type_errors_name_the_field_and_the_type() -> None:
+    with pytest.raises(InvalidOptionError, match=r"^top_p: must be a number, got str"):
+        SampleOpts(top_p="0.5")  # type: ignore[arg-type]
+    with pytest.raises(InvalidOptionError, match=r"^dry_allowed_length: must be an integer"):
+        SampleOpts(dry_allowed_length=2.0)  # type: ignore[arg-type]
+    with pytest.raises(InvalidOptionError, match=r"^temperature: must be a number, got bool"):
+        SampleOpts(temperature=True)

@@ -235,3 +235,44 @@ def test_a_cached_prefix_of_another_model_falls_back_to_a_full_prefill(
         got = sched.generate(GenerationRequest(tuple(ids), max_tokens=6), timeout=60)[0]
     assert got.tokens == want.tokens
     assert got.finish_reason == "length"
+
+
+class FixedRow:
+    """A runner whose next-token logits never change: token 5 at 1.0, token 6 at 0.8."""
+
+    family = "fixed"
+    max_seq = 64
+
+    def __init__(self, vocab: int) -> None:
+        self.vocab_size = vocab
+        self.row = np.zeros(vocab, dtype=np.float32)
+        self.row[5], self.row[6] = 1.0, 0.8
+
+    def predict_logits(self, ids: Sequence[int], /) -> npt.NDArray[np.float32]:
+        return self.row.copy()
+
+
+@pytest.mark.parametrize(
+    ("knob", "want"),
+    [
+        # vLLM counts frequency and presence on the output only: token 5, seen in the
+        # prompt alone, keeps its lead (the whole history as output would drop it to 0.5)
+        ({"presence_penalty": 0.5}, 5),
+        ({"frequency_penalty": 0.5}, 5),
+        # ... and the repetition penalty on prompt and output: 1.0 / 2 falls below 0.8
+        ({"repetition_penalty": 2.0}, 6),
+    ],
+)
+def test_the_prompt_is_the_prompt_to_the_sampler_chain(
+    model: tuple[Any, Any], knob: dict[str, float], want: int
+) -> None:
+    _, tok = model
+    runner = FixedRow(tok.vocab_size)
+    prompt = (5, 7, 8)
+    opts = SampleOpts(temperature=0.0, **knob)  # type: ignore[arg-type]
+    lib = rlx_lm.generate(runner, tok, list(prompt), opts=opts, order="vllm", max_tokens=1)
+    with BatchScheduler(runner, tok) as sched:
+        got = sched.generate(
+            GenerationRequest(prompt, opts, max_tokens=1, order="vllm"), timeout=60
+        )[0]
+    assert got.tokens == lib.tokens == [want]

@@ -14,6 +14,9 @@ __all__ = [
     "KV_MAX_LAYERS",
     "KV_MAX_SEQ",
     "QUANT_TYPES",
+    "SAMPLER_KNOBS",
+    "SAMPLER_PRESETS",
+    "SAMPLER_STAGES",
     "Engine",
     "KvCache",
     "KvSnapshot",
@@ -23,6 +26,7 @@ __all__ = [
     "_kv_snapshot_from_state",
     "_panic_for_tests",
     "_sampler_chain_from_state",
+    "_validate_sample_opts",
     "argmax",
     "build_profile",
     "engine_kernel_types",
@@ -186,6 +190,18 @@ class SamplerChain:
         """Whether the chain is a plain argmax (no RNG)."""
 
 def _sampler_chain_from_state(state: bytes) -> SamplerChain: ...
+def _validate_sample_opts(opts: object) -> None:
+    """Check options as a chain would (every knob through the core's table), building none."""
+
+SAMPLER_KNOBS: Final[tuple[dict[str, Any], ...]]
+"""Every knob, in ``SampleOpts``' field order: ``name``, ``kind``, ``default``, ``lo`` and
+``hi`` (``(bound, inclusive)`` or None), ``expect``, ``help``, ``flag`` (llama.cpp's, or
+None); described once in ``rust/sampling/knobs.rs``."""
+SAMPLER_STAGES: Final[tuple[dict[str, Any], ...]]
+"""Every stage in the default order: ``name``, ``knobs``, ``edits``, ``min_keep``
+(``"never"``, ``"always"`` or ``"flavor"``); described once in ``rust/sampling/stages.rs``."""
+SAMPLER_PRESETS: Final[dict[str, tuple[str, ...]]]
+"""Each order preset's stage names, in order (``rust/sampling/order.rs``)."""
 
 # --- KV cache (rust/py/kv.rs) -------------------------------------------------
 

@@ -24,6 +24,7 @@ import enum
 import functools
 import math
 import os
+import re
 import struct
 import sys
 import types
@@ -49,6 +50,11 @@ __all__ = ["PACKED_GGUF_AUTO_THRESHOLD_BYTES", "KvDtype", "LmRunnerBuilder", "av
 
 PACKED_GGUF_AUTO_THRESHOLD_BYTES: Final = 256 * 1024 * 1024
 """GGUF files at least this large load packed (quantised in memory) unless told otherwise."""
+
+GB: Final = 10**9
+"""Bytes in one GB of ``max_memory_gb`` (decimal, as the name says)."""
+
+_SHARD = re.compile(r"-(\d{5})-of-(\d{5})$")
 
 
 _MALFORMED: Final = (
@@ -273,7 +279,13 @@ class LmRunnerBuilder:
     def max_memory_gb(
         self, gb: float | _Unset | None = _UNSET, /
     ) -> float | LmRunnerBuilder | None:
-        """A cap on the runner's memory in GB, or None for no cap."""
+        """A cap on the runner's memory in GB (10^9 bytes), or None for no cap.
+
+        The memory is the weights (as loaded: the file, or 4 bytes a weight with
+        ``packed_weights(False)``) plus the KV cache at ``max_seq`` tokens. `build` refuses
+        a ``max_seq`` whose cache does not fit beside the weights (`InvalidOptionError`
+        naming both and the longest that fits, `fitting_max_seq`), and `rlx_lm.load_model`
+        without ``max_seq`` picks a context that fits."""
         if gb is _UNSET:
             return self._f.max_memory_gb
         if gb is not None and (
@@ -290,11 +302,22 @@ class LmRunnerBuilder:
     @overload
     def stream(self, on: bool, /) -> LmRunnerBuilder: ...
     def stream(self, on: bool | _Unset = _UNSET, /) -> bool | LmRunnerBuilder:
-        """Whether tokens are streamed as they are produced (default True)."""
+        """Whether tokens are streamed as they are produced (default True).
+
+        Every runner streams: its ``generate`` calls ``on_token`` with each token as it is
+        produced, and `rlx_lm.stream` yields each one. ``stream(False)`` is refused
+        (`UnsupportedError`): there is no runner that holds its tokens back; collect the
+        whole text with `rlx_lm.generate` instead."""
         if on is _UNSET:
             return self._f.stream
         if not isinstance(on, bool):
             raise InvalidOptionError(f"stream must be True or False, got {on!r}")
+        if not on:
+            raise UnsupportedError(
+                "stream: False is not supported; every runner streams its tokens as they are "
+                "produced (on_token of generate, rlx_lm.stream); collect the whole text with "
+                "rlx_lm.generate instead"
+            )
         return self._with(stream=on)
 
     @overload
@@ -302,7 +325,12 @@ class LmRunnerBuilder:
     @overload
     def sample(self, opts: SampleOpts, /) -> LmRunnerBuilder: ...
     def sample(self, opts: SampleOpts | _Unset = _UNSET, /) -> SampleOpts | LmRunnerBuilder:
-        """The sampling options (default ``SampleOpts.greedy()``)."""
+        """The sampling options of the runner's own ``generate`` (default greedy).
+
+        The reference family's runner draws each token of ``generate(prompt_ids, n_new,
+        on_token)`` with them (``runner.sample_opts``); `build` refuses non-greedy options
+        for a family whose runner does not report taking them (`UnsupportedError`).
+        `rlx_lm.generate` and `rlx_lm.stream` take their own ``opts``."""
         if opts is _UNSET:
             return self._f.sample
         if not isinstance(opts, SampleOpts):
@@ -328,7 +356,13 @@ class LmRunnerBuilder:
     @overload
     def packed_weights(self, on: bool | None, /) -> LmRunnerBuilder: ...
     def packed_weights(self, on: bool | _Unset | None = _UNSET, /) -> bool | LmRunnerBuilder | None:
-        """Whether to load GGUF weights packed; None decides by file size."""
+        """Whether to multiply the weights as stored (True) or dequantised to float32 (False).
+
+        None leaves it to the family: the reference family always loads packed (its
+        engine has a kernel for every block type); `resolved_packed` is the reference
+        design's size rule for families that dequantise by default. `build` refuses an
+        explicit value a family's runner does not report honouring (``runner.packed``)
+        with `UnsupportedError` naming the setting."""
         if on is _UNSET:
             return self._f.packed_weights
         if on is not None and not isinstance(on, bool):
@@ -436,6 +470,8 @@ class LmRunnerBuilder:
         if path.is_dir():
             read_safetensors_index(path)
         registration = find_registration(architecture_of(path, fmt), path)
+        if self._f.max_memory_gb is not None:
+            self._check_memory(path, fmt)
         if registration.load is None:
             raise UnsupportedError(
                 f"model family {registration.family!r} matched {path} but was registered "
@@ -455,9 +491,109 @@ class LmRunnerBuilder:
                 f"the {registration.family!r} loader returned {type(runner).__name__}, which "
                 f"lacks family, vocab_size or predict_logits"
             )
+        self._check_honoured(runner, registration.family)
         return runner
+
+    def _check_honoured(self, runner: object, family: str) -> None:
+        """Refuse a setting the family's runner does not report honouring."""
+        packed = self._f.packed_weights
+        if packed is not None and getattr(runner, "packed", None) is not packed:
+            raise UnsupportedError(
+                f"packed_weights: the {family!r} runner does not report loading its weights "
+                f"{'packed' if packed else 'dequantised'} (runner.packed); leave the setting "
+                f"at None"
+            )
+        opts = self._f.sample
+        if not opts.is_greedy() and getattr(runner, "sample_opts", None) != opts:
+            raise UnsupportedError(
+                f"sample: the {family!r} runner does not take sampling options (its "
+                f"runner.sample_opts is not the builder's); pass opts to rlx_lm.generate or "
+                f"rlx_lm.stream instead"
+            )
+
+    # -- memory ------------------------------------------------------------------------
+
+    def weights_bytes(self) -> int:
+        """Bytes the weights take once loaded: the files, or 4 a weight dequantised.
+
+        ``packed_weights(False)`` counts every tensor not stored as float32 at 4 bytes a
+        weight; otherwise the files' sizes (memory-mapped, used as stored)."""
+        from rlx_lm._headers import read_gguf_header, read_safetensors_header
+
+        fmt = self.resolved_format()
+        path = self.resolved_weights()
+        files = _gguf_shards(path) if fmt is WeightFormat.GGUF else _safetensors_files(path)
+        if self._f.packed_weights is not False:
+            return sum(f.stat().st_size for f in files)
+        total = 0
+        for f in files:
+            if fmt is WeightFormat.GGUF:
+                for t in read_gguf_header(f).tensors:
+                    total += t.n_bytes if t.ggml_type == 0 else 4 * math.prod(t.shape)
+            else:
+                for dtype, shape in read_safetensors_header(f).tensors.values():
+                    total += math.prod(shape) * (8 if dtype == "F64" else 4)
+        return total
+
+    def fitting_max_seq(self) -> int | None:
+        """The longest ``max_seq`` whose KV cache fits ``max_memory_gb`` beside the weights.
+
+        None without a cap. Raises `InvalidOptionError` naming ``max_memory_gb`` when not
+        even one token fits, and `UnsupportedError` when the weights do not say the KV
+        cache's geometry (layers, KV heads, head size), so the cap cannot be held."""
+        from rlx_lm.context import kv_bytes_per_token
+
+        cap = self._f.max_memory_gb
+        if cap is None:
+            return None
+        path = self.resolved_weights()
+        per_token = kv_bytes_per_token(path, self._f.kv_dtype)
+        if not per_token:
+            raise UnsupportedError(
+                f"max_memory_gb: {path} does not give the KV cache's geometry (layers, KV "
+                f"heads, head size), so a memory cap cannot be held"
+            )
+        weights = self.weights_bytes()
+        room = int(cap * GB) - weights
+        if room < per_token:
+            raise InvalidOptionError(
+                f"max_memory_gb: the weights take {weights / GB:.3g} GB, which leaves no room "
+                f"for a KV cache in {cap:g} GB ({per_token} bytes a token)"
+            )
+        return room // per_token
+
+    def _check_memory(self, path: Path, fmt: WeightFormat) -> None:
+        fits = self.fitting_max_seq()
+        assert fits is not None
+        if self._f.max_seq > fits:
+            raise InvalidOptionError(
+                f"max_memory_gb: {self._f.max_memory_gb:g} GB holds the weights of {path.name} "
+                f"and a KV cache of at most {fits} tokens, but max_seq is {self._f.max_seq}; "
+                f"lower max_seq or raise the cap"
+            )
 
     def _require_weights(self) -> Path:
         if self._f.weights is None:
             raise InvalidOptionError("weights: no weights path set; call .weights(path) first")
         return self._f.weights
+
+
+def _gguf_shards(path: Path) -> list[Path]:
+    """Every shard of a split GGUF named by its first (``-00001-of-00003``), else ``[path]``."""
+    m = _SHARD.search(path.stem)
+    if m is None:
+        return [path]
+    stem, count = path.stem[: m.start()], int(m.group(2))
+    files = [path.with_name(f"{stem}-{i:05d}-of-{count:05d}.gguf") for i in range(1, count + 1)]
+    return [f for f in files if f.is_file()]
+
+
+def _safetensors_files(path: Path) -> list[Path]:
+    """The weight files of a safetensors file or directory (its index's shards, else all)."""
+    from rlx_lm._headers import read_safetensors_index
+
+    if not path.is_dir():
+        return [path]
+    shards = read_safetensors_index(path)  # names confined to the directory
+    files = list(shards) if shards is not None else sorted(path.glob("*.safetensors"))
+    return [f for f in files if f.is_file()]

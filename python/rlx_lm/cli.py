@@ -17,6 +17,7 @@ import sys
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any, TextIO
 
+from rlx_lm import _core
 from rlx_lm.errors import InvalidOptionError, RlxError
 from rlx_lm.sample_opts import MirostatMode
 
@@ -25,50 +26,15 @@ if TYPE_CHECKING:
 
 __all__ = ["main"]
 
-# flag -> (SampleOpts field, type)
+# The sampler flags and their help come from the core's knob table (rust/sampling/knobs.rs):
+# flag -> (SampleOpts field, type), and SampleOpts field -> one sentence for --help (the
+# default is appended from SampleOpts()).
 _SAMPLER_FLAGS: dict[str, tuple[str, type]] = {
-    "--temp": ("temperature", float),
-    "--top-k": ("top_k", int),
-    "--top-p": ("top_p", float),
-    "--min-p": ("min_p", float),
-    "--typical": ("typical_p", float),
-    "--repeat-penalty": ("repetition_penalty", float),
-    "--repeat-last-n": ("repetition_window", int),
-    "--presence-penalty": ("presence_penalty", float),
-    "--frequency-penalty": ("frequency_penalty", float),
-    "--dry-multiplier": ("dry_multiplier", float),
-    "--dry-base": ("dry_base", float),
-    "--dry-allowed-length": ("dry_allowed_length", int),
-    "--xtc-probability": ("xtc_prob", float),
-    "--xtc-threshold": ("xtc_threshold", float),
-    "--top-nsigma": ("top_n_sigma", float),
-    "--mirostat": ("mirostat", int),
-    "--mirostat-lr": ("mirostat_eta", float),
-    "--mirostat-ent": ("mirostat_tau", float),
+    k["flag"]: (k["name"], float if k["kind"] == "float" else int)
+    for k in _core.SAMPLER_KNOBS
+    if k["flag"] is not None
 }
-
-# SampleOpts field -> one sentence for --help (the default is appended from SampleOpts()).
-_SAMPLER_HELP: dict[str, str] = {
-    "temperature": "Divide the logits by this before sampling; 0 picks the most likely token.",
-    "top_k": "Keep only the K most likely tokens; unset or 0 keeps them all.",
-    "top_p": "Keep the smallest set of tokens whose probabilities add up to P.",
-    "min_p": "Drop tokens less likely than P times the most likely one.",
-    "typical_p": "Locally typical sampling: keep tokens close to the expected surprise, mass P.",
-    "repetition_penalty": "Divide the logits of tokens seen in the last window by this.",
-    "repetition_window": "How many recent tokens the penalties look at (-1: all); unset takes "
-    "the order's default (64 under llama.cpp's and the default order, all under hf and vllm).",
-    "presence_penalty": "Subtract this from the logit of every token already seen.",
-    "frequency_penalty": "Subtract this times a token's count so far from its logit.",
-    "dry_multiplier": "Strength of the DRY penalty on repeated sequences; 0 turns DRY off.",
-    "dry_base": "Growth base of the DRY penalty with the repeated sequence's length.",
-    "dry_allowed_length": "Longest repetition DRY lets through unpenalised.",
-    "xtc_prob": "Chance per step that XTC removes the most likely tokens above the threshold.",
-    "xtc_threshold": "Probability a token needs for XTC to consider removing it.",
-    "top_n_sigma": "Keep tokens within N standard deviations of the top logit; 0 is off.",
-    "mirostat": "Mirostat sampling: 0 off, 1 Mirostat, 2 Mirostat 2.0.",
-    "mirostat_eta": "Mirostat's learning rate.",
-    "mirostat_tau": "Mirostat's target surprise (entropy) per token.",
-}
+_SAMPLER_HELP: dict[str, str] = {k["name"]: k["help"] for k in _core.SAMPLER_KNOBS}
 
 _ESCAPES = {"n": "\n", "r": "\r", "t": "\t", "'": "'", '"': '"', "\\": "\\"}
 
@@ -289,7 +255,8 @@ def _parser() -> argparse.ArgumentParser:
         "--packed",
         action=argparse.BooleanOptionalAction,
         default=None,
-        help="Accepted for compatibility: weights are always memory-mapped and used as stored.",
+        help="Multiply the weights as stored (--packed, the default) or dequantise them to "
+        "float32 at load (--no-packed: 4 bytes a weight, float32 kernels).",
     )
     for flag, short in (("--cache-type-k", "-ctk"), ("--cache-type-v", "-ctv")):
         g.add_argument(
@@ -429,7 +396,8 @@ def _chat_parser(sub: Any) -> None:
         "--packed",
         action=argparse.BooleanOptionalAction,
         default=None,
-        help="Accepted for compatibility: weights are always memory-mapped and used as stored.",
+        help="Multiply the weights as stored (--packed, the default) or dequantise them to "
+        "float32 at load (--no-packed: 4 bytes a weight, float32 kernels).",
     )
     _add_sampler_args(c)
 
@@ -533,7 +501,7 @@ def _serve_parser(sub: Any) -> None:
         "--packed",
         action=argparse.BooleanOptionalAction,
         default=None,
-        help="accepted for compatibility: weights are always memory-mapped and used as stored",
+        help="multiply the weights as stored (default), or dequantised to float32 (--no-packed)",
     )
     s.add_argument(
         "-t",

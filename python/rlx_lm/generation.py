@@ -444,7 +444,8 @@ def load_model(
 
     ``builder`` names `LmRunnerBuilder` setters and their values (``max_seq=512``,
     ``threads=2``, ...). Without ``max_seq`` the context is the model's trained one, capped
-    by a memory budget (`rlx_lm.context.default_context`).
+    by a memory budget (`rlx_lm.context.default_context`), and by ``max_memory_gb`` when it
+    is given (the longest context whose KV cache fits beside the weights).
     The runner is what the family's loader built when it has its own ``generate`` (the
     reference family's does), else that runner wrapped by `with_defaults`: an `LmRunner`
     either way, so ``runner.generate(...)`` type-checks in the caller's code.
@@ -462,7 +463,9 @@ def load_model(
     if "max_seq" not in builder:
         from rlx_lm.context import default_context
 
-        b = b.max_seq(default_context(b.resolved_weights(), kv_dtype=b.kv_dtype()))
+        ctx = default_context(b.resolved_weights(), kv_dtype=b.kv_dtype())
+        fits = b.fitting_max_seq()  # None without max_memory_gb
+        b = b.max_seq(ctx if fits is None else min(ctx, fits))
     with load_progress(lambda done, total: _emit(on_event, "load", done, total, str(path))):
         built = b.build()
     tokenizer = Tokenizer.load(b.resolved_weights())

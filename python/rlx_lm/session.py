@@ -123,7 +123,7 @@ class SessionSnapshot:
     def __init__(
         self, kv: Any, tokens: Sequence[int], fingerprint: ModelFingerprint | None = None
     ) -> None:
-        toks = tuple(int(t) for t in tokens)
+        toks = tuple(map(int, tokens))
         if isinstance(kv, KvSnapshot) and kv.len() != len(toks):
             raise ShapeError(
                 f"the KV snapshot holds {kv.len()} tokens but {len(toks)} token ids were given"
@@ -133,6 +133,28 @@ class SessionSnapshot:
         object.__setattr__(self, "kv", kv)
         object.__setattr__(self, "tokens", toks)
         object.__setattr__(self, "fingerprint", fingerprint)
+
+    def advanced(
+        self, kv: Any, token: int, fingerprint: ModelFingerprint | None = None
+    ) -> SessionSnapshot:
+        """This session one token later: ``kv`` holds the history plus ``token``.
+
+        Equal to ``SessionSnapshot(kv, [*self.tokens, token], fingerprint)`` without
+        converting the history again, so a decode step costs the same at any context
+        length (a batched decode makes one of these per sequence per step).
+        """
+        toks = (*self.tokens, int(token))
+        if isinstance(kv, KvSnapshot) and kv.len() != len(toks):
+            raise ShapeError(
+                f"the KV snapshot holds {kv.len()} tokens but {len(toks)} token ids were given"
+            )
+        if fingerprint is not None and not isinstance(fingerprint, ModelFingerprint):
+            raise TypeError(f"fingerprint must be a ModelFingerprint, got {type(fingerprint)}")
+        new = object.__new__(SessionSnapshot)
+        object.__setattr__(new, "kv", kv)
+        object.__setattr__(new, "tokens", toks)
+        object.__setattr__(new, "fingerprint", fingerprint)
+        return new
 
     def __reduce__(self) -> tuple[Any, ...]:
         return (SessionSnapshot, (self.kv, self.tokens, self.fingerprint))

@@ -28,7 +28,9 @@ mod _core {
     #[pymodule_export]
     use super::quant::{quant_matmul, quant_rows, quant_simd};
     #[pymodule_export]
-    use super::sampling::{_sampler_chain_from_state, PySamplerChain, SampleResult};
+    use super::sampling::{
+        _sampler_chain_from_state, _validate_sample_opts, PySamplerChain, SampleResult,
+    };
 
     #[pymodule_init]
     fn init(m: &Bound<'_, PyModule>) -> PyResult<()> {
@@ -47,6 +49,8 @@ mod _core {
             types.set_item(t.name(), (t.ggml_id(), t.block_values(), t.block_bytes()))?;
         }
         m.add("QUANT_TYPES", types)?;
+        // The sampler's knobs, stages and presets, described once in the core.
+        super::sampling::add_tables(m)?;
         Ok(())
     }
 }

@@ -12,10 +12,11 @@ use super::errors::{catch_panics, to_py, IntoPyResult};
 use super::gil::{detached, pin};
 use crate::sampling::batch::Batch;
 use crate::sampling::chain::{
-    ChainState, History, Knobs, LogprobMode, Mirostat, OrderSpec, Sampled, SamplerChain, Scratch,
-    Selector,
+    ChainState, History, Knobs, LogprobMode, OrderSpec, Sampled, SamplerChain, Scratch, Selector,
 };
-use crate::sampling::knobs::Window;
+use crate::sampling::knobs::{Bound as End, Kind, Value, KNOBS};
+use crate::sampling::order::{preset_order, PRESETS};
+use crate::sampling::stages::{MinKeep, STAGES};
 use crate::CoreError;
 
 // Every exception goes through the one mapping (`errors::to_py`).
@@ -35,21 +36,6 @@ fn token_err(msg: impl Into<String>) -> PyErr {
     to_py(CoreError::TokenId(msg.into()))
 }
 
-/// A knob as the float32 the chain computes with. Rounding to the nearest
-/// float32 is the documented contract; a value float32 cannot hold at all
-/// (finite but beyond its range, or nonzero but below its smallest
-/// subnormal) is refused rather than turned into inf or 0.
-fn narrow(field: &str, v: f64) -> PyResult<f32> {
-    let x = v as f32;
-    if (x.is_infinite() && v.is_finite()) || (x == 0.0 && v != 0.0) {
-        return Err(bad(
-            field,
-            format!("{v} does not fit float32, which the sampler chain computes in"),
-        ));
-    }
-    Ok(x)
-}
-
 /// The attribute `field` of an options object; a missing one is refused by name
 /// (not Python's bare `AttributeError`), saying what the chain expects.
 fn knob<'py>(opts: &Bound<'py, PyAny>, field: &str) -> PyResult<Bound<'py, PyAny>> {
@@ -57,139 +43,107 @@ fn knob<'py>(opts: &Bound<'py, PyAny>, field: &str) -> PyResult<Bound<'py, PyAny
         if !e.is_instance_of::<pyo3::exceptions::PyAttributeError>(opts.py()) {
             return e; // a property that raised: its own error, untouched
         }
-        let kind = opts
-            .get_type()
-            .name()
-            .map(|n| n.to_string())
-            .unwrap_or_else(|_| "object".to_owned());
         bad(
             field,
-            format!("missing (the {kind} passed has no such attribute); pass a SampleOpts"),
+            format!(
+                "missing (the {} passed has no such attribute); pass a SampleOpts",
+                describe(opts)
+            ),
         )
     })
 }
 
-fn get_f32(opts: &Bound<'_, PyAny>, field: &str) -> PyResult<f32> {
-    let v = knob(opts, field)?
-        .extract::<f64>()
-        .map_err(|_| bad(field, "must be a number"))?;
-    narrow(field, v)
-}
-
-fn get_usize(opts: &Bound<'_, PyAny>, field: &str) -> PyResult<usize> {
-    let v: i64 = knob(opts, field)?
-        .extract()
-        .map_err(|_| bad(field, "must be an integer"))?;
-    usize::try_from(v).map_err(|_| bad(field, format!("must be >= 0, got {v}")))
-}
-
-fn token_id(field: &str, v: i64) -> PyResult<u32> {
-    u32::try_from(v).map_err(|_| bad(field, format!("token ids must be in 0..2**32, got {v}")))
-}
-
-/// Read the knobs from any object with `SampleOpts`' attributes.
-fn knobs_from(opts: &Bound<'_, PyAny>) -> PyResult<Knobs> {
-    let top_k: Option<i64> = knob(opts, "top_k")?
-        .extract()
-        .map_err(|_| bad("top_k", "must be an integer or None"))?;
-    let top_k = match top_k {
-        None => 0,
-        Some(k) => {
-            usize::try_from(k).map_err(|_| bad("top_k", format!("must be >= 0, got {k}")))?
-        }
-    };
-    let window: Option<i64> = knob(opts, "repetition_window")?
-        .extract()
-        .map_err(|_| bad("repetition_window", "must be an integer or None"))?;
-    let repetition_window = match window {
-        None => Window::Preset,
-        Some(-1) => Window::All,
-        Some(w) if w >= 1 => Window::Last(w as usize),
-        Some(w) => {
-            return Err(bad(
-                "repetition_window",
-                format!("must be >= 1, -1 (whole history) or None (the order's default), got {w}"),
-            ))
-        }
-    };
-    let dynamic_temp: Option<(f64, f64)> = knob(opts, "dynamic_temp")?
-        .extract()
-        .map_err(|_| bad("dynamic_temp", "must be a (min, max) pair or None"))?;
-    let mirostat: i64 = knob(opts, "mirostat")?
-        .extract()
-        .map_err(|_| bad("mirostat", "must be a MirostatMode"))?;
-    let mirostat = match mirostat {
-        0 => Mirostat::Off,
-        1 => Mirostat::V1,
-        2 => Mirostat::V2,
-        m => return Err(bad("mirostat", format!("must be 0 (off), 1 or 2, got {m}"))),
-    };
-    let breakers: Vec<i64> = knob(opts, "dry_sequence_breakers")?
-        .extract()
-        .map_err(|_| bad("dry_sequence_breakers", "must be a sequence of token ids"))?;
-    let breakers = breakers
-        .into_iter()
-        .map(|t| token_id("dry_sequence_breakers", t))
-        .collect::<PyResult<Vec<u32>>>()?;
-    let seed: Option<u64> = knob(opts, "seed")?
-        .extract()
-        .map_err(|_| bad("seed", "must be an integer in 0..2**64 or None"))?;
-    let seed = seed.unwrap_or_else(random_seed);
-    let mut logit_bias = Vec::new();
-    let bias_obj = knob(opts, "logit_bias")?;
-    if !bias_obj.is_none() {
-        let items = bias_obj
-            .call_method0("items")
-            .map_err(|_| bad("logit_bias", "must be a mapping of token id to bias"))?;
-        for item in items.try_iter()? {
-            let (t, b): (i64, f64) = item?
-                .extract()
-                .map_err(|_| bad("logit_bias", "keys must be token ids and values numbers"))?;
-            logit_bias.push((token_id("logit_bias", t)?, narrow("logit_bias", b)?));
-        }
+/// A Python number (never a bool) as given.
+fn number(obj: &Bound<'_, PyAny>) -> Value {
+    if obj.is_instance_of::<PyBool>() {
+        return Value::Other("bool".to_owned());
     }
-    Ok(Knobs {
-        temperature: get_f32(opts, "temperature")?,
-        top_k,
-        top_p: get_f32(opts, "top_p")?,
-        min_p: get_f32(opts, "min_p")?,
-        typical_p: get_f32(opts, "typical_p")?,
-        top_n_sigma: get_f32(opts, "top_n_sigma")?,
-        repetition_penalty: get_f32(opts, "repetition_penalty")?,
-        frequency_penalty: get_f32(opts, "frequency_penalty")?,
-        presence_penalty: get_f32(opts, "presence_penalty")?,
-        repetition_window,
-        dynamic_temp: dynamic_temp
-            .map(|(a, b)| Ok::<_, PyErr>((narrow("dynamic_temp", a)?, narrow("dynamic_temp", b)?)))
-            .transpose()?,
-        dynamic_temp_exponent: get_f32(opts, "dynamic_temp_exponent")?,
-        xtc_threshold: get_f32(opts, "xtc_threshold")?,
-        xtc_prob: get_f32(opts, "xtc_prob")?,
-        dry_multiplier: get_f32(opts, "dry_multiplier")?,
-        dry_base: get_f32(opts, "dry_base")?,
-        dry_allowed_length: get_usize(opts, "dry_allowed_length")?,
-        dry_max_ngram: get_usize(opts, "dry_max_ngram")?,
-        dry_sequence_breakers: breakers,
-        mirostat,
-        mirostat_tau: get_f32(opts, "mirostat_tau")?,
-        mirostat_eta: get_f32(opts, "mirostat_eta")?,
-        mirostat_m: get_usize(opts, "mirostat_m")?,
-        min_keep: get_usize(opts, "min_keep")?,
-        seed,
-        logit_bias,
+    obj.extract::<f64>()
+        .map_or_else(|_| Value::Other(describe(obj)), Value::Float)
+}
+
+/// A Python integer (never a bool or a float) as given.
+fn integer(obj: &Bound<'_, PyAny>) -> Value {
+    if obj.is_instance_of::<PyBool>() || obj.is_instance_of::<PyFloat>() {
+        return Value::Other(describe(obj));
+    }
+    if let Ok(v) = obj.extract::<i64>() {
+        return Value::Int(v.into());
+    }
+    obj.extract::<u64>()
+        .map_or_else(|_| Value::Other(describe(obj)), |v| Value::Int(v.into()))
+}
+
+/// One knob's Python value as the core's [`Value`]; the core checks it.
+fn value_of(obj: &Bound<'_, PyAny>, kind: Kind) -> PyResult<Value> {
+    if obj.is_none() {
+        return Ok(Value::None);
+    }
+    Ok(match kind {
+        Kind::Float => number(obj),
+        Kind::Int | Kind::OptInt | Kind::Mode | Kind::Seed => integer(obj),
+        Kind::Pair => match obj.extract::<(Bound<'_, PyAny>, Bound<'_, PyAny>)>() {
+            Ok((a, b)) => match (number(&a), number(&b)) {
+                (Value::Float(lo), Value::Float(hi)) => Value::Pair(lo, hi),
+                (Value::Other(t), _) | (_, Value::Other(t)) => {
+                    Value::Other(format!("a pair holding {t}"))
+                }
+                _ => Value::Other(describe(obj)),
+            },
+            Err(_) => Value::Other(describe(obj)),
+        },
+        Kind::Tokens => {
+            let Ok(items) = obj.try_iter() else {
+                return Ok(Value::Other(describe(obj)));
+            };
+            if obj.is_instance_of::<PyString>() || obj.is_instance_of::<PyBytes>() {
+                return Ok(Value::Other(describe(obj)));
+            }
+            let mut out = Vec::new();
+            for item in items {
+                match integer(&item?) {
+                    Value::Int(t) => out.push(t),
+                    other => return Ok(other),
+                }
+            }
+            Value::Tokens(out)
+        }
+        Kind::Bias => {
+            let Ok(items) = obj.call_method0("items") else {
+                return Ok(Value::Other(describe(obj)));
+            };
+            let mut out = Vec::new();
+            for item in items.try_iter()? {
+                let (t, b): (Bound<'_, PyAny>, Bound<'_, PyAny>) = item?.extract()?;
+                match (integer(&t), number(&b)) {
+                    (Value::Int(t), Value::Float(b)) => out.push((t, b)),
+                    (Value::Int(t), _) => {
+                        return Err(bad(
+                            "logit_bias",
+                            format!("bias for token {t} must be a number, got {}", describe(&b)),
+                        ))
+                    }
+                    _ => {
+                        return Err(bad(
+                            "logit_bias",
+                            format!("keys must be token ids, got {}", describe(&t)),
+                        ))
+                    }
+                }
+            }
+            Value::Bias(out)
+        }
     })
 }
 
-/// A seed from the OS-seeded hasher keys, for chains built without one.
-fn random_seed() -> u64 {
-    use std::hash::{BuildHasher, Hasher};
-    let mut h = std::collections::hash_map::RandomState::new().build_hasher();
-    h.write_u64(
-        std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map_or(0, |d| d.as_nanos() as u64),
-    );
-    h.finish()
+/// Read the knobs from any object with `SampleOpts`' attributes: one
+/// attribute per entry of the core's knob table, checked by the core.
+fn knobs_from(opts: &Bound<'_, PyAny>) -> PyResult<Knobs> {
+    let values = KNOBS
+        .iter()
+        .map(|spec| value_of(&knob(opts, spec.name)?, spec.kind))
+        .collect::<PyResult<Vec<Value>>>()?;
+    Knobs::from_values(values).py()
 }
 
 fn order_from(order: Option<&Bound<'_, PyAny>>) -> PyResult<OrderSpec> {
@@ -775,4 +729,83 @@ fn batch_rows<'py>(obj: &Bound<'py, PyAny>) -> PyResult<PyReadonlyArray2<'py, f3
         ));
     }
     Ok(arr.readonly())
+}
+
+/// Check options as a chain would (every knob through the core's table)
+/// without building one: `SampleOpts` validates through this.
+#[pyfunction]
+pub fn _validate_sample_opts(opts: &Bound<'_, PyAny>) -> PyResult<()> {
+    catch_panics(|| knobs_from(opts).map(|_| ()))
+}
+
+fn value_to_py<'py>(py: Python<'py>, v: &Value) -> PyResult<Bound<'py, PyAny>> {
+    Ok(match v {
+        Value::None | Value::Other(_) => py.None().into_bound(py),
+        Value::Float(x) => PyFloat::new(py, *x).into_any(),
+        Value::Int(n) => (*n).into_pyobject(py)?.into_any(),
+        Value::Pair(a, b) => PyTuple::new(py, [*a, *b])?.into_any(),
+        Value::Tokens(t) => PyTuple::new(py, t)?.into_any(),
+        Value::Bias(b) => {
+            let d = PyDict::new(py);
+            for &(t, x) in b {
+                d.set_item(t, x)?;
+            }
+            d.into_any()
+        }
+    })
+}
+
+fn bound_to_py<'py>(py: Python<'py>, b: End) -> PyResult<Bound<'py, PyAny>> {
+    Ok(match b {
+        End::Open => py.None().into_bound(py),
+        End::Incl(x) => (x, true).into_pyobject(py)?.into_any(),
+        End::Excl(x) => (x, false).into_pyobject(py)?.into_any(),
+    })
+}
+
+/// The core's knob, stage and preset tables, as module constants for
+/// `rlx_lm.sample_opts` (which derives its stage names, presets and checks
+/// from them) and the CLI (flags and help).
+pub fn add_tables(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    let py = m.py();
+    let mut knobs = Vec::new();
+    for k in &KNOBS {
+        let d = PyDict::new(py);
+        d.set_item("name", k.name)?;
+        d.set_item("kind", k.kind.name())?;
+        d.set_item("default", value_to_py(py, &k.default_value())?)?;
+        d.set_item("lo", bound_to_py(py, k.lo)?)?;
+        d.set_item("hi", bound_to_py(py, k.hi)?)?;
+        d.set_item("expect", k.expect)?;
+        d.set_item("help", k.help)?;
+        d.set_item("flag", k.flag)?;
+        knobs.push(d);
+    }
+    m.add("SAMPLER_KNOBS", PyTuple::new(py, knobs)?)?;
+    let mut stages = Vec::new();
+    for s in &STAGES {
+        let d = PyDict::new(py);
+        d.set_item("name", s.name)?;
+        d.set_item("knobs", PyTuple::new(py, s.knobs)?)?;
+        d.set_item("edits", s.edits)?;
+        d.set_item(
+            "min_keep",
+            match s.min_keep {
+                MinKeep::Never => "never",
+                MinKeep::Always => "always",
+                MinKeep::Flavor => "flavor",
+            },
+        )?;
+        stages.push(d);
+    }
+    m.add("SAMPLER_STAGES", PyTuple::new(py, stages)?)?;
+    let presets = PyDict::new(py);
+    for name in PRESETS {
+        if let Some((order, _)) = preset_order(name) {
+            let names: Vec<&str> = order.iter().map(|s| s.name()).collect();
+            presets.set_item(name, PyTuple::new(py, names)?)?;
+        }
+    }
+    m.add("SAMPLER_PRESETS", presets)?;
+    Ok(())
 }

@@ -10,8 +10,9 @@ use super::logprobs::{dense_logprobs, final_logprobs};
 use super::mirostat::{self, Surprises};
 use super::order::preset_order;
 use super::penalties::Penalties;
+use super::stages::{MinKeep, Pass};
+use super::temperature;
 use super::window_counts::WindowCounts;
-use super::{logit_bias, min_p, temperature, top_k, top_n_sigma, top_p, typical, xtc};
 use crate::error::{CoreError, CoreResult};
 
 pub use super::knobs::{Knobs, Mirostat};
@@ -72,19 +73,19 @@ pub struct Sampled {
 /// affect results.
 #[derive(Debug, Default, Clone)]
 pub struct Scratch {
-    row: Vec<f32>,
-    exps: Vec<f32>,
-    cands: Vec<Cand>,
-    cands2: Vec<Cand>,
-    floats: Vec<f32>,
-    counts: Vec<u32>,
-    probs: Vec<f64>,
-    window_counts: WindowCounts,
-    gathered: Gathered,
+    pub(crate) row: Vec<f32>,
+    pub(crate) exps: Vec<f32>,
+    pub(crate) cands: Vec<Cand>,
+    pub(crate) cands2: Vec<Cand>,
+    pub(crate) floats: Vec<f32>,
+    pub(crate) counts: Vec<u32>,
+    pub(crate) probs: Vec<f64>,
+    pub(crate) window_counts: WindowCounts,
+    pub(crate) gathered: Gathered,
     /// Masses of the candidates, when the last stage left them for the draw.
-    masses: Vec<f32>,
-    delta_top_k: f32,
-    delta_top_p: f32,
+    pub(crate) masses: Vec<f32>,
+    pub(crate) delta_top_k: f32,
+    pub(crate) delta_top_p: f32,
 }
 
 /// A built chain: knobs, stage order, selector, and the per-sequence state
@@ -94,15 +95,15 @@ pub struct SamplerChain {
     knobs: Knobs,
     stages: Vec<Stage>,
     selector: Selector,
-    flavor: Flavor,
+    pub(crate) flavor: Flavor,
     order_name: String,
     /// Top-k's k, with min_keep folded in where the order honours it.
-    top_k: usize,
+    pub(crate) top_k: usize,
     /// The order as asked for (kept so a state can rebuild the chain).
     order_spec: OrderSpec,
-    penalties: Penalties,
-    dry: Dry,
-    bias: Vec<(u32, f32)>,
+    pub(crate) penalties: Penalties,
+    pub(crate) dry: Dry,
+    pub(crate) bias: Vec<(u32, f32)>,
     max_bias_token: Option<u32>,
     /// Tokens accepted so far (the draw's counter).
     pub step: u64,
@@ -207,10 +208,10 @@ impl SamplerChain {
             knobs.top_k
         };
         if knobs.min_keep > 1 {
-            let reads = |s: &Stage| match s {
-                Stage::TopP | Stage::MinP | Stage::Typical | Stage::Xtc => true,
-                Stage::TopK => top_k_min_keep,
-                _ => false,
+            let reads = |s: &Stage| match s.spec().min_keep {
+                MinKeep::Always => true,
+                MinKeep::Flavor => top_k_min_keep,
+                MinKeep::Never => false,
             };
             if !stages.iter().any(reads) {
                 return Err(CoreError::option(
@@ -249,9 +250,7 @@ impl SamplerChain {
             Plan::for_chain(&stages, &knobs)
         };
         let first_pass = match stages.first() {
-            Some(Stage::LogitBias | Stage::Penalties | Stage::Dry) if deferred.is_none() => {
-                FirstPass::Copy
-            }
+            Some(s) if s.spec().edits && deferred.is_none() => FirstPass::Copy,
             _ => FirstPass::Scan,
         };
         let mut bias = knobs.logit_bias.clone();
@@ -622,67 +621,20 @@ impl SamplerChain {
         }
         let mut masses_ready = false;
         for (si, &stage) in stages.iter().enumerate() {
-            masses_ready = false;
-            if !matches!(stage, Stage::LogitBias | Stage::Penalties | Stage::Dry) {
+            let spec = stage.spec();
+            if !spec.edits {
                 work.refresh()?;
             }
-            match stage {
-                Stage::LogitBias => logit_bias::apply(work, &self.bias)?,
-                Stage::Penalties => {
-                    self.penalties
-                        .apply_split(work, history, prompt_len, &mut scratch.counts)?
-                }
-                Stage::Dry => self.dry.apply(work, history, &mut scratch.counts)?,
-                Stage::Temperature => match k.dynamic_temp {
-                    Some((lo, hi)) => {
-                        temperature::apply_dynamic(
-                            work,
-                            lo,
-                            hi,
-                            k.dynamic_temp_exponent,
-                            &mut scratch.probs,
-                        );
-                    }
-                    None => temperature::apply(work, k.temperature),
-                },
-                Stage::TopK => top_k::apply(
-                    work,
-                    self.top_k,
-                    self.flavor.top_k_keep_ties,
-                    &mut scratch.delta_top_k,
-                ),
-                Stage::Typical => typical::apply(
-                    work,
-                    k.typical_p,
-                    k.min_keep,
-                    self.flavor.typical,
-                    &mut scratch.probs,
-                ),
-                Stage::TopP => {
-                    // As the last stage, top-p hands its masses to the draw.
-                    let last = si + 1 == stages.len() && self.selector == Selector::Dist;
-                    masses_ready = top_p::apply(
-                        work,
-                        k.top_p,
-                        k.min_keep,
-                        &mut scratch.delta_top_p,
-                        last.then_some(&mut scratch.masses),
-                    );
-                }
-                Stage::MinP => min_p::apply(work, k.min_p, k.min_keep, &mut scratch.delta_top_k),
-                Stage::TopNSigma => top_n_sigma::apply(work, k.top_n_sigma),
-                Stage::Xtc => {
-                    let coin = dist::uniform(k.seed, sequence, step, Stream::Xtc);
-                    xtc::apply(
-                        work,
-                        k.xtc_threshold,
-                        k.xtc_prob,
-                        k.min_keep,
-                        coin,
-                        &mut scratch.probs,
-                    );
-                }
-            }
+            let mut pass = Pass {
+                work: &mut *work,
+                history,
+                prompt_len,
+                sequence,
+                step,
+                scratch: &mut *scratch,
+                last: si + 1 == stages.len() && self.selector == Selector::Dist,
+            };
+            masses_ready = (spec.apply)(self, &mut pass)?;
         }
         work.refresh()?;
         if work.dense.is_none() && work.cands.is_empty() {
@@ -748,16 +700,18 @@ impl SamplerChain {
                     ))
                 } else {
                     for &stage in &self.stages {
-                        match stage {
-                            Stage::LogitBias => logit_bias::apply(&mut w, &self.bias)?,
-                            Stage::Penalties => self.penalties.apply_split(
-                                &mut w,
+                        let spec = stage.spec();
+                        if spec.edits {
+                            let mut pass = Pass {
+                                work: &mut w,
                                 history,
                                 prompt_len,
-                                &mut scratch.counts,
-                            )?,
-                            Stage::Dry => self.dry.apply(&mut w, history, &mut scratch.counts)?,
-                            _ => {}
+                                sequence,
+                                step,
+                                scratch: &mut *scratch,
+                                last: false,
+                            };
+                            (spec.apply)(self, &mut pass)?;
                         }
                     }
                     w.refresh()?;

@@ -19,6 +19,7 @@ pub mod min_p;
 pub mod mirostat;
 pub mod order;
 pub mod penalties;
+pub mod stages;
 pub mod state;
 pub mod temperature;
 pub mod top_k;

@@ -1,57 +1,6 @@
 //! Stage names and the order presets ("default", "llama.cpp", "hf", "vllm").
 
-/// One stage of the chain, by its public name.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Stage {
-    LogitBias,
-    Penalties,
-    Dry,
-    Temperature,
-    TopK,
-    Typical,
-    TopP,
-    MinP,
-    TopNSigma,
-    Xtc,
-}
-
-impl Stage {
-    /// Every stage, in the default order.
-    pub const DEFAULT_ORDER: [Stage; 10] = [
-        Stage::LogitBias,
-        Stage::Penalties,
-        Stage::Dry,
-        Stage::Temperature,
-        Stage::TopK,
-        Stage::Typical,
-        Stage::TopP,
-        Stage::MinP,
-        Stage::TopNSigma,
-        Stage::Xtc,
-    ];
-
-    /// The stage's name in order lists.
-    pub fn name(self) -> &'static str {
-        match self {
-            Stage::LogitBias => "logit_bias",
-            Stage::Penalties => "penalties",
-            Stage::Dry => "dry",
-            Stage::Temperature => "temperature",
-            Stage::TopK => "top_k",
-            Stage::Typical => "typical",
-            Stage::TopP => "top_p",
-            Stage::MinP => "min_p",
-            Stage::TopNSigma => "top_n_sigma",
-            Stage::Xtc => "xtc",
-        }
-    }
-
-    /// The stage with this name.
-    pub fn parse(name: &str) -> Option<Stage> {
-        Stage::DEFAULT_ORDER.into_iter().find(|s| s.name() == name)
-    }
-}
-
+pub use super::stages::Stage;
 pub use super::typical::Rule as TypicalRule;
 
 /// Boundary rules that differ between engines.

@@ -2,11 +2,12 @@
 
 `LlamaRunner` meets the whole runner contract natively: cached ``prefill_logits`` /
 ``decode_logits`` over one session `rlx_lm.KvCache` (one decode step is one call into the
-Rust engine, GIL released), ``predict_logits`` on a throwaway cache, greedy ``generate`` on
-the cached pair, session export/restore, prefix reuse and batched decode of many sessions in
-one pass over the weights. `load_llama` reads GGUF files (split ones from their first shard),
-safetensors files and HF/MLX directories, with the weights memory-mapped and used as stored.
-"""
+Rust engine, GIL released), ``predict_logits`` on a throwaway cache, ``generate`` on the
+cached pair (greedy, or with the `SampleOpts` it was built with), session export/restore,
+prefix reuse and batched decode of many sessions in one pass over the weights. `load_llama`
+reads GGUF files (split ones from their first shard), safetensors files and HF/MLX
+directories, with the weights memory-mapped and used as stored (or dequantised to float32
+with ``packed=False``)."""
 
 from __future__ import annotations
 
@@ -40,6 +41,7 @@ from rlx_lm.runners.llama_engine import (
     load_safetensors_engine,
 )
 from rlx_lm.runners.safetensors_loader import locate_safetensors, read_config_json
+from rlx_lm.sample_opts import SampleOpts
 from rlx_lm.session import ModelFingerprint, SessionSnapshot
 
 if TYPE_CHECKING:
@@ -75,6 +77,7 @@ class LlamaRunner:
         chunk: int = 128,
         source: str = "",
         kv_dtype: KvDtype = "float32",
+        sample: SampleOpts | None = None,
     ) -> None:
         if max_seq <= 0:
             raise InvalidOptionError(f"max_seq must be positive, got {max_seq}")
@@ -87,6 +90,10 @@ class LlamaRunner:
         self.chunk = chunk
         self._max_seq = max_seq
         self.kv_dtype = kv_dtype
+        if sample is not None and not isinstance(sample, SampleOpts):
+            raise InvalidOptionError(f"sample: expected SampleOpts, got {type(sample).__name__}")
+        self.sample_opts: SampleOpts = sample if sample is not None else SampleOpts.greedy()
+        """How `generate` picks each token (greedy by default; the builder's ``sample``)."""
         self._cache = _new_cache(self.cfg, max_seq, kv_dtype)
         self._tokens: list[int] = []
         self._progress: ProgressCallback | None = None
@@ -104,6 +111,7 @@ class LlamaRunner:
             chunk=self.chunk,
             source=self.source,
             kv_dtype=self.kv_dtype,
+            sample=self.sample_opts,
         )
 
     def __repr__(self) -> str:
@@ -139,6 +147,11 @@ class LlamaRunner:
     def activations(self) -> Activations:
         """``"exact"`` (float32 activations) or ``"q8"`` (8-bit, integer dot products)."""
         return "q8" if self.engine.activations == "q8" else "exact"
+
+    @property
+    def packed(self) -> bool:
+        """Whether the weights are multiplied as stored (False: dequantised to float32)."""
+        return self.loaded.packed
 
     @property
     def dequantised_tensors(self) -> dict[str, str]:
@@ -291,7 +304,7 @@ class LlamaRunner:
             return np.empty((0, self.vocab_size), dtype=np.float32), []
         logits: F32 = self.engine.decode_batch(caches, toks)
         advanced = [
-            SessionSnapshot(c.snapshot(), [*s.tokens, t], self.fingerprint)
+            s.advanced(c.snapshot(), t, self.fingerprint)
             for c, s, t in zip(caches, sessions, toks, strict=True)
         ]
         return logits, advanced
@@ -303,16 +316,29 @@ class LlamaRunner:
         on_token: Callable[[int], bool] | None = None,
         /,
     ) -> list[int]:
-        """Greedy decoding on the cached pair; each token is kept, then ``on_token`` False stops."""
+        """Decoding on the cached pair; each token is kept, then ``on_token`` False stops.
+
+        Tokens are the argmax when ``sample_opts`` is greedy (the default), else drawn by
+        its `SamplerChain`, which sees the prompt then the output (``prompt_len`` set).
+        """
         if n_new < 0:
             raise InvalidOptionError(f"n_new must be >= 0, got {n_new}")
         if n_new == 0:
             return []
         self._fits(len(prompt_ids) + n_new - 1)
+        chain = None if self.sample_opts.is_greedy() else self.sample_opts.into_chain()
         logits = self.prefill_logits(prompt_ids)
+        history = np.empty(len(self._tokens) + n_new, dtype=np.int64)
+        history[: len(self._tokens)] = self._tokens
+        filled = prompt_len = len(self._tokens)
         out: list[int] = []
         for i in range(n_new):
-            tok = argmax(logits)
+            if chain is None:
+                tok = argmax(logits)
+            else:
+                tok = int(chain.sample(logits, history[:filled], prompt_len=prompt_len))
+                history[filled] = tok
+                filled += 1
             out.append(tok)
             if (on_token is not None and not on_token(tok)) or i == n_new - 1:
                 break
@@ -418,15 +444,18 @@ def load_llama(
 
     ``config`` overrides where the hyper-parameters come from: a `LlamaConfig`, a
     config.json-style mapping, or a path to a JSON file (default: embedded in the GGUF,
-    or config.json beside the safetensors). Weights are memory-mapped and used as stored
-    (``packed`` is accepted for compatibility and changes nothing). ``threads`` sizes the
+    or config.json beside the safetensors). Weights are memory-mapped and multiplied as
+    stored (``packed`` None or True); ``packed=False`` dequantises every tensor not stored
+    as float32 to float32 at load instead (4 bytes a weight). ``threads`` sizes the
     engine's own pool (default: the cores this process may use). ``on_progress(done,
     total)`` follows the load steps (default: the callback of an enclosing `load_progress`
     block). ``kv_dtype="float16"`` halves the KV cache. ``activations="q8"`` quantises
     activations to 8 bits as llama.cpp does (integer dot products, faster; default
     ``"exact"``, see docs/kernels.md for the error).
     """
-    del packed  # weights are always used in place
+    if packed is not None and not isinstance(packed, bool):
+        raise InvalidOptionError(f"packed must be True, False or None, got {packed!r}")
+    keep = packed is not False
     p = Path(path)
     if not p.exists():
         raise WeightFormatError(f"{p}: no such file or directory")
@@ -438,13 +467,18 @@ def load_llama(
     explicit = _explicit_config(config)
     if p.is_file() and _is_gguf(p):
         loaded = load_gguf_engine(
-            p, config=explicit, threads=threads, on_progress=progress, activations=activations
+            p,
+            config=explicit,
+            threads=threads,
+            on_progress=progress,
+            activations=activations,
+            packed=keep,
         )
     else:
         files, cfg_path = locate_safetensors(p)
         cfg = explicit or _config_beside(cfg_path, p)
         loaded = load_safetensors_engine(
-            files, cfg, threads=threads, on_progress=progress, activations=activations
+            files, cfg, threads=threads, on_progress=progress, activations=activations, packed=keep
         )
     return LlamaRunner(loaded, max_seq=max_seq, chunk=chunk, source=str(p), kv_dtype=kv_dtype)
 
@@ -499,14 +533,17 @@ def load_from_builder(builder: LmRunnerBuilder) -> LlamaRunner:
     weights = builder.weights()
     if weights is None:
         raise InvalidOptionError("the builder has no weights path")
-    return load_llama(
+    runner = load_llama(
         weights,
         config=config,
+        packed=builder.packed_weights(),
         max_seq=builder.max_seq(),
         kv_dtype=builder.kv_dtype(),
         threads=builder.threads(),
         activations=builder.activations(),
     )
+    runner.sample_opts = builder.sample()
+    return runner
 
 
 if TYPE_CHECKING:

@@ -86,6 +86,8 @@ class EngineLoad:
     """Tensors with no kernel, dequantised to float32 at load: name -> type name."""
     sample: bytes = b""
     """A few bytes of the weights, for the model fingerprint."""
+    packed: bool = True
+    """Whether the weights are multiplied as stored (False: dequantised to float32 at load)."""
 
 
 def _type_name(ggml_type: int) -> str:
@@ -197,9 +199,12 @@ def load_gguf_engine(
     threads: int | None = None,
     on_progress: Progress = None,
     activations: str = "exact",
+    packed: bool = True,
 ) -> EngineLoad:
     """Check and map a GGUF file (or split GGUF from its first shard) into an engine.
 
+    ``packed=False`` dequantises every tensor not stored as F32 to float32 at load (more
+    memory, and the float32 kernels), instead of multiplying the weights as stored.
     ``on_progress`` sees three steps: header checked, tensors with no kernel decoded,
     engine built.
     """
@@ -212,7 +217,7 @@ def load_gguf_engine(
     lazy: list[tuple[str, int, int, int, list[int]]] = []
     dequantised: dict[str, str] = {}
     for name, (fi, offset, ggml_type, shape) in table.items():
-        if ggml_type in kernels:
+        if ggml_type in kernels and (packed or ggml_type == _F32):
             plan.append((name, fi, offset, ggml_type, shape))
         elif _decodable(ggml_type):
             lazy.append((name, fi, offset, ggml_type, shape))
@@ -244,7 +249,7 @@ def load_gguf_engine(
         with open(files[norm[0]], "rb") as fh:
             fh.seek(norm[1])
             sample = fh.read(256)
-    return EngineLoad(cfg, engine, files, dequantised, sample)
+    return EngineLoad(cfg, engine, files, dequantised, sample, packed)
 
 
 _LAYER_NAMES = {
@@ -285,9 +290,11 @@ def load_safetensors_engine(
     threads: int | None = None,
     on_progress: Progress = None,
     activations: str = "exact",
+    packed: bool = True,
 ) -> EngineLoad:
     """Map safetensors files (F32/F16/BF16 used in place; F64 converted once) into an engine.
 
+    ``packed=False`` converts F16 and BF16 tensors to float32 at load as well.
     ``on_progress`` sees one step per file and one for building the engine.
     """
     plan: list[Tensor] = []
@@ -307,8 +314,11 @@ def load_safetensors_engine(
                 continue
             begin = header.data_offset + header.offsets[hf_name][0]
             dims = [int(d) for d in shape]
-            if dtype in _ST_TYPES:
+            if dtype in _ST_TYPES and (packed or dtype == "F32"):
                 plan.append((short, fi, begin, _ST_TYPES[dtype], dims))
+            elif dtype in ("F16", "BF16"):
+                owned.append((short, dims, _widen(f, begin, dtype, int(np.prod(dims)))))
+                dequantised[short] = dtype
             elif dtype == "F64":
                 count = int(np.prod(dims))
                 raw = np.fromfile(f, dtype="<f8", count=count, offset=begin)
@@ -327,7 +337,17 @@ def load_safetensors_engine(
     engine = _build(cfg, "halves", files, plan, owned, threads, activations, where=str(files[0]))
     if on_progress is not None:
         on_progress(len(files) + 1, len(files) + 1)
-    return EngineLoad(cfg, engine, files, dequantised, sample)
+    return EngineLoad(cfg, engine, files, dequantised, sample, packed)
+
+
+def _widen(path: Path, offset: int, dtype: str, count: int) -> npt.NDArray[np.float32]:
+    """An F16 or BF16 tensor of a safetensors file as float32."""
+    raw = np.fromfile(path, dtype="<u2", count=count, offset=offset)
+    if raw.size != count:
+        raise WeightFormatError(f"{path}: truncated tensor data at offset {offset}")
+    if dtype == "F16":
+        return np.ascontiguousarray(raw.view("<f2").astype(np.float32))
+    return np.ascontiguousarray((raw.astype(np.uint32) << 16).view(np.float32))
 
 
 def _build(

@@ -102,6 +102,46 @@ class _Stream:
             h.cancel()
 
 
+class _Frames:
+    """The SSE frames of one streamed response, in OpenAI's chunk format.
+
+    `frame` renders any chunk; `text` renders the commonest one, a choice's new text with
+    no logprobs, from a prefix and suffix rendered once, so a token costs one
+    ``json.dumps`` of its text. Both give the same bytes (tests/test_server_frames.py).
+    """
+
+    __slots__ = ("_body", "_close", "_open", "_text")
+
+    def __init__(self, kind: str, parsed: ParsedRequest) -> None:
+        chat = kind == "chat"
+        self._body: dict[str, Any] = {
+            "id": proto.new_id("chatcmpl" if chat else "cmpl"),
+            "object": "chat.completion.chunk" if chat else "text_completion",
+            "created": proto.now(),
+            "model": parsed.model,
+            "system_fingerprint": None,
+        }
+        self._close = ',"usage":null' if parsed.include_usage else ""
+        head = json.dumps(self._body, separators=(",", ":"))[:-1]
+        self._open = f'data: {head},"choices":['
+        if chat:
+            self._text = '{"index":%d,"delta":{"content":%s},"logprobs":null,"finish_reason":null}'
+        else:
+            self._text = '{"index":%d,"text":%s,"logprobs":null,"finish_reason":null}'
+
+    def frame(self, choices: list[dict[str, Any]], usage: Any = None) -> str:
+        """One ``data:`` event carrying ``choices`` (and ``usage`` when the client asked)."""
+        body = {**self._body, "choices": choices}
+        if self._close:  # the client asked for usage: every chunk carries the key
+            body["usage"] = usage
+        return f"data: {json.dumps(body, separators=(',', ':'))}\n\n"
+
+    def text(self, index: int, text: str) -> str:
+        """``frame`` of choice ``index``'s new ``text`` with no logprobs and no finish."""
+        choice = self._text % (index, json.dumps(text))
+        return f"{self._open}{choice}]{self._close}}}\n\n"
+
+
 class _App:
     def __init__(
         self, runner: LmCore, tokenizer: Tokenizer, config: ServerConfig, scheduler: BatchScheduler
@@ -324,27 +364,13 @@ class _App:
 
     async def _events(
         self, kind: str, parsed: ParsedRequest, stream: _Stream, first: tuple[int, Event]
-    ) -> AsyncIterator[str]:
+    ) -> AsyncIterator[bytes]:
         n = parsed.requests[0].n
         total = n * len(parsed.requests)
-        rid = proto.new_id("chatcmpl" if kind == "chat" else "cmpl")
-        created = proto.now()
-        obj = "chat.completion.chunk" if kind == "chat" else "text_completion"
+        frames = _Frames(kind, parsed)
         offsets = [0] * total
         finishes: list[Finish | None] = [None] * total
-
-        def frame(choices: list[dict[str, Any]], usage: Any = None) -> str:
-            body: dict[str, Any] = {
-                "id": rid,
-                "object": obj,
-                "created": created,
-                "model": parsed.model,
-                "system_fingerprint": None,
-                "choices": choices,
-            }
-            if parsed.include_usage:
-                body["usage"] = usage
-            return f"data: {json.dumps(body, separators=(',', ':'))}\n\n"
+        fast = not parsed.logprobs  # a text chunk is then the pre-rendered frame
 
         def choice(
             i: int, text: str | None, lps: tuple[TokenLogprob, ...], reason: Any
@@ -366,8 +392,8 @@ class _App:
 
         try:
             if kind == "chat":
-                for i in range(total):
-                    yield frame(
+                yield "".join(
+                    frames.frame(
                         [
                             {
                                 "index": i,
@@ -377,35 +403,50 @@ class _App:
                             }
                         ]
                     )
+                    for i in range(total)
+                ).encode()
             left = total
             pending: tuple[int, Event] | None = first
             error: Finish | None = None
+            queue = stream.queue
             while left:
                 if pending is not None:
                     k, ev = pending
                     pending = None
                 else:
-                    k, ev = await stream.queue.get()
-                i = k * n + ev.index
-                if isinstance(ev, Chunk):
-                    if ev.text or ev.logprobs:
-                        yield frame([choice(i, ev.text, ev.logprobs, None)])
-                    offsets[i] += len(ev.text)
-                    continue
-                finishes[i] = ev
-                left -= 1
-                if ev.reason == "error":
-                    error = ev
-                    stream.cancel()
-                    continue
-                yield frame([choice(i, None, (), proto.finish_reason(ev.reason))])
+                    k, ev = await queue.get()
+                # Every event already waiting goes out in one write: under load the loop
+                # catches up in one send instead of one per token.
+                out: list[str] = []
+                while True:
+                    i = k * n + ev.index
+                    if isinstance(ev, Chunk):
+                        if ev.text and fast:
+                            out.append(frames.text(i, ev.text))
+                        elif ev.text or ev.logprobs:
+                            out.append(frames.frame([choice(i, ev.text, ev.logprobs, None)]))
+                        offsets[i] += len(ev.text)
+                    else:
+                        finishes[i] = ev
+                        left -= 1
+                        if ev.reason == "error":
+                            error = ev
+                            stream.cancel()
+                        else:
+                            reason = proto.finish_reason(ev.reason)
+                            out.append(frames.frame([choice(i, None, (), reason)]))
+                    if not left or queue.empty():
+                        break
+                    k, ev = queue.get_nowait()
+                if out:
+                    yield "".join(out).encode()
             if error is not None:
                 kind_ = "invalid_request_error" if error.status < 500 else "server_error"
                 body = error_body(error.error or "generation failed", None, kind_)
-                yield f"data: {json.dumps(body)}\n\n"
+                yield f"data: {json.dumps(body)}\n\n".encode()
             elif parsed.include_usage:
-                yield frame([], self._usage(parsed, stream, finishes))
-            yield "data: [DONE]\n\n"
+                yield frames.frame([], self._usage(parsed, stream, finishes)).encode()
+            yield b"data: [DONE]\n\n"
         finally:
             stream.cancel()  # a client that went away: free the slots at the next step
 

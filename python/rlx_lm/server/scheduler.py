@@ -209,6 +209,7 @@ class _Seq:
         "matcher",
         "pending",
         "pending_lp",
+        "prompt_len",
         "session",
         "token",
     )
@@ -234,7 +235,7 @@ class _Seq:
         self.limit = limit  # tokens this choice may sample at most
         self.buf = np.empty(len(req.prompt) + limit, dtype=np.int64)
         self.buf[: len(req.prompt)] = req.prompt
-        self.filled = len(req.prompt)
+        self.filled = self.prompt_len = len(req.prompt)
         self.generated = 0
         self.finished = False
         self.first = True
@@ -244,16 +245,23 @@ class _Seq:
 
 
 def _draw(seq: _Seq, top_n: int | None) -> tuple[int, TokenLogprob | None]:
-    """Sample one token and advance the chain's step exactly once."""
+    """Sample one token and advance the chain's step exactly once.
+
+    The history is the prompt then the output, with ``prompt_len`` marking the split, as
+    `rlx_lm.generate` passes it: a preset that scopes a penalty to the output (vLLM's
+    frequency and presence) sees the prompt as the prompt.
+    """
     assert seq.logits is not None
     history = seq.buf[: seq.filled]
     chain = seq.chain
     before = chain.step
     lp: TokenLogprob | None = None
     if top_n is None:
-        tok = int(chain.sample(seq.logits, history))
+        tok = int(chain.sample(seq.logits, history, prompt_len=seq.prompt_len))
     else:
-        out = chain.sample_with_logprobs(seq.logits, history, top_n, mode="raw")
+        out = chain.sample_with_logprobs(
+            seq.logits, history, top_n, mode="raw", prompt_len=seq.prompt_len
+        )
         tok = int(out.token)
         lp = TokenLogprob(tok, float(out.logprob), tuple((int(t), float(p)) for t, p in out.top))
     if chain.step == before:  # a chain whose sample() does not accept by itself
@@ -513,6 +521,8 @@ class BatchScheduler:
 
     def _admit(self) -> list[RequestHandle]:
         out: list[RequestHandle] = []
+        if not self._waiting:  # the common step: nothing queued, no lock to take
+            return out
         with self._cond:
             keep: deque[RequestHandle] = deque()
             cancelled = [h for h in self._waiting if h.cancelled]

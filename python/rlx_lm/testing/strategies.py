@@ -180,7 +180,7 @@ def _sample_opts(draw: st.DrawFn, vocab_size: int | None, greedy: bool | None) -
         kw["temperature"] = draw(_or_default(0.0, st.floats(0.05, 2.0)))
     if greedy is not True and kw["temperature"] == 0.0 and draw(st.booleans()):
         lo = draw(_knob(0.0, 2.0))
-        kw["dynamic_temp"] = (lo, draw(st.floats(lo, 2.0)))
+        kw["dynamic_temp"] = (lo, draw(_knob(lo, 2.0)))
         kw["dynamic_temp_exponent"] = draw(_knob(0.0, 2.0))
     if greedy is not True:
         kw["mirostat"] = mode = draw(st.sampled_from(list(MirostatMode)))

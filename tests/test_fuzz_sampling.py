@@ -244,9 +244,11 @@ def check_reference(o: SampleOpts, order: str, row: np.ndarray, history: list[in
     if token in want.final:
         return
     # The tolerance in raw-logit units: the float32 rounding of the largest logit
-    # before temperature (at temperature 0 the argmax decides on raw logits).
+    # before temperature (at temperature 0 the argmax decides on raw logits), and the
+    # absolute rounding of float32 probabilities (1e-5 nats), which stages ahead of the
+    # temperature (llama.cpp's order) see at temperature 1.
     t = o.dynamic_temp[1] if o.dynamic_temp is not None else o.temperature
-    raw_tol = 4 * (256 * EPS32 * raw_magnitude(o, row, history) + 1e-5 * t) + 1e-30
+    raw_tol = 4 * (256 * EPS32 * raw_magnitude(o, row, history) + 1e-5 * max(t, 1.0)) + 1e-30
     # Compared on the logits after the editing stages (the reference's float64 bias,
     # penalties and DRY), where a penalty may have tied what the raw row ordered;
     # the float32 sum for a bias, which float64 may still tell apart.

@@ -58,6 +58,11 @@ pub struct StageSpec {
     /// The knobs it reads (names in [`super::knobs::KNOBS`]); the first is the one
     /// that turns it on.
     pub knobs: &'static [&'static str],
+    /// Its place in each preset of [`super::order::PRESETS`] (same index):
+    /// a preset runs its stages by ascending place. Places are spaced by
+    /// ten so that a new stage slots in without renumbering the others;
+    /// the default order's places follow [`STAGES`]' own order.
+    pub places: [u16; 4],
     /// It edits logits in place (bias, penalties, DRY) rather than truncating
     /// or rescaling: it runs on the whole row, and the penalised
     /// log-probabilities replay it.
@@ -72,6 +77,7 @@ pub struct StageSpec {
 pub const STAGES: [StageSpec; 10] = [
     StageSpec {
         stage: Stage::LogitBias,
+        places: [0, 0, 0, 0],
         name: "logit_bias",
         knobs: &["logit_bias"],
         edits: true,
@@ -81,6 +87,7 @@ pub const STAGES: [StageSpec; 10] = [
     },
     StageSpec {
         stage: Stage::Penalties,
+        places: [10, 10, 10, 10],
         name: "penalties",
         knobs: &[
             "repetition_penalty",
@@ -103,6 +110,7 @@ pub const STAGES: [StageSpec; 10] = [
     },
     StageSpec {
         stage: Stage::Dry,
+        places: [20, 20, 20, 20],
         name: "dry",
         knobs: &[
             "dry_multiplier",
@@ -122,6 +130,7 @@ pub const STAGES: [StageSpec; 10] = [
     },
     StageSpec {
         stage: Stage::Temperature,
+        places: [30, 90, 30, 30],
         name: "temperature",
         knobs: &["temperature", "dynamic_temp", "dynamic_temp_exponent"],
         edits: false,
@@ -148,6 +157,7 @@ pub const STAGES: [StageSpec; 10] = [
     },
     StageSpec {
         stage: Stage::TopK,
+        places: [40, 40, 40, 50],
         name: "top_k",
         knobs: &["top_k", "min_keep"],
         edits: false,
@@ -165,6 +175,7 @@ pub const STAGES: [StageSpec; 10] = [
     },
     StageSpec {
         stage: Stage::Typical,
+        places: [50, 50, 70, 70],
         name: "typical",
         knobs: &["typical_p", "min_keep"],
         edits: false,
@@ -184,6 +195,7 @@ pub const STAGES: [StageSpec; 10] = [
     },
     StageSpec {
         stage: Stage::TopP,
+        places: [60, 60, 50, 60],
         name: "top_p",
         knobs: &["top_p", "min_keep"],
         edits: false,
@@ -204,6 +216,7 @@ pub const STAGES: [StageSpec; 10] = [
     },
     StageSpec {
         stage: Stage::MinP,
+        places: [70, 70, 60, 40],
         name: "min_p",
         knobs: &["min_p", "min_keep"],
         edits: false,
@@ -217,6 +230,7 @@ pub const STAGES: [StageSpec; 10] = [
     },
     StageSpec {
         stage: Stage::TopNSigma,
+        places: [80, 30, 80, 80],
         name: "top_n_sigma",
         knobs: &["top_n_sigma"],
         edits: false,
@@ -229,6 +243,7 @@ pub const STAGES: [StageSpec; 10] = [
     },
     StageSpec {
         stage: Stage::Xtc,
+        places: [90, 80, 90, 90],
         name: "xtc",
         knobs: &["xtc_prob", "xtc_threshold", "min_keep"],
         edits: false,
@@ -276,6 +291,14 @@ impl Stage {
     pub fn parse(name: &str) -> Option<Stage> {
         STAGES.iter().find(|s| s.name == name).map(|s| s.stage)
     }
+
+    /// Every stage in the order of preset number `preset` (an index in
+    /// [`super::order::PRESETS`]): by ascending place.
+    pub fn preset_sequence(preset: usize) -> Vec<Stage> {
+        let mut specs: Vec<&StageSpec> = STAGES.iter().collect();
+        specs.sort_by_key(|s| s.places[preset]);
+        specs.into_iter().map(|s| s.stage).collect()
+    }
 }
 
 #[cfg(test)]
@@ -296,6 +319,23 @@ mod tests {
         names.sort_unstable();
         names.dedup();
         assert_eq!(names.len(), KNOBS.len(), "a knob is listed twice");
+    }
+
+    #[test]
+    fn each_preset_places_every_stage_once_and_default_follows_the_table() {
+        use super::super::order::PRESETS;
+        for (p, name) in PRESETS.iter().enumerate() {
+            let mut places: Vec<u16> = STAGES.iter().map(|s| s.places[p]).collect();
+            places.sort_unstable();
+            places.dedup();
+            assert_eq!(
+                places.len(),
+                STAGES.len(),
+                "{name}: two stages share a place"
+            );
+            assert_eq!(Stage::preset_sequence(p).len(), STAGES.len());
+        }
+        assert_eq!(Stage::preset_sequence(0), Stage::DEFAULT_ORDER.to_vec());
     }
 
     #[test]

@@ -63,6 +63,9 @@ pub struct StageSpec {
     /// ten so that a new stage slots in without renumbering the others;
     /// the default order's places follow [`STAGES`]' own order.
     pub places: [u16; 4],
+    /// Its names in llama.cpp's `--samplers` list (the CLI's), none when
+    /// llama.cpp's list cannot name it (logit bias always runs first there).
+    pub llama_cpp_names: &'static [&'static str],
     /// It edits logits in place (bias, penalties, DRY) rather than truncating
     /// or rescaling: it runs on the whole row, and the penalised
     /// log-probabilities replay it.
@@ -78,6 +81,7 @@ pub const STAGES: [StageSpec; 10] = [
     StageSpec {
         stage: Stage::LogitBias,
         places: [0, 0, 0, 0],
+        llama_cpp_names: &[],
         name: "logit_bias",
         knobs: &["logit_bias"],
         edits: true,
@@ -88,6 +92,7 @@ pub const STAGES: [StageSpec; 10] = [
     StageSpec {
         stage: Stage::Penalties,
         places: [10, 10, 10, 10],
+        llama_cpp_names: &["penalties"],
         name: "penalties",
         knobs: &[
             "repetition_penalty",
@@ -111,6 +116,7 @@ pub const STAGES: [StageSpec; 10] = [
     StageSpec {
         stage: Stage::Dry,
         places: [20, 20, 20, 20],
+        llama_cpp_names: &["dry"],
         name: "dry",
         knobs: &[
             "dry_multiplier",
@@ -131,6 +137,7 @@ pub const STAGES: [StageSpec; 10] = [
     StageSpec {
         stage: Stage::Temperature,
         places: [30, 90, 30, 30],
+        llama_cpp_names: &["temperature", "temp"],
         name: "temperature",
         knobs: &["temperature", "dynamic_temp", "dynamic_temp_exponent"],
         edits: false,
@@ -158,6 +165,7 @@ pub const STAGES: [StageSpec; 10] = [
     StageSpec {
         stage: Stage::TopK,
         places: [40, 40, 40, 50],
+        llama_cpp_names: &["top_k", "top-k"],
         name: "top_k",
         knobs: &["top_k", "min_keep"],
         edits: false,
@@ -176,6 +184,7 @@ pub const STAGES: [StageSpec; 10] = [
     StageSpec {
         stage: Stage::Typical,
         places: [50, 50, 70, 70],
+        llama_cpp_names: &["typ_p", "typ-p", "typ", "typical_p", "typical-p", "typical"],
         name: "typical",
         knobs: &["typical_p", "min_keep"],
         edits: false,
@@ -196,6 +205,7 @@ pub const STAGES: [StageSpec; 10] = [
     StageSpec {
         stage: Stage::TopP,
         places: [60, 60, 50, 60],
+        llama_cpp_names: &["top_p", "top-p", "nucleus"],
         name: "top_p",
         knobs: &["top_p", "min_keep"],
         edits: false,
@@ -217,6 +227,7 @@ pub const STAGES: [StageSpec; 10] = [
     StageSpec {
         stage: Stage::MinP,
         places: [70, 70, 60, 40],
+        llama_cpp_names: &["min_p", "min-p"],
         name: "min_p",
         knobs: &["min_p", "min_keep"],
         edits: false,
@@ -231,6 +242,7 @@ pub const STAGES: [StageSpec; 10] = [
     StageSpec {
         stage: Stage::TopNSigma,
         places: [80, 30, 80, 80],
+        llama_cpp_names: &["top_n_sigma", "top-n-sigma"],
         name: "top_n_sigma",
         knobs: &["top_n_sigma"],
         edits: false,
@@ -244,6 +256,7 @@ pub const STAGES: [StageSpec; 10] = [
     StageSpec {
         stage: Stage::Xtc,
         places: [90, 80, 90, 90],
+        llama_cpp_names: &["xtc"],
         name: "xtc",
         knobs: &["xtc_prob", "xtc_threshold", "min_keep"],
         edits: false,
@@ -319,6 +332,15 @@ mod tests {
         names.sort_unstable();
         names.dedup();
         assert_eq!(names.len(), KNOBS.len(), "a knob is listed twice");
+        let mut aliases: Vec<&str> = STAGES
+            .iter()
+            .flat_map(|s| s.llama_cpp_names)
+            .copied()
+            .collect();
+        let n = aliases.len();
+        aliases.sort_unstable();
+        aliases.dedup();
+        assert_eq!(aliases.len(), n, "a llama.cpp name is given to two stages");
     }
 
     #[test]

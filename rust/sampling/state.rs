@@ -564,9 +564,12 @@ mod tests {
         }
     }
 
+    /// One knob's entry: its name and its bytes (name and value).
+    type Entry = (String, Vec<u8>);
+
     /// A current-format state cut into its knob entries:
     /// (the bytes before the knob count, the entries, the bytes after).
-    fn split_knobs(b: &[u8]) -> (Vec<u8>, Vec<(String, Vec<u8>)>, Vec<u8>) {
+    fn split_knobs(b: &[u8]) -> (Vec<u8>, Vec<Entry>, Vec<u8>) {
         let mut r = Reader { rest: &b[8..] };
         let n = r.u64().unwrap() as usize;
         let mut entries = Vec::new();
@@ -580,7 +583,7 @@ mod tests {
         (b[..8].to_vec(), entries, r.rest.to_vec())
     }
 
-    fn join(head: &[u8], entries: &[(String, Vec<u8>)], tail: &[u8]) -> Vec<u8> {
+    fn join(head: &[u8], entries: &[Entry], tail: &[u8]) -> Vec<u8> {
         let mut out = head.to_vec();
         out.extend_from_slice(&(entries.len() as u64).to_le_bytes());
         for (_, e) in entries {

@@ -18,10 +18,7 @@ line that wrote it. Assign the copy: ``b = b.max_seq(512)``.
 
 from __future__ import annotations
 
-import bisect
-import dis
 import enum
-import functools
 import math
 import os
 import re
@@ -32,6 +29,7 @@ from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any, Final, get_args, overload
 
+from rlx_lm._discarded import reliable, result_discarded
 from rlx_lm.config import (
     Activations,
     ConfigSource,
@@ -78,32 +76,17 @@ class _Unset(enum.Enum):
 _UNSET: Final = _Unset.TOKEN
 
 
-@functools.lru_cache(maxsize=512)
-def _instructions(code: types.CodeType) -> tuple[tuple[int, ...], tuple[str, ...]]:
-    """The offsets and names of ``code``'s instructions (inline caches left out)."""
-    ins = [i for i in dis.get_instructions(code) if i.opname != "CACHE"]
-    return tuple(i.offset for i in ins), tuple(i.opname for i in ins)
-
-
-def _result_discarded(frame: types.FrameType) -> bool:
-    """Whether the call ``frame`` is in the middle of is an expression statement.
-
-    The instruction after the call (``f_lasti`` is the call, or its last inline cache
-    on 3.11) is then POP_TOP: the value is thrown away.
-    """
-    offsets, names = _instructions(frame.f_code)
-    i = bisect.bisect_right(offsets, frame.f_lasti)
-    return i < len(names) and names[i] == "POP_TOP"
-
-
 def _refuse_if_discarded(setting: str) -> None:
     """Raise when the caller's statement throws the new builder away.
 
     Walks out of this module's frames (a setter called by another, or by the
     constructor) to the caller's, and reads its bytecode: a call followed by
-    POP_TOP is an expression statement, whose value is lost. On an interpreter
-    without frames or bytecode to read, nothing is checked.
+    POP_TOP is an expression statement, whose value is lost. Where that reading is
+    not `rlx_lm._discarded.reliable` (another interpreter's bytecode, no frames),
+    nothing is checked: the guard never raises a false alarm.
     """
+    if not reliable():
+        return
     try:
         frame: types.FrameType | None = sys._getframe(1)
     except (AttributeError, ValueError):  # pragma: no cover - not CPython
@@ -117,7 +100,7 @@ def _refuse_if_discarded(setting: str) -> None:
     if frame is None:  # pragma: no cover - called from this module only
         return
     try:
-        discarded = _result_discarded(frame)
+        discarded = result_discarded(frame)
     except Exception:  # pragma: no cover - bytecode this version cannot read
         return
     if discarded:

@@ -12,8 +12,9 @@ use super::errors::{catch_panics, to_py, IntoPyResult};
 use super::gil::{detached, pin};
 use crate::sampling::batch::Batch;
 use crate::sampling::chain::{
-    ChainState, History, Knobs, LogprobMode, OrderSpec, Sampled, SamplerChain, Scratch, Selector,
+    ChainState, History, Knobs, LogprobMode, OrderSpec, Sampled, SamplerChain, Selector,
 };
+use crate::sampling::handle::ChainHandle;
 use crate::sampling::knobs::{Bound as End, Kind, Value, KNOBS};
 use crate::sampling::order::{preset_order, PRESETS};
 use crate::sampling::stages::{MinKeep, STAGES};
@@ -234,20 +235,6 @@ fn history_from(obj: Option<&Bound<'_, PyAny>>, what: &str) -> PyResult<Vec<u32>
         .collect()
 }
 
-/// A history with its prompt length, which must not exceed it.
-fn history_of(tokens: &[u32], prompt_len: usize) -> PyResult<History<'_>> {
-    if prompt_len > tokens.len() {
-        return Err(bad(
-            "prompt_len",
-            format!(
-                "{prompt_len} is longer than the history ({} tokens)",
-                tokens.len()
-            ),
-        ));
-    }
-    Ok(History { tokens, prompt_len })
-}
-
 fn describe(obj: &Bound<'_, PyAny>) -> String {
     obj.get_type()
         .name()
@@ -354,33 +341,22 @@ impl SampleResult {
     }
 }
 
-/// A sampler chain built from `SampleOpts`: stages, order and per-sequence state.
+/// A sampler chain built from `SampleOpts`: stages, order and per-sequence
+/// state, with its buffers (the core's [`ChainHandle`]).
 #[pyclass(name = "SamplerChain", module = "rlx_lm._core")]
 pub struct PySamplerChain {
-    chain: SamplerChain,
-    scratch: Scratch,
-    batch_scratch: Vec<Scratch>,
+    handle: ChainHandle,
 }
 
 impl PySamplerChain {
     fn wrap(chain: SamplerChain) -> Self {
         PySamplerChain {
-            chain,
-            scratch: Scratch::default(),
-            batch_scratch: Vec::new(),
+            handle: ChainHandle::new(chain),
         }
     }
 
-    /// The running stages' names, then the selector's.
-    fn stage_names(&self) -> Vec<&'static str> {
-        let mut names: Vec<&'static str> = self.chain.stages().iter().map(|s| s.name()).collect();
-        names.push(match self.chain.selector() {
-            Selector::Argmax => "argmax",
-            Selector::Dist => "dist",
-            Selector::MirostatV1 => "mirostat_v1",
-            Selector::MirostatV2 => "mirostat_v2",
-        });
-        names
+    fn chain(&self) -> &SamplerChain {
+        self.handle.chain()
     }
 }
 
@@ -414,17 +390,12 @@ fn run_row(
 ) -> PyResult<Sampled> {
     let row = f32_row(logits, "logits")?;
     let tokens = history_from(history, "history")?;
-    let hist = history_of(&tokens, prompt_len)?;
+    let hist = History::with_prompt(&tokens, prompt_len).py()?;
     let row = row.as_slice()?;
-    let mut me = borrow_chain(slf)?;
-    let me = &mut *me;
-    if advance {
-        me.chain
-            .sample(row, hist, uniform, logprobs, &mut me.scratch)
-    } else {
-        me.chain.peek(row, hist, uniform, logprobs, &mut me.scratch)
-    }
-    .py()
+    borrow_chain(slf)?
+        .handle
+        .sample(row, hist, uniform, logprobs, advance)
+        .py()
 }
 
 #[pymethods]
@@ -537,10 +508,7 @@ impl PySamplerChain {
         advance: bool,
     ) -> PyResult<Bound<'py, PyArray1<i64>>> {
         catch_panics(|| {
-            let (chain, mut scratches) = {
-                let mut me = borrow_chain(slf)?;
-                (me.chain.clone(), std::mem::take(&mut me.batch_scratch))
-            };
+            let mut job = borrow_chain(slf)?.handle.start_batch();
             let arr: PyReadonlyArray2<'py, f32> = batch_rows(logits)?;
             let shape = arr.shape().to_vec();
             let (rows, vocab) = (shape[0], shape[1]);
@@ -568,9 +536,7 @@ impl PySamplerChain {
                 }
             };
             let seqs: Vec<u64> = match sequence_ids.filter(|s| !s.is_none()) {
-                None => (0..rows as u64)
-                    .map(|r| chain.sequence.wrapping_add(r))
-                    .collect(),
+                None => job.default_sequences(rows),
                 Some(s) => sequence_ids_from(s)?,
             };
             let batch = Batch {
@@ -582,16 +548,12 @@ impl PySamplerChain {
                 uniforms: uniforms.as_deref(),
             };
             let pinned = pin(logits)?;
-            let result = detached(py, &[&pinned], || chain.sample_rows(&batch, &mut scratches));
+            let result = detached(py, &[&pinned], || job.run(&batch));
             drop(pinned);
-            let mut me = borrow_chain(slf)?;
-            if me.batch_scratch.len() < scratches.len() {
-                me.batch_scratch = scratches;
-            }
-            let out = result.py()?;
-            if advance {
-                me.chain.advance(vocab);
-            }
+            let out = borrow_chain(slf)?
+                .handle
+                .finish_batch(job, result, vocab, advance)
+                .py()?;
             Ok(PyArray1::from_vec(py, out))
         })
     }
@@ -603,35 +565,35 @@ impl PySamplerChain {
             let t = u32::try_from(token).map_err(|_| {
                 token_err(format!("accept: token id {token} is negative or too large"))
             })?;
-            self.chain.accept(t).py()
+            self.handle.chain_mut().accept(t).py()
         })
     }
 
     /// Return to step 0 and the initial mirostat mu (same seed, same tokens).
     fn reset(&mut self) -> PyResult<()> {
         catch_panics(|| {
-            self.chain.reset();
+            self.handle.chain_mut().reset();
             Ok(())
         })
     }
 
     /// An independent copy with the same knobs, seed and state.
     fn clone(&self) -> PyResult<Self> {
-        catch_panics(|| Ok(Self::wrap(self.chain.clone())))
+        catch_panics(|| Ok(Self::wrap(self.chain().clone())))
     }
 
     fn __copy__(&self) -> PyResult<Self> {
-        catch_panics(|| Ok(Self::wrap(self.chain.clone())))
+        catch_panics(|| Ok(Self::wrap(self.chain().clone())))
     }
 
     fn __deepcopy__(&self, _memo: &Bound<'_, PyDict>) -> PyResult<Self> {
-        catch_panics(|| Ok(Self::wrap(self.chain.clone())))
+        catch_panics(|| Ok(Self::wrap(self.chain().clone())))
     }
 
     /// Pickles as its state (knobs, order, sequence, step, mu, pending).
     fn __reduce__<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyTuple>> {
         catch_panics(|| {
-            let state = self.chain.state().to_bytes();
+            let state = self.chain().state().to_bytes();
             let rebuild = py
                 .import("rlx_lm._core")?
                 .getattr("_sampler_chain_from_state")?;
@@ -643,53 +605,53 @@ impl PySamplerChain {
     /// Tokens accepted since construction or the last reset.
     #[getter]
     fn step(&self) -> PyResult<u64> {
-        catch_panics(|| Ok(self.chain.step))
+        catch_panics(|| Ok(self.chain().step))
     }
 
     /// The seed of the draw (chosen at random when the options had none).
     #[getter]
     fn seed(&self) -> PyResult<u64> {
-        catch_panics(|| Ok(self.chain.knobs().seed))
+        catch_panics(|| Ok(self.chain().knobs().seed))
     }
 
     /// The sequence id keyed into the draw.
     #[getter]
     fn sequence_id(&self) -> PyResult<u64> {
-        catch_panics(|| Ok(self.chain.sequence))
+        catch_panics(|| Ok(self.chain().sequence))
     }
 
     /// Mirostat's current mu, or None without mirostat.
     #[getter]
     fn mu(&self) -> PyResult<Option<f32>> {
-        catch_panics(|| Ok(self.chain.mu()))
+        catch_panics(|| Ok(self.chain().mu()))
     }
 
     /// The stages that run, in order (stages whose knobs are off are left out).
     #[getter]
     fn stages(&self) -> PyResult<Vec<&'static str>> {
-        catch_panics(|| Ok(self.stage_names()))
+        catch_panics(|| Ok(self.handle.stage_names()))
     }
 
     /// The order's name: "default", a preset, or "custom".
     #[getter]
     fn order(&self) -> PyResult<String> {
-        catch_panics(|| Ok(self.chain.order_name().to_owned()))
+        catch_panics(|| Ok(self.chain().order_name().to_owned()))
     }
 
     /// Whether the chain is a plain argmax (no RNG).
     #[getter]
     fn is_greedy(&self) -> PyResult<bool> {
-        catch_panics(|| Ok(self.chain.selector() == Selector::Argmax))
+        catch_panics(|| Ok(self.chain().selector() == Selector::Argmax))
     }
 
     fn __repr__(&self) -> PyResult<String> {
         catch_panics(|| {
             Ok(format!(
                 "SamplerChain(order={:?}, stages=[{}], step={}, seed={})",
-                self.chain.order_name(),
-                self.stage_names().join(" -> "),
-                self.chain.step,
-                self.chain.knobs().seed
+                self.chain().order_name(),
+                self.handle.stage_names().join(" -> "),
+                self.chain().step,
+                self.chain().knobs().seed
             ))
         })
     }

@@ -12,6 +12,7 @@ pub mod deferred;
 pub mod dense;
 pub mod dist;
 pub mod dry;
+pub mod handle;
 pub mod knobs;
 pub mod logit_bias;
 pub mod logprobs;

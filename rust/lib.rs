@@ -8,6 +8,7 @@ pub mod argmax;
 pub mod engine;
 pub mod error;
 pub mod kv;
+pub mod per_process;
 pub mod quant;
 pub mod sampling;
 

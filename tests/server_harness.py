@@ -27,8 +27,16 @@ class LiveServer:
         self.sock.bind(("127.0.0.1", 0))
         self.port = int(self.sock.getsockname()[1])
         self.url = f"http://127.0.0.1:{self.port}"
+        # Keep-alive well past any pause in a test: with uvicorn's default 5 s,
+        # a loaded machine lets pooled connections idle out, and a request sent
+        # on one just as the server closes it fails with a read error (a race
+        # every HTTP client has; the OpenAI client retries it, raw httpx not).
         config = uvicorn.Config(
-            app, log_level="warning", lifespan="on", timeout_graceful_shutdown=5
+            app,
+            log_level="warning",
+            lifespan="on",
+            timeout_graceful_shutdown=5,
+            timeout_keep_alive=300,
         )
         self.server = uvicorn.Server(config)
         self.thread = threading.Thread(target=self._run, daemon=True)

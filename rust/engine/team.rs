@@ -11,6 +11,10 @@
 //! made worse), and between jobs an idle worker parks on a condition
 //! variable after about a millisecond. A panic in any member is caught, the
 //! others leave their barriers, and [`Team::run`] reports it as an error.
+//!
+//! A process forked after the team started has none of its threads: the
+//! team's threads are kept per process ([`crate::per_process`]), so the first
+//! job in a forked child starts a new set.
 
 use std::cell::UnsafeCell;
 use std::panic::{catch_unwind, AssertUnwindSafe};
@@ -19,6 +23,7 @@ use std::sync::{Arc, Condvar, Mutex};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
+use crate::per_process::PerProcess;
 use crate::{CoreError, CoreResult};
 
 /// Spins before a waiting member starts yielding its core.
@@ -109,16 +114,14 @@ unsafe impl Send for Shared {}
 
 /// A team of `threads` members; see the module.
 pub struct Team {
-    shared: Arc<Shared>,
-    workers: Vec<JoinHandle<()>>,
-    /// One job at a time.
-    lock: Mutex<()>,
+    threads: usize,
+    crew: PerProcess<Crew>,
 }
 
 impl std::fmt::Debug for Team {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Team")
-            .field("threads", &self.shared.threads)
+            .field("threads", &self.threads)
             .finish()
     }
 }
@@ -126,6 +129,35 @@ impl std::fmt::Debug for Team {
 impl Team {
     /// A team of `threads` members (the caller and `threads - 1` new threads).
     pub fn new(threads: usize) -> CoreResult<Self> {
+        let threads = threads.max(1);
+        Ok(Self {
+            threads,
+            crew: PerProcess::with(Crew::new(threads)?),
+        })
+    }
+
+    /// Members in the team.
+    pub fn threads(&self) -> usize {
+        self.threads
+    }
+
+    /// Run `job` on every member at once (the caller is member 0) and wait
+    /// for all of them. A panic in any member is returned as an error.
+    pub fn run<F: Fn(&Member<'_>) + Sync>(&self, job: F) -> CoreResult<()> {
+        self.crew.get(|| Crew::new(self.threads))?.run(job)
+    }
+}
+
+/// The threads of a team in one process.
+struct Crew {
+    shared: Arc<Shared>,
+    workers: Vec<JoinHandle<()>>,
+    /// One job at a time.
+    lock: Mutex<()>,
+}
+
+impl Crew {
+    fn new(threads: usize) -> CoreResult<Self> {
         let threads = threads.max(1);
         let shared = Arc::new(Shared {
             threads,
@@ -156,14 +188,7 @@ impl Team {
         Ok(team)
     }
 
-    /// Members in the team.
-    pub fn threads(&self) -> usize {
-        self.shared.threads
-    }
-
-    /// Run `job` on every member at once (the caller is member 0) and wait
-    /// for all of them. A panic in any member is returned as an error.
-    pub fn run<F: Fn(&Member<'_>) + Sync>(&self, job: F) -> CoreResult<()> {
+    fn run<F: Fn(&Member<'_>) + Sync>(&self, job: F) -> CoreResult<()> {
         let _one = self.lock.lock().unwrap_or_else(|e| e.into_inner());
         let s = &*self.shared;
         s.failed.store(false, Ordering::Relaxed);
@@ -208,7 +233,7 @@ impl Team {
     }
 }
 
-impl Drop for Team {
+impl Drop for Crew {
     fn drop(&mut self) {
         let s = &*self.shared;
         s.quit.store(true, Ordering::SeqCst);

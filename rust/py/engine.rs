@@ -17,14 +17,24 @@ use crate::engine::{
     Activations, BlockVariant, Config, Model, RopeStyle, Step, Store, TensorEntry,
 };
 use crate::kv::KvCache;
+use crate::per_process::PerProcess;
 use crate::CoreError;
 
 /// A loaded model and the threads that run it.
 #[pyclass(frozen, module = "rlx_lm._core", name = "Engine")]
 pub struct PyEngine {
     model: Arc<Model>,
-    pool: rayon::ThreadPool,
+    /// Made again in a forked child (see `crate::per_process`).
+    pool: PerProcess<rayon::ThreadPool>,
     threads: usize,
+}
+
+fn engine_pool(threads: usize) -> Result<rayon::ThreadPool, CoreError> {
+    rayon::ThreadPoolBuilder::new()
+        .num_threads(threads)
+        .thread_name(|i| format!("rlx-engine-{i}"))
+        .build()
+        .map_err(|e| CoreError::option("threads", e.to_string()))
 }
 
 fn describe(obj: &Bound<'_, PyAny>) -> String {
@@ -162,7 +172,7 @@ impl PyEngine {
         all: bool,
     ) -> PyResult<Vec<f32>> {
         let model = &self.model;
-        let pool = &self.pool;
+        let pool = self.pool.get(|| engine_pool(self.threads)).py()?;
         detached(py, pins, || {
             let mut steps: Vec<Step<'_>> = caches
                 .iter_mut()
@@ -238,15 +248,10 @@ impl PyEngine {
                 team: Some(team),
                 ..model
             };
-            let pool = rayon::ThreadPoolBuilder::new()
-                .num_threads(threads)
-                .thread_name(|i| format!("rlx-engine-{i}"))
-                .build()
-                .map_err(|e| CoreError::option("threads", e.to_string()))
-                .py()?;
+            let pool = engine_pool(threads).py()?;
             Ok(Self {
                 model: Arc::new(model),
-                pool,
+                pool: PerProcess::with(pool),
                 threads,
             })
         })

@@ -6,7 +6,7 @@
 //! pinned (`super::gil::pin`) while the GIL is released, so numpy refuses to
 //! resize (free) its buffer until the call returns.
 
-use std::sync::{Arc, Mutex, OnceLock};
+use std::sync::{Arc, Mutex};
 
 use numpy::ndarray::Dimension;
 use numpy::{Element, PyArray1, PyArray2, PyArrayMethods, PyReadonlyArray, PyUntypedArrayMethods};
@@ -16,6 +16,7 @@ use super::arrays::borrow;
 use super::errors::{catch_panics, IntoPyResult};
 use super::gil::{detached, pin, Pin};
 use crate::engine::Activations;
+use crate::per_process::PerProcess;
 use crate::quant::{self, QuantType};
 use crate::CoreError;
 
@@ -46,10 +47,11 @@ fn output(len: Option<usize>) -> PyResult<Vec<f32>> {
 /// Pools by thread count.
 type Pools = Mutex<Vec<(usize, Arc<rayon::ThreadPool>)>>;
 
-/// Pools built for an explicit `threads` argument, kept for reuse.
+/// Pools built for an explicit `threads` argument, kept for reuse (per
+/// process: a forked child makes its own).
 fn pool(threads: usize) -> PyResult<Arc<rayon::ThreadPool>> {
-    static POOLS: OnceLock<Pools> = OnceLock::new();
-    let pools = POOLS.get_or_init(Mutex::default);
+    static POOLS: PerProcess<Pools> = PerProcess::new();
+    let pools = POOLS.get(|| Ok(Mutex::default())).py()?;
     let mut pools = pools.lock().unwrap_or_else(|e| e.into_inner());
     if let Some((_, p)) = pools.iter().find(|(t, _)| *t == threads) {
         return Ok(Arc::clone(p));
@@ -83,7 +85,7 @@ fn weight(raw: &[u8], rows: usize, qtype: u32, cols: usize) -> PyResult<QuantTyp
 /// `x @ W.T` for `W` stored as GGUF blocks: `raw` is `[rows, row_bytes]`
 /// uint8, `qtype` the ggml type id, `x` float32 `[n, cols]`; float32
 /// `[n, rows]`. `threads` runs it on a pool of that many threads (1: on the
-/// calling thread; default: rayon's global pool). `activations="q8"`
+/// calling thread; default: the process's shared pool). `activations="q8"`
 /// quantises `x` to 8 bits first (`crate::quant::q8`, the fast mode).
 #[pyfunction]
 #[pyo3(signature = (raw, qtype, cols, x, *, threads = None, activations = "exact"))]
@@ -112,7 +114,11 @@ pub fn quant_matmul<'py>(
         }
         let (x_s, x_pin) = pinned(&x)?;
         let mut out = output(n.checked_mul(rows))?;
-        let pool = threads.filter(|&t| t > 1).map(pool).transpose()?;
+        let pool = match threads {
+            Some(1) => None,
+            Some(t) => Some(pool(t)?),
+            None => Some(crate::per_process::shared_pool().py()?),
+        };
         detached(py, &[&raw_pin, &x_pin], || {
             let mut go = |parallel| {
                 if fast {
@@ -123,10 +129,9 @@ pub fn quant_matmul<'py>(
                     quant::matmul_serial(qtype, raw_s, rows, cols, x_s, &mut out)
                 }
             };
-            match (&pool, threads) {
-                (Some(p), _) => p.install(|| go(true)),
-                (None, Some(1)) => go(false),
-                (None, _) => go(true),
+            match &pool {
+                Some(p) => p.install(|| go(true)),
+                None => go(false),
             }
         })
         .py()?;

@@ -1,5 +1,7 @@
 //! Many rows at one step: each row is its own sequence, sampled in parallel
-//! on rayon's pool when the batch is large enough to pay for waking it.
+//! on the process's shared pool ([`crate::per_process::shared_pool`], made
+//! again in a forked child) when the batch is large enough to pay for
+//! waking it.
 
 use super::chain::{History, SamplerChain, Scratch, Selector};
 use crate::error::{CoreError, CoreResult};
@@ -74,11 +76,14 @@ impl SamplerChain {
                 ));
             }
         }
-        let threads = if rows >= 2 && rows * vocab >= PARALLEL_LOGITS {
-            rayon::current_num_threads().min(rows).min(16)
+        let pool = if rows >= 2 && rows * vocab >= PARALLEL_LOGITS {
+            Some(crate::per_process::shared_pool()?)
         } else {
-            1
+            None
         };
+        let threads = pool
+            .as_ref()
+            .map_or(1, |p| p.current_num_threads().min(rows).min(16));
         if scratches.len() < threads {
             scratches.resize_with(threads, Scratch::default);
         }
@@ -106,11 +111,14 @@ impl SamplerChain {
             }
             Ok(())
         };
-        if threads == 1 {
-            run(0, &mut out, &mut scratches[0])?;
-            return Ok(out);
-        }
-        // The calling thread takes the first share; the others go to rayon's
+        let pool = match pool {
+            Some(p) if threads > 1 => p,
+            _ => {
+                run(0, &mut out, &mut scratches[0])?;
+                return Ok(out);
+            }
+        };
+        // The calling thread takes the first share; the others go to the
         // pool, whose threads are kept between calls (starting a thread per
         // call cost 25-70 us here).
         let mut shares: Vec<(&mut [i64], &mut Scratch)> =
@@ -118,7 +126,7 @@ impl SamplerChain {
         let (first, rest) = shares.split_at_mut(1);
         let mut rest_results: Vec<CoreResult<()>> = (0..rest.len()).map(|_| Ok(())).collect();
         let mut first_result = Ok(());
-        rayon::in_place_scope(|s| {
+        pool.in_place_scope(|s| {
             for (i, ((chunk, scratch), slot)) in
                 rest.iter_mut().zip(rest_results.iter_mut()).enumerate()
             {

@@ -79,7 +79,7 @@ pub fn matmul_many(mode: Activations, x: &[f32], parts: &mut [Part<'_>]) -> Core
     let mut work = 0usize;
     let mut total = 0usize;
     for p in parts.iter() {
-        let n = if p.cols == 0 { 0 } else { x.len() / p.cols };
+        let n = x.len().checked_div(p.cols).unwrap_or(0);
         if p.cols == 0 || n * p.cols != x.len() || n.checked_mul(p.rows) != Some(p.out.len()) {
             return Err(CoreError::Shape(format!(
                 "activations of {} values and an output of {} values do not fit a {} x {} weight",

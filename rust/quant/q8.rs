@@ -437,6 +437,10 @@ unsafe fn rows<S: Lanes + Dot>(
     out: *mut f32,
     s: &mut Scratch,
 ) {
+    // SAFETY: forwarded.
+    if job.n == 1 && unsafe { S::row1(job, lo, hi, out) } {
+        return;
+    }
     let (k, qtype) = (job.cols, job.qtype);
     let group = qtype.group_values();
     let groups = k / group;
@@ -579,10 +583,20 @@ trait Dot {
         shift: usize,
         k: usize,
     ) -> [[f32; N]; R];
+
+    /// One activation row times rows `lo..hi` straight from the stored
+    /// blocks, scales included (no scratch), with the bits of the general
+    /// route; `false` (nothing written) where the build or the format has
+    /// no such kernel.
+    unsafe fn row1(job: &Job<'_>, lo: usize, hi: usize, out: *mut f32) -> bool;
 }
 
 impl Dot for Portable {
     const IN_REGISTERS: bool = false;
+
+    unsafe fn row1(_: &Job<'_>, _: usize, _: usize, _: *mut f32) -> bool {
+        false
+    }
 
     #[inline(always)]
     unsafe fn dots<const R: usize, const N: usize>(
@@ -627,6 +641,24 @@ impl Dot for Portable {
 #[cfg(target_arch = "x86_64")]
 impl Dot for Avx2 {
     const IN_REGISTERS: bool = true;
+
+    #[inline(always)]
+    unsafe fn row1(job: &Job<'_>, lo: usize, hi: usize, out: *mut f32) -> bool {
+        use x86::*;
+        // SAFETY: forwarded from the caller.
+        unsafe {
+            match job.qtype {
+                QuantType::Q8_0 => row1_avx2::<Q8_0>(job, lo, hi, out),
+                QuantType::Q4_0 => row1_avx2::<Q4_0>(job, lo, hi, out),
+                QuantType::Q4_1 => row1_avx2::<Q4_1>(job, lo, hi, out),
+                QuantType::Q5_0 => row1_avx2::<Q5_0>(job, lo, hi, out),
+                QuantType::Q5_1 => row1_avx2::<Q5_1>(job, lo, hi, out),
+                QuantType::IQ4NL => row1_avx2::<Iq4Nl>(job, lo, hi, out),
+                _ => return false,
+            }
+        }
+        true
+    }
 
     #[inline(always)]
     unsafe fn dots<const R: usize, const N: usize>(
@@ -712,6 +744,65 @@ unsafe fn dots_avx2<L: x86::Load, const R: usize, const N: usize>(
     }
 }
 
+/// Rows `lo..hi` of a format of 32-value blocks (`L`) times one activation
+/// row, four weight rows at a time, each block's scale (and offset) read
+/// where it lies. Every output is the general route's: the same integer
+/// lanes, `fma(scale * d, float(lanes), acc)` chunk by chunk, `hsum(acc)`,
+/// minus the offsets summed group by group in order.
+#[cfg(target_arch = "x86_64")]
+#[inline(always)]
+unsafe fn row1_avx2<L: x86::Block>(job: &Job<'_>, lo: usize, hi: usize, out: *mut f32) {
+    use std::arch::x86_64::*;
+    // Rows ahead to prefetch: one more tile than the hardware streams need
+    // to keep up when the weights come from memory (a decode step's do).
+    const AHEAD: usize = 8;
+    let chunks = job.cols / 32;
+    let (xq, xd) = (job.acts.codes.as_ptr(), job.acts.scales.as_ptr());
+    let rb = job.row_bytes;
+    let mut r = lo;
+    // SAFETY (whole body): rows lo..hi of `raw` hold `chunks` blocks of
+    // L::BYTES; `xq`/`xd` one row of `cols` codes and `chunks` scales;
+    // `qsum` (offsets only) one entry per block; `out[lo..hi]` is ours.
+    unsafe {
+        let ones = _mm256_set1_epi16(1);
+        macro_rules! tile {
+            ($rt:literal) => {{
+                let base = job.raw.as_ptr().add(r * rb);
+                let mut acc = [_mm256_setzero_ps(); $rt];
+                let mut off = [0.0f32; $rt];
+                for c in 0..chunks {
+                    let xv = _mm256_loadu_si256(xq.add(c * 32).cast());
+                    let d = *xd.add(c);
+                    for i in 0..$rt {
+                        let b = base.add(i * rb + c * L::BYTES);
+                        _mm_prefetch::<_MM_HINT_T0>(b.wrapping_add(AHEAD * rb).cast());
+                        let w = L::codes(b);
+                        let aw = _mm256_sign_epi8(w, w);
+                        let sx = _mm256_sign_epi8(xv, w);
+                        let p = _mm256_madd_epi16(_mm256_maddubs_epi16(aw, sx), ones);
+                        let coef = _mm256_set1_ps(L::scale(b) * d);
+                        acc[i] = _mm256_fmadd_ps(coef, _mm256_cvtepi32_ps(p), acc[i]);
+                        if L::OFFSET {
+                            off[i] += L::offset(b) * *job.qsum.get_unchecked(c);
+                        }
+                    }
+                }
+                for i in 0..$rt {
+                    let v = Avx2::hsum(acc[i]);
+                    *out.add(r + i) = if L::OFFSET { v - off[i] } else { v };
+                }
+                r += $rt;
+            }};
+        }
+        while hi - r >= 4 {
+            tile!(4);
+        }
+        while r < hi {
+            tile!(1);
+        }
+    }
+}
+
 /// The AVX2 code readers: 32 int8 codes of row `i`, chunk `c` of a band,
 /// the same codes `unpack.rs` writes.
 #[cfg(target_arch = "x86_64")]
@@ -755,10 +846,129 @@ mod x86 {
         }
     }
 
+    /// A format of 32-value blocks read whole: codes, scale and offset of
+    /// the block at `b`, as `unpack.rs` gives them.
+    pub(super) trait Block {
+        const BYTES: usize;
+        /// Whether blocks have an offset (`weight = scale * code - offset`).
+        const OFFSET: bool = false;
+        /// # Safety
+        /// AVX2 present; `BYTES` readable bytes at `b`.
+        unsafe fn codes(b: *const u8) -> __m256i;
+        /// # Safety
+        /// As [`Block::codes`].
+        #[inline(always)]
+        unsafe fn scale(b: *const u8) -> f32 {
+            // SAFETY: forwarded.
+            unsafe { half(b) }
+        }
+        /// # Safety
+        /// As [`Block::codes`].
+        #[inline(always)]
+        unsafe fn offset(_: *const u8) -> f32 {
+            0.0
+        }
+    }
+
+    /// The float16 at `p`, exactly (F16C).
+    #[inline(always)]
+    unsafe fn half(p: *const u8) -> f32 {
+        // SAFETY: 2 readable bytes at p; F16C present (caller).
+        unsafe {
+            let h = p.cast::<u16>().read_unaligned();
+            _mm_cvtss_f32(_mm_cvtph_ps(_mm_cvtsi32_si128(i32::from(h))))
+        }
+    }
+
+    impl Block for Q8_0 {
+        const BYTES: usize = 34;
+        #[inline(always)]
+        unsafe fn codes(b: *const u8) -> __m256i {
+            // SAFETY: forwarded; the codes follow `d`.
+            unsafe { _mm256_loadu_si256(b.add(2).cast()) }
+        }
+    }
+
+    impl Block for Q4_0 {
+        const BYTES: usize = 18;
+        #[inline(always)]
+        unsafe fn codes(b: *const u8) -> __m256i {
+            // SAFETY: forwarded; nibbles after `d`.
+            unsafe { _mm256_sub_epi8(nibbles(b.add(2)), _mm256_set1_epi8(8)) }
+        }
+    }
+
+    impl Block for Q4_1 {
+        const BYTES: usize = 20;
+        const OFFSET: bool = true;
+        #[inline(always)]
+        unsafe fn codes(b: *const u8) -> __m256i {
+            // SAFETY: forwarded; nibbles after `d`, `m`.
+            unsafe { nibbles(b.add(4)) }
+        }
+        #[inline(always)]
+        unsafe fn offset(b: *const u8) -> f32 {
+            // SAFETY: forwarded.
+            -unsafe { half(b.add(2)) }
+        }
+    }
+
+    impl Block for Q5_0 {
+        const BYTES: usize = 22;
+        #[inline(always)]
+        unsafe fn codes(b: *const u8) -> __m256i {
+            // SAFETY: forwarded; `d`, qh, nibbles.
+            unsafe {
+                let high = _mm256_andnot_si256(bits(b.add(2)), _mm256_set1_epi8(0xf0_u8 as i8));
+                _mm256_or_si256(nibbles(b.add(6)), high)
+            }
+        }
+    }
+
+    impl Block for Q5_1 {
+        const BYTES: usize = 24;
+        const OFFSET: bool = true;
+        #[inline(always)]
+        unsafe fn codes(b: *const u8) -> __m256i {
+            // SAFETY: forwarded; `d`, `m`, qh, nibbles.
+            unsafe {
+                let high = _mm256_and_si256(bits(b.add(4)), _mm256_set1_epi8(0x10));
+                _mm256_or_si256(nibbles(b.add(8)), high)
+            }
+        }
+        #[inline(always)]
+        unsafe fn offset(b: *const u8) -> f32 {
+            // SAFETY: forwarded.
+            -unsafe { half(b.add(2)) }
+        }
+    }
+
+    impl Block for Iq4Nl {
+        const BYTES: usize = 18;
+        #[inline(always)]
+        unsafe fn codes(b: *const u8) -> __m256i {
+            // SAFETY: forwarded; nibbles after `d`.
+            unsafe {
+                let t = _mm256_broadcastsi128_si256(_mm_loadu_si128(
+                    super::super::unpack::IQ4_VALUES.as_ptr().cast(),
+                ));
+                _mm256_shuffle_epi8(t, nibbles(b.add(2)))
+            }
+        }
+    }
+
+    /// Where a 32-value-block format's block `c` of row `i` starts.
+    #[inline(always)]
+    fn block<L: Block>(band: &Band, i: usize, c: usize) -> *const u8 {
+        at(band, i).wrapping_add(c * L::BYTES)
+    }
+
     #[inline(always)]
     fn at(band: &Band, i: usize) -> *const u8 {
         band.codes.wrapping_add(i * band.stride).cast()
     }
+
+    pub(super) struct Q8_0;
 
     pub(super) struct Codes;
     impl Load for Codes {
@@ -773,8 +983,8 @@ mod x86 {
     impl Load for Q4_0 {
         #[inline(always)]
         unsafe fn load(band: &Band, i: usize, c: usize) -> __m256i {
-            // SAFETY: forwarded; block c is 18 bytes, nibbles after `d`.
-            unsafe { _mm256_sub_epi8(nibbles(at(band, i).add(c * 18 + 2)), _mm256_set1_epi8(8)) }
+            // SAFETY: forwarded.
+            unsafe { <Self as Block>::codes(block::<Self>(band, i, c)) }
         }
     }
 
@@ -782,8 +992,8 @@ mod x86 {
     impl Load for Q4_1 {
         #[inline(always)]
         unsafe fn load(band: &Band, i: usize, c: usize) -> __m256i {
-            // SAFETY: forwarded; block c is 20 bytes, nibbles after `d`, `m`.
-            unsafe { nibbles(at(band, i).add(c * 20 + 4)) }
+            // SAFETY: forwarded.
+            unsafe { <Self as Block>::codes(block::<Self>(band, i, c)) }
         }
     }
 
@@ -791,13 +1001,8 @@ mod x86 {
     impl Load for Q5_0 {
         #[inline(always)]
         unsafe fn load(band: &Band, i: usize, c: usize) -> __m256i {
-            // SAFETY: forwarded; block c is 22 bytes: `d`, qh, nibbles.
-            unsafe {
-                let b = at(band, i).add(c * 22);
-                // (q | h << 4) - 16: the nibble where the bit is set, else the nibble - 16.
-                let high = _mm256_andnot_si256(bits(b.add(2)), _mm256_set1_epi8(0xf0_u8 as i8));
-                _mm256_or_si256(nibbles(b.add(6)), high)
-            }
+            // SAFETY: forwarded.
+            unsafe { <Self as Block>::codes(block::<Self>(band, i, c)) }
         }
     }
 
@@ -805,12 +1010,8 @@ mod x86 {
     impl Load for Q5_1 {
         #[inline(always)]
         unsafe fn load(band: &Band, i: usize, c: usize) -> __m256i {
-            // SAFETY: forwarded; block c is 24 bytes: `d`, `m`, qh, nibbles.
-            unsafe {
-                let b = at(band, i).add(c * 24);
-                let high = _mm256_and_si256(bits(b.add(4)), _mm256_set1_epi8(0x10));
-                _mm256_or_si256(nibbles(b.add(8)), high)
-            }
+            // SAFETY: forwarded.
+            unsafe { <Self as Block>::codes(block::<Self>(band, i, c)) }
         }
     }
 
@@ -818,13 +1019,8 @@ mod x86 {
     impl Load for Iq4Nl {
         #[inline(always)]
         unsafe fn load(band: &Band, i: usize, c: usize) -> __m256i {
-            // SAFETY: forwarded; block c is 18 bytes, nibbles after `d`.
-            unsafe {
-                let t = _mm256_broadcastsi128_si256(_mm_loadu_si128(
-                    super::super::unpack::IQ4_VALUES.as_ptr().cast(),
-                ));
-                _mm256_shuffle_epi8(t, nibbles(at(band, i).add(c * 18 + 2)))
-            }
+            // SAFETY: forwarded.
+            unsafe { <Self as Block>::codes(block::<Self>(band, i, c)) }
         }
     }
 

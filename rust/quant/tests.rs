@@ -752,3 +752,65 @@ fn several_products_in_one_parallel_loop_give_each_its_own_bits() {
     ));
     assert!(a.iter().chain(&b).all(|&v| v == 7.0));
 }
+
+/// The fast mode's one-row products, hot (one matrix, in cache) and cold
+/// (a set of matrices larger than the last-level cache, cycled): `QT=Q4_0
+/// cargo test --release -q q8_cold_probe -- --ignored --nocapture`.
+#[test]
+#[ignore = "a speed probe, not a test"]
+fn q8_cold_probe() {
+    fn cpu() -> f64 {
+        let mut ts = libc::timespec {
+            tv_sec: 0,
+            tv_nsec: 0,
+        };
+        // SAFETY: a valid timespec to fill.
+        unsafe { libc::clock_gettime(libc::CLOCK_THREAD_CPUTIME_ID, &mut ts) };
+        ts.tv_sec as f64 + ts.tv_nsec as f64 * 1e-9
+    }
+    let mut rng = Rng(1);
+    let list = std::env::var("QT").unwrap_or_else(|_| "Q8_0,Q4_0,Q5_0,Q4_K,Q6_K".into());
+    for name in list.split(',') {
+        let qtype = ALL.into_iter().find(|t| t.name() == name).unwrap();
+        let (rows, cols) = if qtype.block_values() == 256 {
+            (576, 1536)
+        } else {
+            (1536, 576)
+        };
+        let one = random_rows(qtype, rows, cols, &mut rng);
+        let copies = (96 << 20) / one.len();
+        let cold: Vec<Vec<u8>> = (0..copies).map(|_| one.clone()).collect();
+        let x: Vec<f32> = (0..cols).map(|_| rng.unit()).collect();
+        let acts = q8::quantize(&x, cols, q8::act_block(qtype).unwrap()).unwrap();
+        let qsum = if qtype.has_offsets() {
+            q8::group_qsums(&acts, qtype.group_values())
+        } else {
+            Vec::new()
+        };
+        let mut out = vec![0.0f32; rows];
+        let mut go = |raw: &[u8]| {
+            // SAFETY: out holds `rows` floats.
+            unsafe { q8::rows_into(qtype, raw, rows, &acts, &qsum, 0, rows, out.as_mut_ptr()) }
+                .unwrap()
+        };
+        let mut best = f64::MAX;
+        for _ in 0..200 {
+            let t0 = cpu();
+            go(&one);
+            best = best.min(cpu() - t0);
+        }
+        let mut cold_best = f64::MAX;
+        for _ in 0..5 {
+            let t0 = cpu();
+            cold.iter().for_each(|m| go(m));
+            cold_best = cold_best.min((cpu() - t0) / copies as f64);
+        }
+        println!(
+            "{name:6} q8 n=1 hot: {:7.1} us {:5.2} GB/s   cold: {:7.1} us {:5.2} GB/s",
+            best * 1e6,
+            one.len() as f64 / best / 1e9,
+            cold_best * 1e6,
+            one.len() as f64 / cold_best / 1e9,
+        );
+    }
+}

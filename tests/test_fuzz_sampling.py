@@ -35,6 +35,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from rlx_lm import RlxError, SampleOpts
+from rlx_lm.testing.strategies import KNOB_TABLE, valid_options
 
 F32_MIN = float(np.finfo(np.float32).min)
 F32_MAX = float(np.finfo(np.float32).max)
@@ -106,51 +107,61 @@ def draw_row(d: Draw) -> np.ndarray:
     return row
 
 
-def draw_opts(d: Draw, vocab: int) -> SampleOpts:
+#: Magnitudes a float knob is also drawn at where its valid range allows: the
+#: float32 extremes of a knob, beyond the probe ranges of the core's table.
+HOSTILE = [1e-40, 1e-30, 1e10, 1e30]
+#: Knobs left at their defaults: the reference has no mirostat.
+KNOBS_OFF = ("mirostat",)
+
+
+def _inside(knob: dict[str, Any], x: float) -> bool:
+    """Whether ``x`` is inside the knob's valid range (the table's ``lo`` and ``hi``)."""
+    lo, hi = knob["lo"], knob["hi"]
+    above = lo is None or (x >= lo[0] if lo[1] else x > lo[0])
+    below = hi is None or (x <= hi[0] if hi[1] else x < hi[0])
+    return above and below
+
+
+def draw_value(d: Draw, knob: dict[str, Any], vocab: int) -> Any:
+    """One knob's value from its probe range in the core's table, now and then a
+    hostile magnitude its valid range allows; token ids inside ``vocab``."""
+
     def f32(lo: float, hi: float) -> float:
         return float(np.float32(d.float(lo, hi)))
 
-    kw: dict[str, Any] = {"seed": d.int(0, 2**64 - 1)}
-    if d.bool():
-        kw["dynamic_temp"] = (f32(0.1, 1.0), f32(1.0, 2.0))
-    else:
-        kw["temperature"] = d.pick([0.0, 1e-40, 1e-30, 0.3, 0.7, 1.0, 1.5, 1e10])
-    if d.bool():
-        kw["top_k"] = d.int(1, 50)
-    if d.bool():
-        kw["top_p"] = f32(0.05, 1.0)
-    if d.bool():
-        kw["min_p"] = f32(0.0, 0.5)
-    if d.bool():
-        kw["typical_p"] = f32(0.2, 1.0)
-    if d.bool():
-        kw["top_n_sigma"] = f32(0.5, 3.0)
-    if d.bool():
-        kw["xtc_prob"] = f32(0.0, 1.0)
-        kw["xtc_threshold"] = f32(0.01, 0.5)
-    if d.bool():
-        kw["repetition_penalty"] = f32(0.8, 2.0)
-        kw["frequency_penalty"] = f32(0.0, 1.0)
-        kw["presence_penalty"] = f32(0.0, 1.0)
-        kw["repetition_window"] = d.pick([-1, 4, 64])
-    if d.bool():
-        kw["dry_multiplier"] = d.pick([0.8, 3.0, 1e30])
-        kw["dry_allowed_length"] = d.int(1, 3)
-        kw["dry_max_ngram"] = d.pick([0, 4, 32])
-    if d.bool():
+    lo, hi = knob["probe"]
+    kind = knob["kind"]
+    if kind == "float":
+        hostile = [x for x in HOSTILE if _inside(knob, x)]
+        if hostile and d.int(0, 3) == 0:
+            return d.pick(hostile)
+        return f32(lo, hi)
+    if kind in ("int", "int | None"):
+        return d.int(int(lo), int(hi)) if d.int(0, 3) else d.pick([int(lo), 1000])
+    if kind == "pair | None":
+        a, b = f32(lo, hi), f32(lo, hi)
+        return (min(a, b), max(a, b))
+    if kind == "tokens":
+        return tuple(d.int(0, vocab - 1) for _ in range(d.int(0, 3)))
+    if kind == "seed":
+        return d.int(0, 2**64 - 1)
+    if kind == "bias":
         toks = sorted({d.int(0, vocab - 1) for _ in range(d.int(0, 3))})
-        kw["logit_bias"] = {t: d.pick([-math.inf, -2.0, 1.5, 1e30]) for t in toks}
-    # min_keep only with a stage of every order that reads it (llama.cpp's top-k
-    # does not); a min_keep no stage reads is refused as a no-op.
-    reads_min_keep = (
-        kw.get("top_p", 1.0) < 1
-        or kw.get("min_p", 0.0) > 0
-        or kw.get("typical_p", 1.0) < 1
-        or kw.get("xtc_prob", 0.0) > 0
-    )
-    if reads_min_keep:
-        kw["min_keep"] = d.pick([1, 1, 2, 5])
-    return SampleOpts(**kw)
+        return {t: d.pick([-math.inf, 1e30, f32(lo, hi)]) for t in toks}
+    raise AssertionError(f"knob {knob['name']}: no draw for its kind {kind!r}")
+
+
+def draw_opts(d: Draw, vocab: int) -> SampleOpts:
+    """Options drawn knob by knob from the core's table (each set half the time), with
+    what the core refuses reset to defaults (`valid_options`): a new knob is fuzzed
+    without an edit here."""
+    kw: dict[str, Any] = {}
+    for knob in KNOB_TABLE:
+        if knob["name"] in KNOBS_OFF:
+            continue
+        if knob["kind"] == "seed" or d.bool():
+            kw[knob["name"]] = draw_value(d, knob, vocab)
+    return valid_options(kw)
 
 
 def draw_case(d: Draw) -> Case:
@@ -173,12 +184,14 @@ def raw_magnitude(o: SampleOpts, row: np.ndarray, history: list[int]) -> float:
     scaled by a repetition penalty, shifted by presence, frequency, DRY and a finite bias."""
     finite = row[np.isfinite(row)]
     m = float(np.abs(finite).max()) if finite.size else 0.0
-    m = m * max(o.repetition_penalty, 1.0 / o.repetition_penalty) + o.presence_penalty
-    m += o.frequency_penalty * len(history)
+    m = m * max(o.repetition_penalty, 1.0 / o.repetition_penalty) + abs(o.presence_penalty)
+    m += abs(o.frequency_penalty) * len(history)
     m += max((abs(b) for b in o.logit_bias.values() if math.isfinite(b)), default=0.0)
     if o.dry_multiplier > 0:
         grow = max(0, len(history) - o.dry_allowed_length)
-        m += min(o.dry_multiplier * o.dry_base ** min(grow, 128), 3.4e38)
+        # In logs: dry_base ** grow overflows a float64 for a large base.
+        log_penalty = math.log(o.dry_multiplier) + min(grow, 128) * math.log(o.dry_base)
+        m += min(math.exp(min(log_penalty, 89.0)), 3.4e38)
     return m
 
 

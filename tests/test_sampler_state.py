@@ -150,18 +150,29 @@ def test_a_hostile_state_is_refused_without_reserving_memory() -> None:
     for n in range(len(state)):
         with pytest.raises(RlxError, match="not a sampler chain state"):
             _sampler_chain_from_state(state[:n])
-    # A count of 2**62 bias entries in a 200-byte state: refused by its size, not tried.
-    at = state.index(struct.pack("<Q", 0), 8 + 15 * 4 + 5 * 8 + 1 + 1 + 1 + 8 + 8)
+    # A count of 2**62 bias entries in a small state: refused by its size, not tried.
+    at = _value_at(state, "logit_bias") + 1  # after the value's tag (a mapping)
+    assert state[at : at + 8] == struct.pack("<Q", 0)
     forged = state[:at] + struct.pack("<Q", 2**62) + state[at + 8 :]
     with pytest.raises(RlxError, match="claims"):
         _sampler_chain_from_state(forged)
     with pytest.raises(RlxError, match="not a sampler chain state"):
+        _sampler_chain_from_state(b"XLXSMP03" + b"\xff" * 32)
+    # Another version's header is refused by its name, saying which this one reads.
+    with pytest.raises(RlxError, match=r'"RLXSMP01" is not one this version reads'):
         _sampler_chain_from_state(b"RLXSMP01" + b"\xff" * 32)
+
+
+def _value_at(state: bytes, knob: str) -> int:
+    """Where knob ``knob``'s value (its tag, then the value) starts in a state."""
+    entry = bytes([len(knob)]) + knob.encode()
+    return state.index(entry) + len(entry)
 
 
 def test_a_state_with_invalid_knobs_is_refused_like_new_options() -> None:
     state = bytearray(_state(SampleOpts(seed=1).into_chain()))
-    # top_p is the second float32 after the header.
-    state[12:16] = struct.pack("<f", 2.0)
+    at = _value_at(bytes(state), "top_p")
+    assert state[at] == 1  # a number, then its f64
+    state[at + 1 : at + 9] = struct.pack("<d", 2.0)
     with pytest.raises(InvalidOptionError, match="top_p"):
         _sampler_chain_from_state(bytes(state))

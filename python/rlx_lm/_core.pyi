@@ -196,12 +196,15 @@ def _validate_sample_opts(opts: object) -> None:
 SAMPLER_KNOBS: Final[tuple[dict[str, Any], ...]]
 """Every knob, in ``SampleOpts``' field order: ``name``, ``kind``, ``default``, ``lo`` and
 ``hi`` (``(bound, inclusive)`` or None), ``expect``, ``help``, ``flag`` (llama.cpp's, or
-None); described once in ``rust/sampling/knobs.rs``."""
+None), ``probe`` (the ``(lo, hi)`` tests and fuzzers draw from); described once in
+``rust/sampling/knobs.rs``."""
 SAMPLER_STAGES: Final[tuple[dict[str, Any], ...]]
-"""Every stage in the default order: ``name``, ``knobs``, ``edits``, ``min_keep``
-(``"never"``, ``"always"`` or ``"flavor"``); described once in ``rust/sampling/stages.rs``."""
+"""Every stage in the default order: ``name``, ``knobs``, ``edits``, ``llama_cpp_names`` (its
+names in llama.cpp's ``--samplers``), ``min_keep`` (``"never"``, ``"always"`` or
+``"flavor"``); described once in ``rust/sampling/stages.rs``."""
 SAMPLER_PRESETS: Final[dict[str, tuple[str, ...]]]
-"""Each order preset's stage names, in order (``rust/sampling/order.rs``)."""
+"""Each order preset's stage names, in order (from each stage's place in
+``rust/sampling/stages.rs``)."""
 
 # --- KV cache (rust/py/kv.rs) -------------------------------------------------
 

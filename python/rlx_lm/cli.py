@@ -78,28 +78,9 @@ class _Formatter(argparse.HelpFormatter):
         return text
 
 
-# llama.cpp's --samplers names and aliases -> our stage names.
+# llama.cpp's --samplers names and aliases -> our stage names (from the core's stage table).
 _LLAMA_STAGES: dict[str, str] = {
-    "penalties": "penalties",
-    "dry": "dry",
-    "top_n_sigma": "top_n_sigma",
-    "top-n-sigma": "top_n_sigma",
-    "top_k": "top_k",
-    "top-k": "top_k",
-    "typ_p": "typical",
-    "typ-p": "typical",
-    "typ": "typical",
-    "typical_p": "typical",
-    "typical-p": "typical",
-    "typical": "typical",
-    "top_p": "top_p",
-    "top-p": "top_p",
-    "nucleus": "top_p",
-    "min_p": "min_p",
-    "min-p": "min_p",
-    "xtc": "xtc",
-    "temperature": "temperature",
-    "temp": "temperature",
+    alias: s["name"] for s in _core.SAMPLER_STAGES for alias in s["llama_cpp_names"]
 }
 
 _ORDER_HELP = (

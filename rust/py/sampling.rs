@@ -779,6 +779,7 @@ pub fn add_tables(m: &Bound<'_, PyModule>) -> PyResult<()> {
         d.set_item("expect", k.expect)?;
         d.set_item("help", k.help)?;
         d.set_item("flag", k.flag)?;
+        d.set_item("probe", k.probe)?;
         knobs.push(d);
     }
     m.add("SAMPLER_KNOBS", PyTuple::new(py, knobs)?)?;
@@ -788,6 +789,7 @@ pub fn add_tables(m: &Bound<'_, PyModule>) -> PyResult<()> {
         d.set_item("name", s.name)?;
         d.set_item("knobs", PyTuple::new(py, s.knobs)?)?;
         d.set_item("edits", s.edits)?;
+        d.set_item("llama_cpp_names", PyTuple::new(py, s.llama_cpp_names)?)?;
         d.set_item(
             "min_keep",
             match s.min_keep {

@@ -200,6 +200,12 @@ pub struct KnobSpec {
     pub help: &'static str,
     /// llama.cpp's command-line flag for it, where it has one.
     pub flag: Option<&'static str>,
+    /// The range tests and fuzzers draw it from (hypothesis strategies, the
+    /// fuzz harnesses): a bounded part of the valid range where its stage
+    /// visibly acts. For token ids and biases, the bias values' range; for
+    /// the seed, unused. Drawing from the table is what lets a new knob be
+    /// fuzzed without an edit to any harness.
+    pub probe: (f64, f64),
     /// The knob's value in a [`Knobs`].
     pub get: fn(&Knobs) -> Value,
     /// Store a value [`KnobSpec::check`] accepted.
@@ -226,7 +232,7 @@ fn token(v: i128) -> u32 {
 }
 
 macro_rules! float_knob {
-    ($name:ident, $lo:expr, $hi:expr, $expect:expr, $flag:expr, $help:expr) => {
+    ($name:ident, $lo:expr, $hi:expr, $expect:expr, $flag:expr, $probe:expr, $help:expr) => {
         KnobSpec {
             name: stringify!($name),
             kind: Kind::Float,
@@ -235,6 +241,7 @@ macro_rules! float_knob {
             expect: $expect,
             help: $help,
             flag: $flag,
+            probe: $probe,
             get: |k| Value::Float(k.$name as f64),
             set: |k, v| k.$name = f(v),
         }
@@ -242,7 +249,7 @@ macro_rules! float_knob {
 }
 
 macro_rules! int_knob {
-    ($name:ident, $lo:expr, $expect:expr, $flag:expr, $help:expr) => {
+    ($name:ident, $lo:expr, $expect:expr, $flag:expr, $probe:expr, $help:expr) => {
         KnobSpec {
             name: stringify!($name),
             kind: Kind::Int,
@@ -251,6 +258,7 @@ macro_rules! int_knob {
             expect: $expect,
             help: $help,
             flag: $flag,
+            probe: $probe,
             get: |k| Value::Int(k.$name as i128),
             set: |k, v| k.$name = n(v),
         }
@@ -267,6 +275,7 @@ pub const KNOBS: [KnobSpec; 26] = [
         Open,
         ">= 0 (0 = greedy)",
         Some("--temp"),
+        (0.05, 2.0),
         "Divide the logits by this before sampling; 0 picks the most likely token."
     ),
     float_knob!(
@@ -275,6 +284,7 @@ pub const KNOBS: [KnobSpec; 26] = [
         Incl(1.0),
         "in (0, 1]",
         Some("--top-p"),
+        (0.01, 1.0),
         "Keep the smallest set of tokens whose probabilities add up to P."
     ),
     KnobSpec {
@@ -285,6 +295,7 @@ pub const KNOBS: [KnobSpec; 26] = [
         expect: ">= 0 (0 or None = off)",
         help: "Keep only the K most likely tokens; unset or 0 keeps them all.",
         flag: Some("--top-k"),
+        probe: (1.0, 300.0),
         get: |k| match k.top_k {
             0 => Value::None,
             n => Value::Int(n as i128),
@@ -297,6 +308,7 @@ pub const KNOBS: [KnobSpec; 26] = [
         Open,
         "> 0 (1 = off)",
         Some("--repeat-penalty"),
+        (0.5, 2.0),
         "Divide the logits of tokens seen in the last window by this."
     ),
     KnobSpec {
@@ -307,6 +319,7 @@ pub const KNOBS: [KnobSpec; 26] = [
         expect: "a (min, max) range with min >= 0",
         help: "Entropy-scaled temperature between min and max (replaces temperature).",
         flag: None,
+        probe: (0.1, 2.0),
         get: |k| match k.dynamic_temp {
             None => Value::None,
             Some((lo, hi)) => Value::Pair(lo as f64, hi as f64),
@@ -324,6 +337,7 @@ pub const KNOBS: [KnobSpec; 26] = [
         Open,
         ">= 0",
         None,
+        (0.0, 2.0),
         "The exponent of dynamic temperature's entropy scaling."
     ),
     float_knob!(
@@ -332,6 +346,7 @@ pub const KNOBS: [KnobSpec; 26] = [
         Incl(1.0),
         "in (0, 1]",
         Some("--typical"),
+        (0.01, 1.0),
         "Locally typical sampling: keep tokens close to the expected surprise, mass P."
     ),
     float_knob!(
@@ -340,6 +355,7 @@ pub const KNOBS: [KnobSpec; 26] = [
         Open,
         ">= 0 (0 = off)",
         Some("--top-nsigma"),
+        (0.0, 3.0),
         "Keep tokens within N standard deviations of the top logit; 0 is off."
     ),
     float_knob!(
@@ -348,6 +364,7 @@ pub const KNOBS: [KnobSpec; 26] = [
         Incl(1.0),
         "in [0, 1]",
         Some("--min-p"),
+        (0.0, 1.0),
         "Drop tokens less likely than P times the most likely one."
     ),
     float_knob!(
@@ -356,6 +373,7 @@ pub const KNOBS: [KnobSpec; 26] = [
         Incl(1.0),
         "in [0, 1]",
         Some("--xtc-threshold"),
+        (0.01, 1.0),
         "Probability a token needs for XTC to consider removing it."
     ),
     float_knob!(
@@ -364,6 +382,7 @@ pub const KNOBS: [KnobSpec; 26] = [
         Incl(1.0),
         "in [0, 1]",
         Some("--xtc-probability"),
+        (0.0, 1.0),
         "Chance per step that XTC removes the most likely tokens above the threshold."
     ),
     float_knob!(
@@ -372,6 +391,7 @@ pub const KNOBS: [KnobSpec; 26] = [
         Open,
         ">= 0 (0 = off)",
         Some("--dry-multiplier"),
+        (0.0, 2.0),
         "Strength of the DRY penalty on repeated sequences; 0 turns DRY off."
     ),
     float_knob!(
@@ -380,6 +400,7 @@ pub const KNOBS: [KnobSpec; 26] = [
         Open,
         ">= 1",
         Some("--dry-base"),
+        (1.0, 3.0),
         "Growth base of the DRY penalty with the repeated sequence's length."
     ),
     int_knob!(
@@ -387,6 +408,7 @@ pub const KNOBS: [KnobSpec; 26] = [
         Incl(1.0),
         ">= 1 (0 would penalise every token seen, like a presence penalty)",
         Some("--dry-allowed-length"),
+        (1.0, 4.0),
         "Longest repetition DRY lets through unpenalised."
     ),
     int_knob!(
@@ -394,6 +416,7 @@ pub const KNOBS: [KnobSpec; 26] = [
         Incl(0.0),
         ">= 0 (0 = no cap)",
         None,
+        (0.0, 32.0),
         "Longest repeated sequence DRY looks back for (0: no cap)."
     ),
     KnobSpec {
@@ -404,6 +427,7 @@ pub const KNOBS: [KnobSpec; 26] = [
         expect: "token ids in 0..2**32",
         help: "Token ids that end a repeated sequence for DRY.",
         flag: None,
+        probe: (0.0, 0.0),
         get: |k| Value::Tokens(k.dry_sequence_breakers.iter().map(|&t| t as i128).collect()),
         set: |k, v| {
             if let Value::Tokens(t) = v {
@@ -419,6 +443,7 @@ pub const KNOBS: [KnobSpec; 26] = [
         expect: "a MirostatMode (0, 1, 2)",
         help: "Mirostat sampling: 0 off, 1 Mirostat, 2 Mirostat 2.0.",
         flag: Some("--mirostat"),
+        probe: (0.0, 2.0),
         get: |k| {
             Value::Int(match k.mirostat {
                 Mirostat::Off => 0,
@@ -440,6 +465,7 @@ pub const KNOBS: [KnobSpec; 26] = [
         Open,
         ">= 0",
         Some("--mirostat-ent"),
+        (0.0, 10.0),
         "Mirostat's target surprise (entropy) per token."
     ),
     float_knob!(
@@ -448,6 +474,7 @@ pub const KNOBS: [KnobSpec; 26] = [
         Open,
         ">= 0",
         Some("--mirostat-lr"),
+        (0.0, 1.0),
         "Mirostat's learning rate."
     ),
     int_knob!(
@@ -455,6 +482,7 @@ pub const KNOBS: [KnobSpec; 26] = [
         Incl(2.0),
         ">= 2 (the Zipf fit needs two ranks)",
         None,
+        (2.0, 200.0),
         "How many top tokens Mirostat 1 fits its Zipf exponent on."
     ),
     float_knob!(
@@ -463,6 +491,7 @@ pub const KNOBS: [KnobSpec; 26] = [
         Open,
         "a finite number",
         Some("--frequency-penalty"),
+        (-2.0, 2.0),
         "Subtract this times a token's count so far from its logit."
     ),
     float_knob!(
@@ -471,6 +500,7 @@ pub const KNOBS: [KnobSpec; 26] = [
         Open,
         "a finite number",
         Some("--presence-penalty"),
+        (-2.0, 2.0),
         "Subtract this from the logit of every token already seen."
     ),
     KnobSpec {
@@ -483,6 +513,7 @@ pub const KNOBS: [KnobSpec; 26] = [
             "How many recent tokens the penalties look at (-1: all); unset takes the \
                order's default (64 under llama.cpp's and the default order, all under hf and vllm).",
         flag: Some("--repeat-last-n"),
+        probe: (-1.0, 128.0),
         get: |k| match k.repetition_window {
             Window::Preset => Value::None,
             Window::All => Value::Int(-1),
@@ -501,6 +532,7 @@ pub const KNOBS: [KnobSpec; 26] = [
         Incl(1.0),
         ">= 1 (a stage must keep at least one token)",
         None,
+        (1.0, 4.0),
         "The fewest tokens a truncating stage keeps."
     ),
     KnobSpec {
@@ -511,6 +543,7 @@ pub const KNOBS: [KnobSpec; 26] = [
         expect: "in 0..2**64 or None",
         help: "The draw's seed; unset picks a random one (reported by the chain).",
         flag: None,
+        probe: (0.0, 0.0),
         get: |k| Value::Int(k.seed as i128),
         set: |k, v| {
             k.seed = match *v {
@@ -527,6 +560,7 @@ pub const KNOBS: [KnobSpec; 26] = [
         expect: "finite or -inf (ban)",
         help: "Token id -> value added to its logit; -inf bans the token.",
         flag: None,
+        probe: (-10.0, 10.0),
         get: |k| {
             let mut b: Vec<(i128, f64)> = k
                 .logit_bias
@@ -766,5 +800,33 @@ impl Knobs {
     /// Whether `stage` would change anything with these knobs.
     pub fn enables(&self, stage: Stage) -> bool {
         (stage.spec().active)(self)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// What tests and fuzzers draw must be valid: both ends of every
+    /// numeric knob's probe range pass the knob's own check.
+    #[test]
+    fn every_probe_range_is_inside_its_knobs_valid_range() {
+        for spec in &KNOBS {
+            let (lo, hi) = spec.probe;
+            assert!(lo <= hi, "{}", spec.name);
+            let ends = match spec.kind {
+                Kind::Float => vec![Value::Float(lo), Value::Float(hi)],
+                Kind::Int | Kind::OptInt | Kind::Mode => {
+                    assert!(lo.fract() == 0.0 && hi.fract() == 0.0, "{}", spec.name);
+                    vec![Value::Int(lo as i128), Value::Int(hi as i128)]
+                }
+                Kind::Pair => vec![Value::Pair(lo, hi)],
+                Kind::Bias => vec![Value::Bias(vec![(0, lo), (1, hi)])],
+                Kind::Tokens | Kind::Seed => vec![],
+            };
+            for v in ends {
+                assert_eq!(spec.check(&v), Ok(()), "{}: {v:?}", spec.name);
+            }
+        }
     }
 }

@@ -47,70 +47,116 @@ pub enum OrderSpec {
 /// The preset names.
 pub const PRESETS: [&str; 4] = ["default", "llama.cpp", "hf", "vllm"];
 
+/// A preset's stage sequence (from each stage's place in it, see
+/// [`super::stages::StageSpec::places`]) and its boundary rules.
 pub(crate) fn preset_order(name: &str) -> Option<(Vec<Stage>, Flavor)> {
-    use Stage::*;
-    Some(match name {
-        "default" => (Stage::DEFAULT_ORDER.to_vec(), Flavor::OURS),
-        "llama.cpp" => (
-            vec![
-                LogitBias,
-                Penalties,
-                Dry,
-                TopNSigma,
-                TopK,
-                Typical,
-                TopP,
-                MinP,
-                Xtc,
-                Temperature,
-            ],
-            Flavor::default(),
-        ),
-        "hf" => (
-            vec![
-                LogitBias,
-                Penalties,
-                Dry,
-                Temperature,
-                TopK,
-                TopP,
-                MinP,
-                Typical,
-                TopNSigma,
-                Xtc,
-            ],
-            Flavor {
-                top_k_keep_ties: true,
-                top_k_min_keep: true,
-                typical: TypicalRule {
-                    inclusive: true,
-                    keep_ties: true,
-                },
-                whole_context: true,
-                output_only_counts: false,
+    let flavor = match name {
+        "default" => Flavor::OURS,
+        "llama.cpp" => Flavor::default(),
+        "hf" => Flavor {
+            top_k_keep_ties: true,
+            top_k_min_keep: true,
+            typical: TypicalRule {
+                inclusive: true,
+                keep_ties: true,
             },
-        ),
-        "vllm" => (
-            vec![
-                LogitBias,
-                Penalties,
-                Dry,
-                Temperature,
-                MinP,
-                TopK,
-                TopP,
-                Typical,
-                TopNSigma,
-                Xtc,
-            ],
-            Flavor {
-                top_k_keep_ties: true,
-                top_k_min_keep: false,
-                typical: TypicalRule::default(),
-                whole_context: true,
-                output_only_counts: true,
-            },
-        ),
+            whole_context: true,
+            output_only_counts: false,
+        },
+        "vllm" => Flavor {
+            top_k_keep_ties: true,
+            top_k_min_keep: false,
+            typical: TypicalRule::default(),
+            whole_context: true,
+            output_only_counts: true,
+        },
         _ => return None,
-    })
+    };
+    let index = PRESETS.iter().position(|&p| p == name)?;
+    Some((Stage::preset_sequence(index), flavor))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The sequences as the engines run them (docs/samplers.md's table):
+    /// the places in each `StageSpec` must spell these. Only these ten
+    /// stages' relative order is pinned, so a new stage needs no edit here.
+    #[test]
+    fn the_preset_sequences_are_the_engines_orders() {
+        let known = [
+            "logit_bias",
+            "penalties",
+            "dry",
+            "temperature",
+            "top_k",
+            "typical",
+            "top_p",
+            "min_p",
+            "top_n_sigma",
+            "xtc",
+        ];
+        let seq = |p: &str| -> Vec<&str> {
+            preset_order(p)
+                .unwrap()
+                .0
+                .iter()
+                .map(|s| s.name())
+                .filter(|n| known.contains(n))
+                .collect()
+        };
+        let head = ["logit_bias", "penalties", "dry"];
+        let tail =
+            |t: &[&'static str]| -> Vec<&'static str> { head.iter().chain(t).copied().collect() };
+        assert_eq!(
+            seq("default"),
+            tail(&[
+                "temperature",
+                "top_k",
+                "typical",
+                "top_p",
+                "min_p",
+                "top_n_sigma",
+                "xtc"
+            ])
+        );
+        assert_eq!(
+            seq("llama.cpp"),
+            tail(&[
+                "top_n_sigma",
+                "top_k",
+                "typical",
+                "top_p",
+                "min_p",
+                "xtc",
+                "temperature"
+            ])
+        );
+        assert_eq!(
+            seq("hf"),
+            tail(&[
+                "temperature",
+                "top_k",
+                "top_p",
+                "min_p",
+                "typical",
+                "top_n_sigma",
+                "xtc"
+            ])
+        );
+        assert_eq!(
+            seq("vllm"),
+            tail(&[
+                "temperature",
+                "min_p",
+                "top_k",
+                "top_p",
+                "typical",
+                "top_n_sigma",
+                "xtc"
+            ])
+        );
+        assert!(preset_order("nope").is_none());
+    }
 }

@@ -58,6 +58,14 @@ pub struct StageSpec {
     /// The knobs it reads (names in [`super::knobs::KNOBS`]); the first is the one
     /// that turns it on.
     pub knobs: &'static [&'static str],
+    /// Its place in each preset of [`super::order::PRESETS`] (same index):
+    /// a preset runs its stages by ascending place. Places are spaced by
+    /// ten so that a new stage slots in without renumbering the others;
+    /// the default order's places follow [`STAGES`]' own order.
+    pub places: [u16; 4],
+    /// Its names in llama.cpp's `--samplers` list (the CLI's), none when
+    /// llama.cpp's list cannot name it (logit bias always runs first there).
+    pub llama_cpp_names: &'static [&'static str],
     /// It edits logits in place (bias, penalties, DRY) rather than truncating
     /// or rescaling: it runs on the whole row, and the penalised
     /// log-probabilities replay it.
@@ -72,6 +80,8 @@ pub struct StageSpec {
 pub const STAGES: [StageSpec; 10] = [
     StageSpec {
         stage: Stage::LogitBias,
+        places: [0, 0, 0, 0],
+        llama_cpp_names: &[],
         name: "logit_bias",
         knobs: &["logit_bias"],
         edits: true,
@@ -81,6 +91,8 @@ pub const STAGES: [StageSpec; 10] = [
     },
     StageSpec {
         stage: Stage::Penalties,
+        places: [10, 10, 10, 10],
+        llama_cpp_names: &["penalties"],
         name: "penalties",
         knobs: &[
             "repetition_penalty",
@@ -103,6 +115,8 @@ pub const STAGES: [StageSpec; 10] = [
     },
     StageSpec {
         stage: Stage::Dry,
+        places: [20, 20, 20, 20],
+        llama_cpp_names: &["dry"],
         name: "dry",
         knobs: &[
             "dry_multiplier",
@@ -122,6 +136,8 @@ pub const STAGES: [StageSpec; 10] = [
     },
     StageSpec {
         stage: Stage::Temperature,
+        places: [30, 90, 30, 30],
+        llama_cpp_names: &["temperature", "temp"],
         name: "temperature",
         knobs: &["temperature", "dynamic_temp", "dynamic_temp_exponent"],
         edits: false,
@@ -148,6 +164,8 @@ pub const STAGES: [StageSpec; 10] = [
     },
     StageSpec {
         stage: Stage::TopK,
+        places: [40, 40, 40, 50],
+        llama_cpp_names: &["top_k", "top-k"],
         name: "top_k",
         knobs: &["top_k", "min_keep"],
         edits: false,
@@ -165,6 +183,8 @@ pub const STAGES: [StageSpec; 10] = [
     },
     StageSpec {
         stage: Stage::Typical,
+        places: [50, 50, 70, 70],
+        llama_cpp_names: &["typ_p", "typ-p", "typ", "typical_p", "typical-p", "typical"],
         name: "typical",
         knobs: &["typical_p", "min_keep"],
         edits: false,
@@ -184,6 +204,8 @@ pub const STAGES: [StageSpec; 10] = [
     },
     StageSpec {
         stage: Stage::TopP,
+        places: [60, 60, 50, 60],
+        llama_cpp_names: &["top_p", "top-p", "nucleus"],
         name: "top_p",
         knobs: &["top_p", "min_keep"],
         edits: false,
@@ -204,6 +226,8 @@ pub const STAGES: [StageSpec; 10] = [
     },
     StageSpec {
         stage: Stage::MinP,
+        places: [70, 70, 60, 40],
+        llama_cpp_names: &["min_p", "min-p"],
         name: "min_p",
         knobs: &["min_p", "min_keep"],
         edits: false,
@@ -217,6 +241,8 @@ pub const STAGES: [StageSpec; 10] = [
     },
     StageSpec {
         stage: Stage::TopNSigma,
+        places: [80, 30, 80, 80],
+        llama_cpp_names: &["top_n_sigma", "top-n-sigma"],
         name: "top_n_sigma",
         knobs: &["top_n_sigma"],
         edits: false,
@@ -229,6 +255,8 @@ pub const STAGES: [StageSpec; 10] = [
     },
     StageSpec {
         stage: Stage::Xtc,
+        places: [90, 80, 90, 90],
+        llama_cpp_names: &["xtc"],
         name: "xtc",
         knobs: &["xtc_prob", "xtc_threshold", "min_keep"],
         edits: false,
@@ -276,6 +304,14 @@ impl Stage {
     pub fn parse(name: &str) -> Option<Stage> {
         STAGES.iter().find(|s| s.name == name).map(|s| s.stage)
     }
+
+    /// Every stage in the order of preset number `preset` (an index in
+    /// [`super::order::PRESETS`]): by ascending place.
+    pub fn preset_sequence(preset: usize) -> Vec<Stage> {
+        let mut specs: Vec<&StageSpec> = STAGES.iter().collect();
+        specs.sort_by_key(|s| s.places[preset]);
+        specs.into_iter().map(|s| s.stage).collect()
+    }
 }
 
 #[cfg(test)]
@@ -296,6 +332,32 @@ mod tests {
         names.sort_unstable();
         names.dedup();
         assert_eq!(names.len(), KNOBS.len(), "a knob is listed twice");
+        let mut aliases: Vec<&str> = STAGES
+            .iter()
+            .flat_map(|s| s.llama_cpp_names)
+            .copied()
+            .collect();
+        let n = aliases.len();
+        aliases.sort_unstable();
+        aliases.dedup();
+        assert_eq!(aliases.len(), n, "a llama.cpp name is given to two stages");
+    }
+
+    #[test]
+    fn each_preset_places_every_stage_once_and_default_follows_the_table() {
+        use super::super::order::PRESETS;
+        for (p, name) in PRESETS.iter().enumerate() {
+            let mut places: Vec<u16> = STAGES.iter().map(|s| s.places[p]).collect();
+            places.sort_unstable();
+            places.dedup();
+            assert_eq!(
+                places.len(),
+                STAGES.len(),
+                "{name}: two stages share a place"
+            );
+            assert_eq!(Stage::preset_sequence(p).len(), STAGES.len());
+        }
+        assert_eq!(Stage::preset_sequence(0), Stage::DEFAULT_ORDER.to_vec());
     }
 
     #[test]

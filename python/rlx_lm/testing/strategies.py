@@ -5,8 +5,9 @@
   vocabularies). Every row has at least one finite value.
 * `token_histories`: token id lists within a vocabulary, with repeats so that
   penalties and DRY have something to find.
-* `sample_opts`: valid `rlx_lm.SampleOpts`, each stage mostly at its default so that
-  failures shrink to the stage responsible.
+* `sample_opts`: valid `rlx_lm.SampleOpts`, each knob at its default half the time so
+  that failures shrink to the stage responsible, otherwise drawn from the core's knob
+  table (`KNOB_TABLE`, `knob_values`); `valid_options` resets what the core refuses.
 
 Importing this module needs hypothesis (``pip install 'rlx-lm[testing]'``).
 """
@@ -14,6 +15,8 @@ Importing this module needs hypothesis (``pip install 'rlx-lm[testing]'``).
 from __future__ import annotations
 
 import math
+from collections.abc import Collection
+from typing import Any
 
 from rlx_lm.testing.options import require_hypothesis
 
@@ -24,14 +27,19 @@ import numpy.typing as npt  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
 from hypothesis.extra import numpy as hnp  # noqa: E402
 
-from rlx_lm.sample_opts import MirostatMode, SampleOpts  # noqa: E402
+from rlx_lm import _core  # noqa: E402
+from rlx_lm.errors import InvalidOptionError  # noqa: E402
+from rlx_lm.sample_opts import ORDER_PRESETS, MirostatMode, SampleOpts  # noqa: E402
 
 __all__ = [
+    "KNOB_TABLE",
     "adversarial_logits",
     "finite_logits",
+    "knob_values",
     "logits_rows",
     "sample_opts",
     "token_histories",
+    "valid_options",
     "vocab_sizes",
 ]
 
@@ -165,69 +173,139 @@ def _or_default(default: object, other: st.SearchStrategy[object]) -> st.SearchS
     return st.one_of(st.just(default), other)
 
 
-@st.composite
-def _sample_opts(draw: st.DrawFn, vocab_size: int | None, greedy: bool | None) -> SampleOpts:
-    vocab = vocab_size if vocab_size is not None else 1024
+KNOB_TABLE: tuple[dict[str, Any], ...] = _core.SAMPLER_KNOBS
+"""The core's knob table (``rust/sampling/knobs.rs``): the strategies draw every knob from
+its ``probe`` range, so a new knob is drawn without an edit here."""
+
+_STAGE_KNOBS: dict[str, tuple[str, ...]] = {}
+for _stage in _core.SAMPLER_STAGES:
+    for _name in _stage["knobs"]:
+        _STAGE_KNOBS.setdefault(_name, ())
+        _STAGE_KNOBS[_name] += tuple(_stage["knobs"])
+
+#: The knobs that make a chain draw at random rather than take the argmax.
+_DRAWING = ("temperature", "dynamic_temp", "mirostat")
+
+
+def _f32_knob(lo: float, hi: float) -> st.SearchStrategy[float]:
+    # float32 values, which the chain holds exactly (a reference in float64 then sees
+    # the same knob the chain does); tiny ones mean "off" (see `_flush`).
+    return _knob(lo, hi).map(lambda x: _flush(_f32(x)))
+
+
+def knob_values(knob: dict[str, Any], vocab: int) -> st.SearchStrategy[object]:
+    """Values of one knob of `KNOB_TABLE`, from its ``probe`` range, ids inside ``vocab``.
+
+    Drawn by the knob's kind; a kind with no strategy here fails loudly, so that a new
+    kind of knob is not silently left at its default.
+    """
+    lo, hi = knob["probe"]
+    kind = knob["kind"]
     token = st.integers(0, vocab - 1)
-    unit = _knob(0.0, 1.0)
-    kw: dict[str, object] = {}
+    if kind == "float":
+        return _f32_knob(lo, hi)
+    if kind in ("int", "int | None"):
+        return st.integers(int(lo), int(hi))
+    if kind == "mode":
+        return st.integers(int(lo), int(hi)).map(MirostatMode)
+    if kind == "pair | None":
+        return st.tuples(_f32_knob(lo, hi), _f32_knob(lo, hi)).map(lambda p: tuple(sorted(p)))
+    if kind == "tokens":
+        return st.lists(token, max_size=3).map(tuple)
+    if kind == "seed":
+        return st.integers(0, 2**64 - 1)
+    if kind == "bias":
+        # Never ban the whole vocabulary: at most vocab - 1 entries.
+        bias = st.one_of(_f32_knob(lo, hi), st.just(-math.inf))
+        return st.dictionaries(token, bias, max_size=min(8, vocab - 1))
+    raise AssertionError(f"knob {knob['name']}: no strategy for its kind {kind!r}")
 
-    if greedy is True:
-        kw["temperature"] = 0.0
-    elif greedy is False:
-        kw["temperature"] = draw(st.floats(0.05, 2.0))
-    else:
-        kw["temperature"] = draw(_or_default(0.0, st.floats(0.05, 2.0)))
-    if greedy is not True and kw["temperature"] == 0.0 and draw(st.booleans()):
-        lo = draw(_knob(0.0, 2.0))
-        kw["dynamic_temp"] = (lo, draw(_knob(lo, 2.0)))
-        kw["dynamic_temp_exponent"] = draw(_knob(0.0, 2.0))
-    if greedy is not True:
-        kw["mirostat"] = mode = draw(st.sampled_from(list(MirostatMode)))
-        if mode != MirostatMode.OFF:
-            kw["mirostat_tau"] = draw(_knob(0.0, 10.0))
-            kw["mirostat_eta"] = draw(_knob(0.0, 1.0))
-            kw["mirostat_m"] = draw(st.integers(2, 200))
 
-    kw["top_k"] = draw(_or_default(None, st.integers(0, vocab)))
-    kw["top_p"] = draw(_or_default(1.0, st.floats(0.01, 1.0)))
-    kw["min_p"] = draw(_or_default(0.0, unit))
-    kw["typical_p"] = draw(_or_default(1.0, st.floats(0.01, 1.0)))
-    kw["top_n_sigma"] = draw(_or_default(0.0, _knob(0.0, 3.0)))
-    xtc_prob: float = draw(st.one_of(st.just(0.0), unit))
-    kw["xtc_prob"] = xtc_prob
-    kw["xtc_threshold"] = draw(
-        st.floats(0.01, 1.0) if xtc_prob > 0 else _or_default(0.0, st.floats(0.01, 1.0))
-    )
-    kw["repetition_penalty"] = draw(_or_default(1.0, st.floats(0.5, 2.0)))
-    kw["frequency_penalty"] = draw(_or_default(0.0, _knob(-2.0, 2.0)))
-    kw["presence_penalty"] = draw(_or_default(0.0, _knob(-2.0, 2.0)))
-    kw["repetition_window"] = draw(_or_default(None, st.integers(1, 128) | st.just(-1)))
-    kw["dry_multiplier"] = draw(_or_default(0.0, _knob(0.0, 2.0)))
-    kw["dry_base"] = draw(_or_default(1.75, st.floats(1.0, 3.0)))
-    kw["dry_allowed_length"] = draw(_or_default(2, st.integers(1, 4)))
-    kw["dry_max_ngram"] = draw(_or_default(32, st.integers(0, 32)))
-    kw["dry_sequence_breakers"] = draw(_or_default((), st.lists(token, max_size=3).map(tuple)))
-    # min_keep only where a stage of every order reads it (llama.cpp's top-k does not).
-    reads_min_keep = (
-        kw["top_p"] != 1.0 or kw["min_p"] != 0.0 or kw["typical_p"] != 1.0 or xtc_prob > 0
-    )
-    kw["min_keep"] = draw(_or_default(1, st.integers(1, 4))) if reads_min_keep else 1
-    kw["seed"] = draw(_or_default(None, st.integers(0, 2**64 - 1)))
-    # Never ban the whole vocabulary: at most vocab - 1 entries.
-    bias = st.one_of(_knob(-10.0, 10.0), st.just(-math.inf))
-    kw["logit_bias"] = draw(st.dictionaries(token, bias, max_size=min(8, vocab - 1)))
-    return SampleOpts(**kw)  # type: ignore[arg-type]
+def _refused_field(e: InvalidOptionError) -> str:
+    return str(e).split(":", 1)[0]
+
+
+def valid_options(kw: dict[str, Any], keep: Collection[str] = ()) -> SampleOpts:
+    """`SampleOpts` from drawn knob values, reset to defaults where the core refuses them.
+
+    The core's validator (and a chain under every preset) names the knob it refuses; that
+    knob goes back to its default, or, if it already is, every knob of the stages that read
+    it. So the rules between knobs (dynamic temperature replaces temperature, XTC's
+    threshold, a ``min_keep`` no stage reads) are the core's, not restated here. Knobs in
+    ``keep`` are never reset. Options a preset refuses only as an order (llama.cpp's
+    mirostat chain with other stages set) are kept: they are valid options.
+    """
+    kw = dict(kw)
+    defaults = _defaults()
+    for _ in range(2 * len(KNOB_TABLE)):
+        try:
+            opts = SampleOpts(**kw)
+            for order in ORDER_PRESETS:
+                try:
+                    opts.into_chain(order=order)
+                except InvalidOptionError as e:
+                    if _refused_field(e) != "order":
+                        raise
+            return opts
+        except InvalidOptionError as e:
+            field = _refused_field(e)
+            if field not in defaults:
+                raise
+            if field not in keep and kw.get(field, defaults[field]) != defaults[field]:
+                kw[field] = defaults[field]
+            else:
+                for name in _STAGE_KNOBS.get(field, ()):
+                    if name not in keep:
+                        kw[name] = defaults[name]
+                if field in keep or not _STAGE_KNOBS.get(field):
+                    break
+    return SampleOpts(**{k: v for k, v in kw.items() if k in keep})
+
+
+def _defaults() -> dict[str, Any]:
+    # SampleOpts' own defaults (the table's are the float32 the chain holds: 0.1 is not).
+    plain = SampleOpts()
+    return {k["name"]: getattr(plain, k["name"]) for k in KNOB_TABLE}
+
+
+@st.composite
+def _sample_opts(
+    draw: st.DrawFn, vocab_size: int | None, greedy: bool | None, off: frozenset[str]
+) -> SampleOpts:
+    vocab = vocab_size if vocab_size is not None else 1024
+    defaults = _defaults()
+    kw: dict[str, Any] = {}
+    for knob in KNOB_TABLE:
+        name = knob["name"]
+        if name in off or (greedy is True and name in _DRAWING):
+            continue
+        if greedy is False and name == "temperature":
+            kw[name] = draw(knob_values(knob, vocab))  # its probe range starts above 0
+        elif greedy is False and name == "dynamic_temp":
+            continue  # it replaces temperature, which sampling options set
+        else:
+            kw[name] = draw(_or_default(defaults[name], knob_values(knob, vocab)))
+    keep = ("temperature",) if greedy is False else ()
+    return valid_options(kw, keep)
 
 
 def sample_opts(
-    vocab_size: int | None = None, *, greedy: bool | None = None
+    vocab_size: int | None = None,
+    *,
+    greedy: bool | None = None,
+    knobs_off: Collection[str] = (),
 ) -> st.SearchStrategy[SampleOpts]:
     """Valid `SampleOpts`, with token ids (logit bias, DRY breakers) inside ``vocab_size``.
 
     ``greedy=True`` draws only greedy options, ``False`` only sampling ones (temperature > 0),
-    None either. Each knob is at its default about half the time.
+    None either. Each knob is at its default about half the time, and otherwise drawn from
+    the core's table (`KNOB_TABLE`, each knob's ``probe`` range), float32 numbers as the
+    chain holds them; knobs named in ``knobs_off`` stay at their defaults.
     """
     if vocab_size is not None and vocab_size < 1:
         raise ValueError(f"vocab_size must be >= 1, got {vocab_size}")
-    return _sample_opts(vocab_size, greedy)
+    names = {k["name"] for k in KNOB_TABLE}
+    unknown = sorted(set(knobs_off) - names)
+    if unknown:
+        raise ValueError(f"knobs_off names no knob: {unknown}")
+    return _sample_opts(vocab_size, greedy, frozenset(knobs_off))

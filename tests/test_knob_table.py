@@ -1,0 +1,148 @@
+"""A knob or stage added to the core's tables reaches every reader of them.
+
+The core describes each knob once (``KNOBS``, rust/sampling/knobs.rs) and each stage once
+(``STAGES``, rust/sampling/stages.rs). `SampleOpts`, the CLI, the pickled state, the
+hypothesis strategies and the fuzz harness read those tables; these tests fail when a new
+entry does not reach one of them, so a stage cannot be half-added (docs/samplers.md lists
+the files a new stage touches).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import pickle
+import random
+from typing import Any
+
+import numpy as np
+import pytest
+import test_fuzz_sampling as fuzz
+from hypothesis import given, settings
+
+from rlx_lm import InvalidOptionError, SampleOpts, _core
+from rlx_lm.cli import _LLAMA_STAGES, _parser, _sample_opts, _samplers
+from rlx_lm.testing.strategies import KNOB_TABLE, knob_values, sample_opts, valid_options
+
+KNOBS = {k["name"]: k for k in _core.SAMPLER_KNOBS}
+DEFAULTS = dataclasses.asdict(SampleOpts())
+
+
+def _set(opts: SampleOpts, name: str) -> bool:
+    return bool(getattr(opts, name) != DEFAULTS[name])
+
+
+def test_the_strategies_read_the_core_table() -> None:
+    assert KNOB_TABLE is _core.SAMPLER_KNOBS
+
+
+@pytest.mark.parametrize("stage", [s["name"] for s in _core.SAMPLER_STAGES])
+def test_every_stage_knob_is_a_sample_opts_field(stage: str) -> None:
+    (spec,) = [s for s in _core.SAMPLER_STAGES if s["name"] == stage]
+    fields = {f.name for f in dataclasses.fields(SampleOpts)}
+    assert spec["knobs"], stage
+    for name in spec["knobs"]:
+        assert name in KNOBS, (stage, name)
+        assert name in fields, (stage, name)
+
+
+@pytest.mark.parametrize("stage", [s["name"] for s in _core.SAMPLER_STAGES])
+def test_every_stage_but_logit_bias_is_named_by_the_clis_samplers(stage: str) -> None:
+    (spec,) = [s for s in _core.SAMPLER_STAGES if s["name"] == stage]
+    if stage == "logit_bias":
+        # llama.cpp runs it first, outside --samplers; so does the CLI.
+        assert spec["llama_cpp_names"] == ()
+        return
+    assert spec["llama_cpp_names"], f"{stage}: no name in llama.cpp's --samplers"
+    for alias in spec["llama_cpp_names"]:
+        assert _LLAMA_STAGES[alias] == stage
+        assert _samplers(alias) == [stage]
+
+
+def _cli_value(knob: dict[str, Any]) -> tuple[str, float]:
+    """A value for the knob's flag: three quarters up its probe range."""
+    lo, hi = knob["probe"]
+    x = lo + 0.75 * (hi - lo)
+    if knob["kind"] == "float":
+        x = float(np.float32(x))
+        return repr(x), x
+    return str(int(x)), int(x)
+
+
+def _cli_opts(flags: list[str]) -> SampleOpts:
+    """The CLI's options for ``flags``, adding the flag of any knob the core asks for
+    with them (XTC's probability needs a threshold)."""
+    flags = list(flags)
+    for _ in range(len(KNOBS)):
+        try:
+            return _sample_opts(_parser().parse_args(["generate", "m.gguf", "-p", "x", *flags]))
+        except InvalidOptionError as e:
+            knob = KNOBS[str(e).split(":", 1)[0]]
+            if not knob["flag"] or knob["flag"] in flags:
+                raise
+            flags += [knob["flag"], _cli_value(knob)[0]]
+    raise AssertionError(flags)
+
+
+@pytest.mark.parametrize("name", [k["name"] for k in _core.SAMPLER_KNOBS if k["flag"]])
+def test_every_knob_with_a_flag_reaches_sample_opts_through_the_cli(
+    name: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    knob = KNOBS[name]
+    text, want = _cli_value(knob)
+    assert want != DEFAULTS[name], name
+    assert getattr(_cli_opts([knob["flag"], text]), name) == pytest.approx(want), name
+    with pytest.raises(SystemExit):
+        _parser().parse_args(["generate", "--help"])
+    helps = " ".join(capsys.readouterr().out.split())
+    assert knob["flag"] in helps, name
+    assert " ".join(knob["help"].split()) in helps, name
+
+
+def test_the_hypothesis_strategy_draws_every_knob() -> None:
+    seen: set[str] = set()
+    row = np.linspace(-1.0, 1.0, 16, dtype=np.float32)
+
+    @settings(max_examples=200, database=None, deadline=None)
+    @given(sample_opts(16))
+    def draw(opts: SampleOpts) -> None:
+        seen.update(n for n in KNOBS if _set(opts, n))
+        # Whatever it draws, a chain takes, and its pickled state keeps.
+        chain = opts.into_chain()
+        again = pickle.loads(pickle.dumps(chain))
+        assert again.peek(row, [1, 2, 3]) == chain.peek(row, [1, 2, 3])
+
+    draw()
+    assert seen == set(KNOBS), sorted(set(KNOBS) - seen)
+
+
+def test_the_fuzz_harness_draws_every_knob_it_fuzzes() -> None:
+    rng = random.Random(14)
+    seen: set[str] = set()
+    for _ in range(600):
+        opts = fuzz.draw_opts(fuzz.RandomDraw(rng), 16)
+        seen |= {n for n in KNOBS if _set(opts, n)}
+    assert seen == set(KNOBS) - set(fuzz.KNOBS_OFF), sorted(set(KNOBS) - seen)
+
+
+def test_a_knob_of_an_unknown_kind_is_refused_loudly() -> None:
+    with pytest.raises(AssertionError, match="no strategy for its kind"):
+        knob_values({**KNOBS["top_p"], "kind": "quaternion"}, 16)
+
+
+def test_valid_options_resets_what_the_core_refuses() -> None:
+    # dynamic_temp replaces temperature: the core names temperature, which goes back.
+    o = valid_options({"temperature": 0.7, "dynamic_temp": (0.5, 1.5)})
+    assert o.temperature == 0.0
+    assert o.dynamic_temp == (0.5, 1.5)
+    # An XTC threshold of 0 with XTC on: reset alone it stays refused, so XTC's knobs go.
+    o = valid_options({"temperature": 1.0, "xtc_prob": 0.5, "xtc_threshold": 0.0})
+    assert o.xtc_prob == 0.0
+    assert o.temperature == 1.0
+    # A min_keep no stage of some preset reads (llama.cpp's top-k does not).
+    o = valid_options({"temperature": 1.0, "top_k": 5, "min_keep": 3})
+    assert o.min_keep == 1
+    assert o.top_k == 5
+    # What every preset takes is left alone.
+    kw = {"temperature": 1.0, "top_p": 0.5, "min_keep": 3, "logit_bias": {1: -math.inf}}
+    assert valid_options(kw) == SampleOpts(**kw)

@@ -11,7 +11,7 @@ use rayon::prelude::*;
 
 use crate::engine::attention::{attend, slice_rows};
 use crate::engine::config::{Config, RopeStyle};
-use crate::engine::linear::{gather, matmul, Activations};
+use crate::engine::linear::{gather, matmul, matmul_many, Activations, Part};
 use crate::engine::team::Team;
 use crate::engine::weights::{Store, Tensor, Weights};
 use crate::kv::{Dtype, Geometry, Half, KvCache};
@@ -74,6 +74,27 @@ impl Model {
             x,
             out,
         )
+    }
+
+    /// `x @ t.T` into `out` for every `(t, out)` (weights with `x`'s
+    /// columns), as one parallel loop over all their rows (`matmul_many`).
+    fn mm_many(&self, x: &[f32], parts: &mut [(&Tensor, &mut Vec<f32>)]) -> CoreResult<()> {
+        let mut list: Vec<Part<'_>> = parts
+            .iter_mut()
+            .map(|(t, out)| {
+                let n = x.len() / t.cols;
+                out.clear();
+                out.resize(n * t.rows, 0.0);
+                Part {
+                    kind: t.kind,
+                    raw: self.weights.bytes(t),
+                    rows: t.rows,
+                    cols: t.cols,
+                    out: out.as_mut_slice(),
+                }
+            })
+            .collect();
+        matmul_many(self.activations, x, &mut list)
     }
 
     /// The float32 embedding rows of `ids`.
@@ -192,9 +213,7 @@ impl Model {
         let (mut gate, mut up, mut down) = (Vec::new(), Vec::new(), Vec::new());
         for (li, lw) in self.weights.layers.iter().enumerate() {
             rms_rows(&x, &lw.attn_norm, cfg.rms_norm_eps, &mut h);
-            self.mm(&lw.q, &h, &mut q)?;
-            self.mm(&lw.k, &h, &mut k)?;
-            self.mm(&lw.v, &h, &mut v)?;
+            self.mm_many(&h, &mut [(&lw.q, &mut q), (&lw.k, &mut k), (&lw.v, &mut v)])?;
             for (buf, bias) in [
                 (&mut q, &lw.q_bias),
                 (&mut k, &lw.k_bias),
@@ -225,8 +244,7 @@ impl Model {
             self.mm(&lw.o, &ctx, &mut o)?;
             x.iter_mut().zip(&o).for_each(|(a, b)| *a += b);
             rms_rows(&x, &lw.ffn_norm, cfg.rms_norm_eps, &mut h);
-            self.mm(&lw.gate, &h, &mut gate)?;
-            self.mm(&lw.up, &h, &mut up)?;
+            self.mm_many(&h, &mut [(&lw.gate, &mut gate), (&lw.up, &mut up)])?;
             gate.iter_mut()
                 .zip(&up)
                 .for_each(|(g, &u)| *g = silu(*g) * u);

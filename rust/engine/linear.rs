@@ -2,7 +2,7 @@
 //! kernels (F32/F16/BF16 and the block formats alike).
 
 use crate::quant::{self, QuantType};
-use crate::CoreResult;
+use crate::{CoreError, CoreResult};
 
 /// How a weight is stored.
 pub type Kind = QuantType;
@@ -58,6 +58,98 @@ pub fn matmul(
     }
 }
 
+/// One of several products with the same activations ([`matmul_many`]):
+/// `W` = `rows` x `cols` stored as `kind` in `raw`, into `out` (`n` x `rows`).
+pub struct Part<'a> {
+    pub kind: Kind,
+    pub raw: &'a [u8],
+    pub rows: usize,
+    pub cols: usize,
+    pub out: &'a mut [f32],
+}
+
+/// `x @ W.T` for every part (as [`matmul`] each, the same bits), the weight
+/// rows of all of them split in chunks over the current rayon pool as **one**
+/// parallel loop: q, k and v of a block, or gate and up, cost one hand-off
+/// to the pool's threads instead of one each (a hand-off wakes a thread,
+/// tens of microseconds on a virtual machine).
+pub fn matmul_many(mode: Activations, x: &[f32], parts: &mut [Part<'_>]) -> CoreResult<()> {
+    use rayon::prelude::*;
+    let mut prep = RowPrep::new(mode, x);
+    let mut work = 0usize;
+    let mut total = 0usize;
+    for p in parts.iter() {
+        let n = x.len().checked_div(p.cols).unwrap_or(0);
+        if p.cols == 0 || n * p.cols != x.len() || n.checked_mul(p.rows) != Some(p.out.len()) {
+            return Err(CoreError::Shape(format!(
+                "activations of {} values and an output of {} values do not fit a {} x {} weight",
+                x.len(),
+                p.out.len(),
+                p.rows,
+                p.cols
+            )));
+        }
+        prep.prepare(p.kind, p.cols)?;
+        work = work.saturating_add(p.raw.len().saturating_mul(n.div_ceil(8)));
+        total += p.rows;
+    }
+    if x.is_empty() || total == 0 {
+        return Ok(());
+    }
+    let prep = &prep;
+    let threads = rayon::current_num_threads();
+    if threads <= 1 || work < quant::PARALLEL_BYTES {
+        for p in parts.iter_mut() {
+            // SAFETY: `out` is n x rows, borrowed mutably here.
+            unsafe {
+                prep.rows_ready(p.kind, p.raw, p.rows, p.cols, 0, p.rows, p.out.as_mut_ptr())?
+            };
+        }
+        return Ok(());
+    }
+    // Chunks of about the same number of weight rows, a multiple of 4 (the
+    // kernels' band), none across two parts.
+    let per = total
+        .div_ceil(threads * quant::CHUNKS_PER_THREAD)
+        .next_multiple_of(4);
+    let mut chunks = Vec::new();
+    for (i, p) in parts.iter().enumerate() {
+        let mut lo = 0;
+        while lo < p.rows {
+            let hi = (lo + per).min(p.rows);
+            chunks.push((i, lo, hi));
+            lo = hi;
+        }
+    }
+    let outs: Vec<(SharedOut, Kind, &[u8], usize, usize)> = parts
+        .iter_mut()
+        .map(|p| (SharedOut(p.out.as_mut_ptr()), p.kind, p.raw, p.rows, p.cols))
+        .collect();
+    chunks.par_iter().try_for_each(|&(i, lo, hi)| {
+        let (out, kind, raw, rows, cols) = outs[i];
+        // SAFETY: part i's out is n x rows; chunks of a part cover disjoint
+        // row ranges, so they write disjoint elements.
+        unsafe { prep.rows_ready(kind, raw, rows, cols, lo, hi, out.get()) }
+    })
+}
+
+/// An output the chunks of [`matmul_many`] share; each writes its own
+/// elements only.
+#[derive(Clone, Copy)]
+struct SharedOut(*mut f32);
+
+impl SharedOut {
+    /// The pointer (a method, so closures capture the whole `Sync` wrapper).
+    fn get(self) -> *mut f32 {
+        self.0
+    }
+}
+
+// SAFETY: chunks write disjoint elements (see `matmul_many`).
+unsafe impl Send for SharedOut {}
+// SAFETY: as above.
+unsafe impl Sync for SharedOut {}
+
 /// Rows `ids` of `W` as float32 into `out` (`ids.len()` x `cols`).
 pub fn gather(
     kind: Kind,
@@ -70,11 +162,12 @@ pub fn gather(
     quant::gather_rows(kind, raw, rows, cols, ids, out)
 }
 
-/// One activation row, prepared once for products with any number of
-/// weights (quantised per activation block size in the fast mode, its group
-/// sums per group size), then multiplied row range by row range: what a
-/// member of a [`crate::engine::team::Team`] computes of a decode step.
-/// Every range gets the bits [`matmul`] gives the same rows.
+/// Activation rows (one, for a decode step; several, for a batch),
+/// prepared once for products with any number of weights (quantised per
+/// activation block size in the fast mode, their group sums per group
+/// size), then multiplied row range by row range: what a member of a
+/// [`crate::engine::team::Team`] computes of a step. Every range gets the
+/// bits [`matmul`] gives the same rows.
 pub struct RowPrep<'a> {
     mode: Activations,
     x: &'a [f32],
@@ -84,7 +177,7 @@ pub struct RowPrep<'a> {
 }
 
 impl<'a> RowPrep<'a> {
-    /// Prepare `x` (one row) for products in `mode`.
+    /// Prepare `x` (whole rows) for products in `mode`.
     pub fn new(mode: Activations, x: &'a [f32]) -> Self {
         Self {
             mode,
@@ -94,12 +187,38 @@ impl<'a> RowPrep<'a> {
         }
     }
 
+    /// The activation block and weight group of products with `kind`.
+    fn keys(&self, kind: Kind) -> (Option<usize>, usize) {
+        let block = match self.mode {
+            Activations::Q8 => quant::q8::act_block(kind),
+            Activations::Exact => None,
+        };
+        let group = if kind.has_offsets() {
+            kind.group_values()
+        } else {
+            0
+        };
+        (block, group)
+    }
+
+    /// Compute what products with `kind` weights of `cols` columns need
+    /// (then [`RowPrep::rows_ready`] takes `&self`, so team members can
+    /// share one preparation).
+    pub fn prepare(&mut self, kind: Kind, cols: usize) -> CoreResult<()> {
+        let (block, group) = self.keys(kind);
+        if let Some(block) = block {
+            self.acts_for(block, cols)?;
+        }
+        self.sums_for(block.unwrap_or(0), group, cols)?;
+        Ok(())
+    }
+
     /// Rows `lo..hi` of `x @ W.T` (`W` = `rows` x `cols` stored as `kind` in
-    /// `raw`) into `out[lo..hi]`.
+    /// `raw`) into columns `lo..hi` of `out` (`n` x `rows` for `n` rows of `x`).
     ///
     /// # Safety
-    /// `out` points to `rows` writable floats; nobody else reads or writes
-    /// `out[lo..hi]` meanwhile.
+    /// `out` points to `n * rows` writable floats; nobody else reads or
+    /// writes columns `lo..hi` of it meanwhile.
     #[allow(clippy::too_many_arguments)]
     pub unsafe fn rows(
         &mut self,
@@ -111,56 +230,81 @@ impl<'a> RowPrep<'a> {
         hi: usize,
         out: *mut f32,
     ) -> CoreResult<()> {
-        let block = match self.mode {
-            Activations::Q8 => quant::q8::act_block(kind),
-            Activations::Exact => None,
+        self.prepare(kind, cols)?;
+        // SAFETY: forwarded.
+        unsafe { self.rows_ready(kind, raw, rows, cols, lo, hi, out) }
+    }
+
+    /// [`RowPrep::rows`] after [`RowPrep::prepare`]`(kind, cols)`.
+    ///
+    /// # Safety
+    /// As [`RowPrep::rows`].
+    #[allow(clippy::too_many_arguments)]
+    pub unsafe fn rows_ready(
+        &self,
+        kind: Kind,
+        raw: &[u8],
+        rows: usize,
+        cols: usize,
+        lo: usize,
+        hi: usize,
+        out: *mut f32,
+    ) -> CoreResult<()> {
+        let (block, group) = self.keys(kind);
+        let unprepared = || {
+            crate::CoreError::Internal(format!(
+                "activations not prepared for {} weights of {cols} columns",
+                kind.name()
+            ))
         };
-        let group = if kind.has_offsets() {
-            kind.group_values()
+        let sums = if group == 0 {
+            &[][..]
         } else {
-            0
+            let b = block.unwrap_or(0);
+            &self
+                .sums
+                .iter()
+                .find(|s| s.0 == b && s.1 == group)
+                .ok_or_else(unprepared)?
+                .2
         };
         let Some(block) = block else {
-            let si = self.sums_for(0, group)?;
-            let sums = si.map_or(&[][..], |i| &self.sums[i].2);
             // SAFETY: forwarded.
             return unsafe { quant::rows_into(kind, raw, rows, cols, self.x, sums, lo, hi, out) };
         };
-        let qi = self.acts_for(block)?;
-        let si = self.sums_for(block, group)?;
-        let sums = si.map_or(&[][..], |i| &self.sums[i].2);
-        let acts = &self.q8[qi];
+        let acts = self
+            .q8
+            .iter()
+            .find(|a| a.block == block && a.cols == cols)
+            .ok_or_else(unprepared)?;
         // SAFETY: forwarded.
         unsafe { quant::q8::rows_into(kind, raw, rows, acts, sums, lo, hi, out) }
     }
 
-    fn acts_for(&mut self, block: usize) -> CoreResult<usize> {
-        if let Some(i) = self.q8.iter().position(|a| a.block == block) {
+    fn acts_for(&mut self, block: usize, cols: usize) -> CoreResult<usize> {
+        if let Some(i) = self
+            .q8
+            .iter()
+            .position(|a| a.block == block && a.cols == cols)
+        {
             return Ok(i);
         }
-        self.q8
-            .push(quant::q8::quantize(self.x, self.x.len(), block)?);
+        self.q8.push(quant::q8::quantize(self.x, cols, block)?);
         Ok(self.q8.len() - 1)
     }
 
-    /// The index of the sums for `(block, group)` (none for `group == 0`).
-    fn sums_for(&mut self, block: usize, group: usize) -> CoreResult<Option<usize>> {
-        if group == 0 {
-            return Ok(None);
+    /// The sums for `(block, group)` are ready (none for `group == 0`).
+    fn sums_for(&mut self, block: usize, group: usize, cols: usize) -> CoreResult<()> {
+        if group == 0 || self.sums.iter().any(|s| s.0 == block && s.1 == group) {
+            return Ok(());
         }
-        let i = match self.sums.iter().position(|s| s.0 == block && s.1 == group) {
-            Some(i) => i,
-            None => {
-                let sums = if block == 0 {
-                    quant::group_sums(self.x, group)
-                } else {
-                    let qi = self.acts_for(block)?;
-                    quant::q8::group_qsums(&self.q8[qi], group)
-                };
-                self.sums.push((block, group, sums));
-                self.sums.len() - 1
-            }
+        let sums = if block == 0 {
+            quant::group_sums(self.x, group)
+        } else {
+            let qi = self.acts_for(block, cols)?;
+            quant::q8::group_qsums(&self.q8[qi], group)
         };
-        Ok(Some(i))
+        self.sums.push((block, group, sums));
+        Ok(())
     }
 }

@@ -40,10 +40,10 @@ pub use unpack::dequantize_row;
 
 /// Matrices smaller than this many weight bytes (times the activation row
 /// tiles) run on the calling thread: waking a second thread costs more.
-const PARALLEL_BYTES: usize = 96 * 1024;
+pub(crate) const PARALLEL_BYTES: usize = 96 * 1024;
 
 /// Row chunks per thread: enough for work stealing to even out two threads.
-const CHUNKS_PER_THREAD: usize = 4;
+pub(crate) const CHUNKS_PER_THREAD: usize = 4;
 
 thread_local! {
     static SCRATCH: RefCell<Scratch> = RefCell::new(Scratch::default());
@@ -278,14 +278,15 @@ pub(crate) fn group_sums(x: &[f32], group: usize) -> Vec<f32> {
     kernel::group_sums(x, group)
 }
 
-/// Rows `lo..hi` of the product of one activation row `x` with `W` (as
-/// [`matmul`], the same bits), on the calling thread, into `out[lo..hi]`.
-/// `xsum` is `group_sums(x, qtype.group_values())` for formats with
-/// offsets (else empty).
+/// Rows `lo..hi` of the product of the activation rows `x` (`n` rows of
+/// `cols`) with `W` (as [`matmul`], the same bits), on the calling thread,
+/// into columns `lo..hi` of `out` (`n` x `rows`). `xsum` is
+/// `group_sums(x, qtype.group_values())` for formats with offsets (else
+/// empty).
 ///
 /// # Safety
-/// `out` points to `rows` writable floats; nobody else reads or writes
-/// `out[lo..hi]` meanwhile.
+/// `out` points to `n * rows` writable floats; nobody else reads or writes
+/// columns `lo..hi` of it meanwhile.
 #[allow(clippy::too_many_arguments)]
 pub(crate) unsafe fn rows_into(
     qtype: QuantType,
@@ -299,10 +300,17 @@ pub(crate) unsafe fn rows_into(
     out: *mut f32,
 ) -> CoreResult<()> {
     let rb = check(qtype, raw, rows, cols)?;
-    if x.len() != cols || lo > hi || hi > rows {
+    let n = x.len() / cols.max(1);
+    let groups = if qtype.has_offsets() {
+        cols / qtype.group_values()
+    } else {
+        0
+    };
+    if n == 0 || n * cols != x.len() || xsum.len() != n * groups || lo > hi || hi > rows {
         return Err(CoreError::Shape(format!(
-            "rows {lo}..{hi} of a {rows} x {cols} weight times {} activations",
-            x.len()
+            "rows {lo}..{hi} of a {rows} x {cols} weight times {} activations ({} group sums)",
+            x.len(),
+            xsum.len()
         )));
     }
     let job = Job {
@@ -312,10 +320,10 @@ pub(crate) unsafe fn rows_into(
         rows,
         cols,
         x,
-        n: 1,
+        n,
         xsum,
     };
-    // SAFETY: forwarded (one activation row, so `out` is 1 x rows).
+    // SAFETY: forwarded (`out` is n x rows).
     unsafe { run(best_build(), &job, lo, hi, out) };
     Ok(())
 }

@@ -302,14 +302,15 @@ pub(crate) fn matmul_quantized(
     Ok(())
 }
 
-/// Rows `lo..hi` of the product of one quantised activation row with `W`
-/// (as [`matmul_quantized`], the same bits), on the calling thread, into
-/// `out[lo..hi]`. `qsum` is `group_qsums(acts, qtype.group_values())` for
-/// formats with offsets (else empty).
+/// Rows `lo..hi` of the product of the quantised activation rows `acts`
+/// with `W` (as [`matmul_quantized`], the same bits), on the calling
+/// thread, into columns `lo..hi` of `out` (`n` x `rows`). `qsum` is
+/// `group_qsums(acts, qtype.group_values())` for formats with offsets
+/// (else empty).
 ///
 /// # Safety
-/// `out` points to `rows` writable floats; nobody else reads or writes
-/// `out[lo..hi]` meanwhile.
+/// `out` points to `n * rows` writable floats; nobody else reads or writes
+/// columns `lo..hi` of it meanwhile.
 #[allow(clippy::too_many_arguments)]
 pub(crate) unsafe fn rows_into(
     qtype: QuantType,
@@ -323,7 +324,19 @@ pub(crate) unsafe fn rows_into(
 ) -> CoreResult<()> {
     let cols = acts.cols;
     let rb = check(qtype, raw, rows, cols)?;
-    if act_block(qtype) != Some(acts.block) || acts.codes.len() != cols || lo > hi || hi > rows {
+    let n = acts.codes.len() / cols.max(1);
+    let groups = if qtype.has_offsets() {
+        cols / qtype.group_values()
+    } else {
+        0
+    };
+    if act_block(qtype) != Some(acts.block)
+        || n == 0
+        || n * cols != acts.codes.len()
+        || qsum.len() != n * groups
+        || lo > hi
+        || hi > rows
+    {
         return Err(CoreError::Shape(format!(
             "rows {lo}..{hi} of a {rows} x {cols} {} weight times {} activations in blocks of {}",
             qtype.name(),
@@ -337,11 +350,11 @@ pub(crate) unsafe fn rows_into(
         row_bytes: rb,
         rows,
         cols,
-        n: 1,
+        n,
         acts,
         qsum,
     };
-    // SAFETY: forwarded (one activation row, so `out` is 1 x rows).
+    // SAFETY: forwarded (`out` is n x rows).
     unsafe { run(best_build(), &job, lo, hi, out) };
     Ok(())
 }

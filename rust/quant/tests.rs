@@ -658,6 +658,101 @@ impl CpuClock {
     }
 }
 
+/// `engine::linear::matmul_many` (several weights, one parallel loop) gives
+/// each part the bits `matmul` gives it alone, in both activation modes, for
+/// 1..9 activation rows, on 1 and 2 threads, in every format; and refuses a
+/// part whose shape does not fit before it writes anything.
+#[test]
+fn several_products_in_one_parallel_loop_give_each_its_own_bits() {
+    use crate::engine::linear::{matmul as mode_matmul, matmul_many, Activations, Part};
+    let mut rng = Rng(29);
+    let pool = |t| {
+        rayon::ThreadPoolBuilder::new()
+            .num_threads(t)
+            .build()
+            .unwrap()
+    };
+    for qtype in ALL {
+        let cols = 512;
+        // Big enough that two threads split them (and a part's rows are
+        // not a whole number of chunks).
+        let shapes = [301usize, 90, 166];
+        let raws: Vec<Vec<u8>> = shapes
+            .iter()
+            .map(|&rows| random_rows(qtype, rows, cols, &mut rng))
+            .collect();
+        for mode in [Activations::Exact, Activations::Q8] {
+            for n in [1usize, 2, 5, 8, 9] {
+                let x: Vec<f32> = (0..n * cols).map(|_| rng.unit()).collect();
+                let want: Vec<Vec<f32>> = shapes
+                    .iter()
+                    .zip(&raws)
+                    .map(|(&rows, raw)| {
+                        let mut out = vec![0.0f32; n * rows];
+                        pool(1).install(|| {
+                            mode_matmul(mode, qtype, raw, rows, cols, &x, &mut out).unwrap()
+                        });
+                        out
+                    })
+                    .collect();
+                for threads in [1, 2] {
+                    let mut outs: Vec<Vec<f32>> = shapes
+                        .iter()
+                        .map(|&rows| vec![f32::NAN; n * rows])
+                        .collect();
+                    let mut parts: Vec<Part<'_>> = shapes
+                        .iter()
+                        .zip(&raws)
+                        .zip(outs.iter_mut())
+                        .map(|((&rows, raw), out)| Part {
+                            kind: qtype,
+                            raw,
+                            rows,
+                            cols,
+                            out,
+                        })
+                        .collect();
+                    pool(threads).install(|| matmul_many(mode, &x, &mut parts).unwrap());
+                    for (i, (got, want)) in outs.iter().zip(&want).enumerate() {
+                        assert!(
+                            got.iter()
+                                .zip(want)
+                                .all(|(a, b)| a.to_bits() == b.to_bits()),
+                            "{} {mode:?} n={n} threads={threads} part {i}",
+                            qtype.name()
+                        );
+                    }
+                }
+            }
+        }
+    }
+    // A misfit part is refused before any part is written.
+    let raw = random_rows(QuantType::Q8_0, 64, 64, &mut rng);
+    let x = vec![0.5f32; 2 * 64];
+    let (mut a, mut b) = (vec![7.0f32; 2 * 64], vec![7.0f32; 64]);
+    let mut parts = [
+        Part {
+            kind: QuantType::Q8_0,
+            raw: &raw,
+            rows: 64,
+            cols: 64,
+            out: &mut a,
+        },
+        Part {
+            kind: QuantType::Q8_0,
+            raw: &raw,
+            rows: 64,
+            cols: 64,
+            out: &mut b,
+        },
+    ];
+    assert!(matches!(
+        matmul_many(Activations::Exact, &x, &mut parts),
+        Err(CoreError::Shape(_))
+    ));
+    assert!(a.iter().chain(&b).all(|&v| v == 7.0));
+}
+
 /// The fast mode's one-row products, hot (one matrix, in cache) and cold
 /// (a set of matrices larger than the last-level cache, cycled): `QT=Q4_0
 /// cargo test --release -q q8_cold_probe -- --ignored --nocapture`.

@@ -773,13 +773,34 @@ unsafe fn row1_avx2<L: x86::Block>(job: &Job<'_>, lo: usize, hi: usize, out: *mu
                 for c in 0..chunks {
                     let xv = _mm256_loadu_si256(xq.add(c * 32).cast());
                     let d = *xd.add(c);
+                    // BIAS times each lane's four activation codes.
+                    let xbias = if L::BIAS != 0 {
+                        let bias = _mm256_set1_epi8(L::BIAS);
+                        _mm256_madd_epi16(_mm256_maddubs_epi16(bias, xv), ones)
+                    } else {
+                        _mm256_setzero_si256()
+                    };
                     for i in 0..$rt {
                         let b = base.add(i * rb + c * L::BYTES);
                         _mm_prefetch::<_MM_HINT_T0>(b.wrapping_add(AHEAD * rb).cast());
-                        let w = L::codes(b);
-                        let aw = _mm256_sign_epi8(w, w);
-                        let sx = _mm256_sign_epi8(xv, w);
-                        let p = _mm256_madd_epi16(_mm256_maddubs_epi16(aw, sx), ones);
+                        // Each lane: the sum of four code * activation products,
+                        // the integers of the general route.
+                        let p = if L::SIGNED {
+                            let w = L::stored(b);
+                            let aw = _mm256_sign_epi8(w, w);
+                            let sx = _mm256_sign_epi8(xv, w);
+                            _mm256_madd_epi16(_mm256_maddubs_epi16(aw, sx), ones)
+                        } else {
+                            // Unsigned stored codes u, code = u - BIAS:
+                            // sum u * x - BIAS * sum x, exactly.
+                            let u = L::stored(b);
+                            let p = _mm256_madd_epi16(_mm256_maddubs_epi16(u, xv), ones);
+                            if L::BIAS != 0 {
+                                _mm256_sub_epi32(p, xbias)
+                            } else {
+                                p
+                            }
+                        };
                         let coef = _mm256_set1_ps(L::scale(b) * d);
                         acc[i] = _mm256_fmadd_ps(coef, _mm256_cvtepi32_ps(p), acc[i]);
                         if L::OFFSET {
@@ -794,7 +815,10 @@ unsafe fn row1_avx2<L: x86::Block>(job: &Job<'_>, lo: usize, hi: usize, out: *mu
                 r += $rt;
             }};
         }
-        while hi - r >= 4 {
+        // Q8_0's long rows come from memory fastest one at a time (about
+        // 1.5x four at a time); the nibble formats are bound by arithmetic,
+        // where four rows share each activation load.
+        while L::ROWS == 4 && hi - r >= 4 {
             tile!(4);
         }
         while r < hi {
@@ -852,9 +876,32 @@ mod x86 {
         const BYTES: usize;
         /// Whether blocks have an offset (`weight = scale * code - offset`).
         const OFFSET: bool = false;
+        /// Whether [`Block::stored`] gives signed codes; else unsigned ones
+        /// (below 32), the code being `stored - BIAS`.
+        const SIGNED: bool = false;
+        const BIAS: i8 = 0;
+        /// Weight rows a one-row product reads at a time (1 or 4).
+        const ROWS: usize = 4;
+        /// The 32 codes as stored (see [`Block::SIGNED`]).
+        ///
         /// # Safety
         /// AVX2 present; `BYTES` readable bytes at `b`.
-        unsafe fn codes(b: *const u8) -> __m256i;
+        unsafe fn stored(b: *const u8) -> __m256i;
+        /// The 32 codes, int8.
+        ///
+        /// # Safety
+        /// As [`Block::stored`].
+        #[inline(always)]
+        unsafe fn codes(b: *const u8) -> __m256i {
+            // SAFETY: forwarded.
+            let v = unsafe { Self::stored(b) };
+            if Self::BIAS != 0 {
+                // SAFETY: AVX2 present (caller).
+                unsafe { _mm256_sub_epi8(v, _mm256_set1_epi8(Self::BIAS)) }
+            } else {
+                v
+            }
+        }
         /// # Safety
         /// As [`Block::codes`].
         #[inline(always)]
@@ -882,8 +929,10 @@ mod x86 {
 
     impl Block for Q8_0 {
         const BYTES: usize = 34;
+        const SIGNED: bool = true;
+        const ROWS: usize = 1;
         #[inline(always)]
-        unsafe fn codes(b: *const u8) -> __m256i {
+        unsafe fn stored(b: *const u8) -> __m256i {
             // SAFETY: forwarded; the codes follow `d`.
             unsafe { _mm256_loadu_si256(b.add(2).cast()) }
         }
@@ -891,10 +940,11 @@ mod x86 {
 
     impl Block for Q4_0 {
         const BYTES: usize = 18;
+        const BIAS: i8 = 8;
         #[inline(always)]
-        unsafe fn codes(b: *const u8) -> __m256i {
+        unsafe fn stored(b: *const u8) -> __m256i {
             // SAFETY: forwarded; nibbles after `d`.
-            unsafe { _mm256_sub_epi8(nibbles(b.add(2)), _mm256_set1_epi8(8)) }
+            unsafe { nibbles(b.add(2)) }
         }
     }
 
@@ -902,7 +952,7 @@ mod x86 {
         const BYTES: usize = 20;
         const OFFSET: bool = true;
         #[inline(always)]
-        unsafe fn codes(b: *const u8) -> __m256i {
+        unsafe fn stored(b: *const u8) -> __m256i {
             // SAFETY: forwarded; nibbles after `d`, `m`.
             unsafe { nibbles(b.add(4)) }
         }
@@ -915,11 +965,12 @@ mod x86 {
 
     impl Block for Q5_0 {
         const BYTES: usize = 22;
+        const BIAS: i8 = 16;
         #[inline(always)]
-        unsafe fn codes(b: *const u8) -> __m256i {
+        unsafe fn stored(b: *const u8) -> __m256i {
             // SAFETY: forwarded; `d`, qh, nibbles.
             unsafe {
-                let high = _mm256_andnot_si256(bits(b.add(2)), _mm256_set1_epi8(0xf0_u8 as i8));
+                let high = _mm256_and_si256(bits(b.add(2)), _mm256_set1_epi8(0x10));
                 _mm256_or_si256(nibbles(b.add(6)), high)
             }
         }
@@ -929,7 +980,7 @@ mod x86 {
         const BYTES: usize = 24;
         const OFFSET: bool = true;
         #[inline(always)]
-        unsafe fn codes(b: *const u8) -> __m256i {
+        unsafe fn stored(b: *const u8) -> __m256i {
             // SAFETY: forwarded; `d`, `m`, qh, nibbles.
             unsafe {
                 let high = _mm256_and_si256(bits(b.add(4)), _mm256_set1_epi8(0x10));
@@ -945,8 +996,9 @@ mod x86 {
 
     impl Block for Iq4Nl {
         const BYTES: usize = 18;
+        const SIGNED: bool = true;
         #[inline(always)]
-        unsafe fn codes(b: *const u8) -> __m256i {
+        unsafe fn stored(b: *const u8) -> __m256i {
             // SAFETY: forwarded; nibbles after `d`.
             unsafe {
                 let t = _mm256_broadcastsi128_si256(_mm_loadu_si128(

@@ -23,14 +23,16 @@ pub fn apply(work: &mut Work<'_>, n: f32) {
         work.release_dense();
         return;
     }
-    let k = work.cands.len();
+    // Over the finite candidates only, as on the dense path: a -inf one (a
+    // penalty or bias that overflowed) made the mean -inf, the threshold
+    // NaN, and removed every candidate.
+    let finite = || work.cands.iter().filter(|c| c.logit.is_finite());
+    let k = finite().count();
     if k <= 1 {
         return;
     }
-    let mean = work.cands.iter().map(|c| c.logit as f64).sum::<f64>() / k as f64;
-    let var = work
-        .cands
-        .iter()
+    let mean = finite().map(|c| c.logit as f64).sum::<f64>() / k as f64;
+    let var = finite()
         .map(|c| (c.logit as f64 - mean).powi(2))
         .sum::<f64>()
         / k as f64;
@@ -41,7 +43,32 @@ pub fn apply(work: &mut Work<'_>, n: f32) {
 
 #[cfg(test)]
 mod tests {
+    use super::apply;
+    use crate::sampling::candidates::{Cand, RowRef, Work};
     use crate::sampling::dense;
+
+    #[test]
+    fn a_sparse_set_with_minus_inf_keeps_its_finite_top() {
+        // Found by the table-driven sampler fuzzer: frequency penalty 3e38
+        // sent candidates to -inf, then top-n-sigma emptied the set and
+        // top-p indexed the empty set (a panic).
+        let row = [0.0f32];
+        let mut w = Work::from_row(RowRef::Borrowed(&row), 0, 0.0, Vec::new());
+        w.release_dense();
+        w.cands = [f32::NEG_INFINITY, 2.0, 1.0, -5.0, f32::NEG_INFINITY]
+            .iter()
+            .enumerate()
+            .map(|(id, &logit)| Cand {
+                id: id as u32,
+                logit,
+            })
+            .collect();
+        apply(&mut w, 1.0);
+        let kept: Vec<u32> = w.cands.iter().map(|c| c.id).collect();
+        // Over {2, 1, -5}: mean -2/3, population sd 3.09, so the threshold
+        // 2 - 3.09 keeps 2 and 1.
+        assert_eq!(kept, vec![1, 2]);
+    }
 
     #[test]
     fn moments_hold_at_float32_extremes() {

@@ -368,6 +368,10 @@ pub fn apply(
         work.release_dense();
         return have_masses;
     }
+    if work.cands.is_empty() {
+        // Nothing to truncate; the draw reports the empty set, typed.
+        return false;
+    }
     work.sort_desc();
     let max = work.cands[0].logit;
     let total: f64 = work

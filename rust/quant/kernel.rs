@@ -365,6 +365,7 @@ pub(crate) mod row1 {
     /// Whether [`rows_by`] has a kernel for `qtype`: [`covers`]'s formats
     /// and Q5_0 / Q5_1, whose fifth bits cost more in registers than the
     /// general tiles' unpacking (measured slower; kept for the probe).
+    #[cfg(test)]
     pub(crate) fn implements(qtype: QuantType) -> bool {
         covers(qtype) || matches!(qtype, QuantType::Q5_0 | QuantType::Q5_1)
     }

@@ -197,12 +197,14 @@ def raw_magnitude(o: SampleOpts, row: np.ndarray, history: list[int]) -> float:
 
 
 def rounding(o: SampleOpts, row: np.ndarray, history: list[int]) -> float:
-    """How far float32 arithmetic may move a scaled logit, in nats: float32's rounding
-    of the largest logit the chain computes before temperature, divided by the
-    temperature."""
+    """How far float32 arithmetic may move a logit a stage decides on, in nats: float32's
+    rounding of the largest logit the chain computes before temperature, divided by a
+    temperature below 1. Not by one above 1: llama.cpp's order decides on the logits
+    before its temperature, where a penalty's rounding is whole (a frequency penalty
+    of 1e10 ties 7 - 3e10 with -0.25 - 3e10 however hot the temperature after it)."""
     m = raw_magnitude(o, row, history)
     t = o.dynamic_temp[0] if o.dynamic_temp is not None else o.temperature
-    m = m / t if t > 0 else m
+    m = m / min(t, 1.0) if t > 0 else m
     return 1e-5 + 256 * EPS32 * m
 
 
@@ -371,6 +373,20 @@ def test_the_reference_top_n_sigma_ignores_minus_inf_as_the_chain_does() -> None
     c = {0: -math.inf, 1: 2.0, 2: 1.0, 3: -5.0, 4: -math.inf}
     kept, _ = ref.top_n_sigma(c, 1.0)
     assert kept == {1: 2.0, 2: 1.0}
+
+
+def test_a_penalty_rounds_before_a_hot_temperature() -> None:
+    """Found by the campaign (seed 20261203, case 86687): in llama.cpp's order a frequency
+    penalty of 1e10 makes 7 - 3e10 and -0.25 - 3e10 the same float32 before top-k and
+    top-p decide, and the temperature of 1e30 comes last; the rounding allowed is the
+    penalty's, not that rounding divided by the temperature."""
+    o = SampleOpts(
+        temperature=1e30, top_p=1e-40, top_k=6, frequency_penalty=1e10, seed=4385995466203726193
+    )
+    row = np.array([-math.inf, -0.25, 0.0, 7.0], dtype=np.float32)
+    history = [2, 0, 3, 2, 2, 0, 1, 0, 3, 2, 3, 1, 1, 2]
+    assert rounding(o, row, history) >= 256 * EPS32 * 1e10
+    check_reference(o, "llama.cpp", row, history)
 
 
 def test_the_campaign_driver_checks_cases() -> None:

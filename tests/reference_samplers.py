@@ -199,7 +199,10 @@ def top_k_margin(c: Cands, k: int, edited: set[int]) -> float:
 
 
 def top_p(c: Cands, p: float, min_keep: int = 1) -> tuple[Cands, float]:
-    """Survivors and the smallest distance |cum - p| over the decisions made."""
+    """Survivors and how close the cut came to flipping: the smallest distance |cum - p|
+    over the decisions made, and the gap between the last logit kept and the first one
+    dropped (unequal logits that float32 may tie, e.g. after a huge temperature
+    underflows them, are ranked by the tie-break instead; equal ones rank by id in both)."""
     if p >= 1:
         return dict(c), math.inf
     pr = probs(c)
@@ -210,6 +213,8 @@ def top_p(c: Cands, p: float, min_keep: int = 1) -> tuple[Cands, float]:
         cum += pr[t]
         margin = min(margin, abs(cum - p))
         if cum >= p and i + 1 >= min_keep:
+            if i + 1 < len(order) and c[t] != c[order[i + 1]]:
+                margin = min(margin, c[t] - c[order[i + 1]])
             return {u: c[u] for u in order[: i + 1]}, margin
     return dict(c), margin
 

@@ -315,6 +315,25 @@ def campaign(seconds: float, seed: int | None = None) -> int:
     return 0
 
 
+def test_a_top_p_cut_that_float32_cannot_rank_is_not_judged_exactly() -> None:
+    """Found by the campaign (seed 20261201, case 18630): logits of 1e-30 at temperature
+    1e30 underflow to equal float32 values, so which of them top-p keeps is the
+    tie-break's (by id), while float64 still ranks them. The reference's top-p margin
+    counts the gap at its cut, so the check does not demand float64's ranking."""
+    tenths = (
+        "-37.5 20 -92.5 -2.5 -87.5 -inf -7.5 45 -90 -17.5 90 77.5 -75 0 -35 -22.5 82.5 -85 45 5"
+    )
+    tenths += (
+        " 77.5 67.5 -47.5 30 97.5 -92.5 -30 0 -7.5 52.5 -72.5 -90 -22.5 77.5 -40 27.5 -77.5 -5"
+    )
+    row = np.array([float(v) / 10 for v in tenths.split()], dtype=np.float32)
+    row *= np.float32(1e-30)
+    o = SampleOpts(temperature=1e30, top_p=0.4307255148887634, seed=239515275454109181)
+    want = ref.run_chain(o, "default", row, [])
+    assert want.margin < rounding(o, row, [])
+    check_reference(o, "default", row, [])
+
+
 def test_the_campaign_driver_checks_cases() -> None:
     """The PRNG driver draws valid cases and runs the same checks."""
     before = dict(EXECUTIONS)

@@ -260,7 +260,11 @@ def typical(
 def top_n_sigma(c: Cands, n: float) -> tuple[Cands, float]:
     if n <= 0 or len(c) <= 1:
         return dict(c), math.inf
-    vals = np.array(list(c.values()), dtype=np.float64)
+    # Over the finite logits only, as the chain does: a penalty that overflowed to
+    # -inf would make the mean -inf and the threshold NaN.
+    vals = np.array([v for v in c.values() if math.isfinite(v)], dtype=np.float64)
+    if vals.size <= 1:
+        return dict(c), math.inf
     thr = float(vals.max() - n * vals.std())
     margin = float(np.min(np.abs(vals - thr)))
     return {t: v for t, v in c.items() if v >= thr}, margin

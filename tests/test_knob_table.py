@@ -2,9 +2,9 @@
 
 The core describes each knob once (``KNOBS``, rust/sampling/knobs.rs) and each stage once
 (``STAGES``, rust/sampling/stages.rs). `SampleOpts`, the CLI, the pickled state, the
-hypothesis strategies and the fuzz harness read those tables; these tests fail when a new
-entry does not reach one of them, so a stage cannot be half-added (docs/samplers.md lists
-the files a new stage touches).
+hypothesis strategies, the fuzz harnesses and the server's request parsing read those
+tables; these tests fail when a new entry does not reach one of them, so a stage cannot
+be half-added (docs/samplers.md lists the files a new stage touches).
 """
 
 from __future__ import annotations
@@ -13,6 +13,8 @@ import dataclasses
 import math
 import pickle
 import random
+import re
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -22,6 +24,16 @@ from hypothesis import given, settings
 
 from rlx_lm import InvalidOptionError, SampleOpts, _core
 from rlx_lm.cli import _LLAMA_STAGES, _parser, _sample_opts, _samplers
+from rlx_lm.server.protocol import (
+    CHAT_FIELDS,
+    COMPLETION_FIELDS,
+    KNOB_FIELDS,
+    SAMPLER_LETTERS,
+    SAMPLER_NAMES,
+    Limits,
+    ProtocolError,
+    parse_completion,
+)
 from rlx_lm.testing.strategies import KNOB_TABLE, knob_values, sample_opts, valid_options
 
 KNOBS = {k["name"]: k for k in _core.SAMPLER_KNOBS}
@@ -146,3 +158,111 @@ def test_valid_options_resets_what_the_core_refuses() -> None:
     # What every preset takes is left alone.
     kw = {"temperature": 1.0, "top_p": 0.5, "min_keep": 3, "logit_bias": {1: -math.inf}}
     assert valid_options(kw) == SampleOpts(**kw)
+
+
+# ----------------------------------------------------------------- the server
+
+LIMITS = Limits(model_name="m", vocab_size=64, max_tokens=8, max_n=2, max_top_logprobs=2)
+
+# A body value of each knob kind, three quarters up its probe range where it has one;
+# llama-server's own formats where the field is its own (dynatemp_range: a range
+# around temperature).
+_OWN_FORMAT: dict[str, Any] = {"dynatemp_range": 0.5}
+
+
+def _body_value(knob: dict[str, Any]) -> Any:
+    lo, hi = knob["probe"]
+    x = lo + 0.75 * (hi - lo)
+    kind = knob["kind"]
+    if kind == "float":
+        return float(np.float32(x))
+    if kind in ("int", "int | None", "mode"):
+        return int(x)
+    if kind == "pair | None":
+        return [lo, hi]
+    if kind == "tokens":
+        return [3, 5]
+    if kind == "seed":
+        return 7
+    if kind == "bias":
+        return {"3": -1.5}
+    raise AssertionError(f"{knob['name']}: no body value for its kind {kind!r}")
+
+
+def _served_opts(body: dict[str, Any]) -> SampleOpts:
+    """The options the server parses from ``body`` (token ids only: no tokenizer needed),
+    adding a knob the core asks for: the one it names (XTC's probability needs a
+    threshold), or, when it refuses a knob given alone (``min_keep``), the knob that turns
+    on a stage reading it."""
+    body = dict(body)
+    for _ in range(len(KNOBS)):
+        try:
+            return parse_completion({"prompt": [1, 2], **body}, None, LIMITS).requests[0].opts  # type: ignore[arg-type]
+        except ProtocolError as e:
+            knob = KNOB_FIELDS[e.param or ""]
+            if e.param in body:
+                knob = next(
+                    s["knobs"][0]
+                    for s in _core.SAMPLER_STAGES
+                    if knob in s["knobs"] and s["knobs"][0] != knob
+                )
+            field = KNOBS[knob]["server_fields"][0]
+            if field in body:
+                raise
+            body[field] = _OWN_FORMAT.get(field, _body_value(KNOBS[knob]))
+    raise AssertionError(body)
+
+
+def test_every_knob_has_server_fields_on_both_routes() -> None:
+    for knob in _core.SAMPLER_KNOBS:
+        assert knob["server_fields"], knob["name"]
+        for field in knob["server_fields"]:
+            assert KNOB_FIELDS[field] == knob["name"]
+            assert field in CHAT_FIELDS
+            assert field in COMPLETION_FIELDS
+
+
+@pytest.mark.parametrize("field", [f for k in _core.SAMPLER_KNOBS for f in k["server_fields"]])
+def test_every_knob_is_accepted_by_the_servers_request_parsing(field: str) -> None:
+    name = KNOB_FIELDS[field]
+    value = _OWN_FORMAT.get(field, _body_value(KNOBS[name]))
+    opts = _served_opts({field: value})
+    got = getattr(opts, name)
+    assert got != DEFAULTS[name], (field, got)
+    if KNOBS[name]["kind"] in ("float", "int", "int | None", "mode"):
+        assert got == pytest.approx(value), field
+
+
+@pytest.mark.parametrize("stage", [s["name"] for s in _core.SAMPLER_STAGES])
+def test_every_stage_is_accepted_by_the_servers_samplers(stage: str) -> None:
+    (spec,) = [s for s in _core.SAMPLER_STAGES if s["name"] == stage]
+    # Temperature always runs (the server's default is 1.0); logit bias first unless listed.
+    rest = () if stage == "temperature" else ("temperature",)
+    want = (stage, *rest) if stage == "logit_bias" else ("logit_bias", stage, *rest)
+    names = (stage, *spec["llama_cpp_names"])
+    letter = spec["llama_cpp_letter"]
+    if stage == "logit_bias":
+        assert letter is None  # llama.cpp runs it first, outside its lists
+    else:
+        assert letter, f"{stage}: no llama.cpp letter"
+    given: list[Any] = [[n, *rest] for n in names]
+    if letter:
+        given.append(letter + ("t" if rest else ""))
+    for samplers in given:
+        body = {"prompt": [1], "samplers": samplers}
+        parsed = parse_completion(body, None, LIMITS)  # type: ignore[arg-type]
+        assert parsed.requests[0].order == want, samplers
+    assert all(SAMPLER_NAMES[n] == stage for n in names)
+    if letter:
+        assert SAMPLER_LETTERS[letter] == stage
+
+
+def test_the_docs_count_of_files_a_new_stage_touches_is_its_tables() -> None:
+    doc = (Path(__file__).parent.parent / "docs" / "samplers.md").read_text()
+    table = doc[doc.index("Files a new stage touches") :]
+    rows = [r for r in table[: table.index("\n\n", table.index("|"))].splitlines() if "|" in r]
+    now = [r.strip("|").split("|")[-1].strip() for r in rows[2:]]
+    m = re.search(r"Now \*\*(\d+) files\*\*", table)
+    assert m is not None
+    touched = [c for c in now if not (c.startswith("no") or c in ("-", "(not counted)"))]
+    assert int(m.group(1)) == len(touched)

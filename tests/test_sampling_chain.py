@@ -3,6 +3,7 @@ state (accept/reset/clone), batches, log-probabilities and bad input."""
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import threading
 from typing import Any
@@ -25,63 +26,24 @@ from rlx_lm import (
     TokenOutOfRangeError,
     UnsupportedError,
 )
+from rlx_lm.sample_opts import ORDER_PRESETS
+from rlx_lm.testing import strategies
 
 grid = st.integers(-40, 40).map(lambda k: k / 4)
 rows = hnp.arrays(np.float32, st.integers(2, 100), elements=grid)
 MARGIN = 1e-5
-PRESETS = ["default", "llama.cpp", "hf", "vllm"]
-
-
-def f32s(lo: float, hi: float) -> st.SearchStrategy[float]:
-    """Floats the chain holds exactly (it stores knobs as float32)."""
-    return st.floats(lo, hi).map(lambda x: float(np.float32(x)))
+PRESETS = list(ORDER_PRESETS)
 
 
 @st.composite
 def sample_opts(draw: st.DrawFn, vocab: int) -> SampleOpts:
-    """Random options touching every stage but mirostat (float32 knobs, as the chain holds them)."""
-    kw: dict[str, Any] = {"seed": draw(st.integers(0, 2**64 - 1))}
-    if draw(st.booleans()):
-        kw["dynamic_temp"] = (
-            draw(f32s(0.1, 1.0)),
-            draw(f32s(1.0, 2.0)),
-        )
-    else:
-        kw["temperature"] = draw(st.sampled_from([0.0, 0.5, 0.7, 1.0, 1.3, 2.0]))
-    if draw(st.booleans()):
-        kw["top_k"] = draw(st.integers(1, 60))
-    if draw(st.booleans()):
-        kw["top_p"] = draw(f32s(0.05, 1.0))
-    if draw(st.booleans()):
-        kw["min_p"] = draw(f32s(0.0, 0.5))
-    if draw(st.booleans()):
-        kw["typical_p"] = draw(f32s(0.2, 1.0))
-    if draw(st.booleans()):
-        kw["top_n_sigma"] = draw(f32s(0.5, 3.0))
-    if draw(st.booleans()):
-        kw["xtc_prob"] = draw(f32s(0.0, 1.0))
-        kw["xtc_threshold"] = draw(f32s(0.05, 0.5))
-    if draw(st.booleans()):
-        kw["repetition_penalty"] = draw(f32s(0.8, 1.5))
-        kw["frequency_penalty"] = draw(f32s(-0.5, 0.5))
-        kw["presence_penalty"] = draw(f32s(-0.5, 0.5))
-        kw["repetition_window"] = draw(st.sampled_from([-1, 8, 64]))
-    if draw(st.booleans()):
-        kw["dry_multiplier"] = draw(f32s(0.1, 2.0))
-        kw["dry_allowed_length"] = draw(st.integers(1, 3))
-    if draw(st.booleans()):
-        kw["logit_bias"] = draw(
-            st.dictionaries(st.integers(0, vocab - 1), grid | st.just(-math.inf), max_size=3)
-        )
-    # min_keep > 1 only where a stage that every order honours reads it (else it is refused).
-    reads = (
-        kw.get("top_p", 1.0) < 1
-        or kw.get("min_p", 0.0) > 0
-        or kw.get("typical_p", 1.0) < 1
-        or kw.get("xtc_prob", 0.0) > 0
-    )
-    kw["min_keep"] = draw(st.integers(1, 3)) if reads else 1
-    return SampleOpts(**kw)
+    """Random options touching every stage but mirostat, each knob drawn from its probe
+    range in the core's table (float32, as the chain holds them), so a new stage's knobs
+    are drawn here without an edit; always seeded, as the reference draws with the seed."""
+    opts = draw(strategies.sample_opts(vocab, knobs_off=("mirostat",)))
+    if opts.seed is None:
+        opts = dataclasses.replace(opts, seed=draw(st.integers(0, 2**64 - 1)))
+    return opts
 
 
 @st.composite

@@ -2,7 +2,8 @@
 //!
 //! Rows mix ordinary values at scales from 1e-30 to 1e38 with the hostile
 //! ones (signed zeros, +-inf, the float32 extremes, subnormals, NaN, ties);
-//! knobs come from tables of edge values or from raw bits. Checked on every
+//! knobs are drawn knob by knob from the core's table (each knob's probe
+//! range, tables of edge values, or raw bits). Checked on every
 //! input: no panic (a crash), no hang (libFuzzer's -timeout), and
 //!
 //! - a refused chain or row is a typed `CoreError`, never `Internal`;
@@ -20,7 +21,8 @@ use libfuzzer_sys::fuzz_target;
 use rlx_lm::sampling::chain::{
     History, Knobs, LogprobMode, Mirostat, OrderSpec, SamplerChain, Scratch, PRESETS,
 };
-use rlx_lm::sampling::knobs::Window;
+use rlx_lm::sampling::knobs::{Kind, KnobSpec, Value, KNOBS};
+use rlx_lm::sampling::stages::STAGES;
 use rlx_lm::CoreError;
 
 struct Bytes<'a>(&'a [u8]);
@@ -67,100 +69,114 @@ const SPECIAL: [f32; 10] = [
     1.0,
 ];
 
-fn knobs(b: &mut Bytes<'_>, vocab: usize) -> Knobs {
-    let mut k = Knobs {
-        seed: b.u32() as u64,
-        ..Knobs::default()
-    };
-    let temps = [0.0, 1e-40, 1e-30, 1e-5, 0.1, 0.7, 1.0, 1.5, 1e10, 3e38];
-    let probs = [1e-30, 1e-6, 0.05, 0.3, 0.5, 0.9, 0.95, 0.999_999, 1.0];
-    let big = [0.0, 0.5, 1.0, 2.0, 100.0, 1e10, 1e30, 3e38];
-    let flags = b.u32();
-    let on = |i: u32| flags >> i & 1 == 1;
-    if on(0) {
-        k.temperature = b.f32_in(&temps);
+/// Edge values a float knob is drawn at, besides its probe range and raw bits.
+const EDGES: [f32; 14] = [
+    0.0, 1e-45, 1e-40, 1e-30, 1e-5, 0.5, 1.0, 1.5, 2.0, 100.0, 1e10, 1e30, 3e38, -1.0,
+];
+/// Edge values an integer knob is drawn at.
+const INT_EDGES: [i128; 6] = [0, 1, 2, 3, 1000, 1 << 20];
+
+fn float(b: &mut Bytes<'_>, (lo, hi): (f64, f64)) -> f64 {
+    match b.u8() % 4 {
+        0 | 1 => lo + (b.u8() as f64 / 255.0) * (hi - lo),
+        2 => b.f32_in(&EDGES) as f64,
+        _ => f32::from_bits(b.u32()) as f64,
     }
-    if on(1) {
-        k.top_k = b.pick(&[1usize, 2, 3, 40, 1000, usize::MAX]);
-    }
-    if on(2) {
-        k.top_p = b.f32_in(&probs);
-    }
-    if on(3) {
-        k.min_p = b.f32_in(&probs);
-    }
-    if on(4) {
-        k.typical_p = b.f32_in(&probs);
-    }
-    if on(5) {
-        k.top_n_sigma = b.f32_in(&big);
-    }
-    if on(6) {
-        k.repetition_penalty = b.f32_in(&[0.5, 1.0, 1.1, 2.0, 1e30, 3e38, 1e-30]);
-        k.frequency_penalty = b.f32_in(&big);
-        k.presence_penalty = b.f32_in(&big);
-        k.repetition_window = b.pick(&[
-            Window::Preset,
-            Window::All,
-            Window::Last(1),
-            Window::Last(4),
-            Window::Last(64),
-        ]);
-    }
-    if on(7) {
-        let lo = b.f32_in(&temps);
-        k.dynamic_temp = Some((lo, lo + b.f32_in(&temps)));
-        k.dynamic_temp_exponent = b.f32_in(&big);
-        k.temperature = 0.0;
-    }
-    if on(8) {
-        k.xtc_prob = b.f32_in(&probs);
-        k.xtc_threshold = b.f32_in(&probs);
-    }
-    if on(9) {
-        k.dry_multiplier = b.f32_in(&big);
-        k.dry_base = 1.0 + b.f32_in(&big);
-        k.dry_allowed_length = b.pick(&[1usize, 2, 3]);
-        k.dry_max_ngram = b.pick(&[0usize, 1, 4, 32, 100]);
-        k.dry_sequence_breakers = (0..b.u8() % 3).map(|_| b.u8() as u32 % 64).collect();
-    }
-    if on(10) {
-        k.mirostat = b.pick(&[Mirostat::V1, Mirostat::V2]);
-        k.mirostat_tau = b.f32_in(&big);
-        k.mirostat_eta = b.f32_in(&big);
-        k.mirostat_m = b.pick(&[2usize, 3, 100, 1 << 40]);
-    }
-    if on(11) {
-        k.min_keep = b.pick(&[1usize, 2, 5, 1000]);
-    }
-    if on(12) {
-        for _ in 0..b.u8() % 4 {
-            let t = b.u8() as u32 % (vocab as u32 + 2);
-            let bias = b.f32_in(&[f32::NEG_INFINITY, -3e38, -1.0, 0.0, 1.0, 3e38, 1e-45]);
-            if k.logit_bias.iter().all(|&(u, _)| u != t) {
-                k.logit_bias.push((t, bias));
+}
+
+/// One knob's value, by its kind in the core's table: from its probe range,
+/// an edge table, or raw bits (which the chain must refuse, typed).
+fn value(b: &mut Bytes<'_>, spec: &KnobSpec, vocab: usize) -> Value {
+    let (lo, hi) = spec.probe;
+    match spec.kind {
+        Kind::Float => Value::Float(float(b, spec.probe)),
+        Kind::Int | Kind::OptInt | Kind::Mode => Value::Int(match b.u8() % 3 {
+            0 | 1 => lo as i128 + (b.u8() as i128 % (hi - lo + 1.0) as i128),
+            // An optional integer's -1 (repetition_window: the whole history).
+            _ if spec.kind == Kind::OptInt && b.u8() % 4 == 0 => -1,
+            _ => b.pick(&INT_EDGES),
+        }),
+        Kind::Pair => {
+            let a = float(b, spec.probe);
+            Value::Pair(a, a + float(b, spec.probe).abs())
+        }
+        Kind::Tokens => Value::Tokens((0..b.u8() % 3).map(|_| (b.u8() % 64) as i128).collect()),
+        Kind::Seed => Value::Int(b.u32() as i128),
+        Kind::Bias => {
+            let mut v: Vec<(i128, f64)> = Vec::new();
+            for _ in 0..b.u8() % 4 {
+                let t = (b.u8() as usize % (vocab + 2)) as i128;
+                let bias = match b.u8() % 3 {
+                    0 => f64::NEG_INFINITY,
+                    1 => b.f32_in(&[-3e38, -1.0, 0.0, 1.0, 3e38, 1e-45]) as f64,
+                    _ => float(b, spec.probe),
+                };
+                if v.iter().all(|&(u, _)| u != t) {
+                    v.push((t, bias));
+                }
             }
+            Value::Bias(v)
         }
     }
-    k
+}
+
+/// Knobs drawn knob by knob from the core's table ([`KNOBS`]), each set
+/// when its bit of the input says so: a new knob is fuzzed without an edit
+/// here. What the core refuses must be a typed option error naming a knob;
+/// that knob then goes back to its default (or, if it already is, the knobs
+/// of every stage that reads it), so the rest of the draw is still run.
+fn knobs(b: &mut Bytes<'_>, vocab: usize) -> Knobs {
+    let flags = b.u32() as u64 | (b.u32() as u64) << 32;
+    let default = |spec: &KnobSpec| match spec.kind {
+        Kind::Seed => Value::Int(0), // None would be a random seed
+        _ => spec.default_value(),
+    };
+    let mut values: Vec<Value> = KNOBS
+        .iter()
+        .enumerate()
+        .map(|(i, spec)| {
+            if flags >> i & 1 == 1 {
+                value(b, spec, vocab)
+            } else {
+                default(spec)
+            }
+        })
+        .collect();
+    for _ in 0..2 * KNOBS.len() {
+        match Knobs::from_values(values.clone()) {
+            Ok(k) => return k,
+            Err(CoreError::InvalidOption { field, .. }) => {
+                let i = KNOBS
+                    .iter()
+                    .position(|k| k.name == field)
+                    .unwrap_or_else(|| panic!("refused knob {field:?} is not in the table"));
+                if values[i] != default(&KNOBS[i]) {
+                    values[i] = default(&KNOBS[i]);
+                } else {
+                    let readers: Vec<&str> = STAGES
+                        .iter()
+                        .filter(|s| s.knobs.contains(&KNOBS[i].name))
+                        .flat_map(|s| s.knobs.iter().copied())
+                        .collect();
+                    assert!(!readers.is_empty(), "{field} refused at its default");
+                    for (j, spec) in KNOBS.iter().enumerate() {
+                        if readers.contains(&spec.name) {
+                            values[j] = default(spec);
+                        }
+                    }
+                }
+            }
+            Err(e) => panic!("knobs refused with an untyped error: {e}"),
+        }
+    }
+    panic!("knobs still refused after resetting every one the core named: {values:?}")
 }
 
 fn order(b: &mut Bytes<'_>) -> OrderSpec {
     if b.u8() % 5 < 4 {
         return OrderSpec::Preset(b.pick(&PRESETS).to_owned());
     }
-    let mut names = vec![
-        "logit_bias",
-        "penalties",
-        "dry",
-        "temperature",
-        "top_k",
-        "typical",
-        "top_p",
-        "min_p",
-        "top_n_sigma",
-        "xtc",
-    ];
+    let mut names: Vec<&str> = STAGES.iter().map(|s| s.name).collect();
     // A permutation from the input (Fisher-Yates).
     for i in (1..names.len()).rev() {
         names.swap(i, b.u8() as usize % (i + 1));

@@ -196,11 +196,13 @@ def _validate_sample_opts(opts: object) -> None:
 SAMPLER_KNOBS: Final[tuple[dict[str, Any], ...]]
 """Every knob, in ``SampleOpts``' field order: ``name``, ``kind``, ``default``, ``lo`` and
 ``hi`` (``(bound, inclusive)`` or None), ``expect``, ``help``, ``flag`` (llama.cpp's, or
-None), ``probe`` (the ``(lo, hi)`` tests and fuzzers draw from); described once in
+None), ``probe`` (the ``(lo, hi)`` tests and fuzzers draw from), ``server_fields`` (its
+names in a server request body); described once in
 ``rust/sampling/knobs.rs``."""
 SAMPLER_STAGES: Final[tuple[dict[str, Any], ...]]
 """Every stage in the default order: ``name``, ``knobs``, ``edits``, ``llama_cpp_names`` (its
-names in llama.cpp's ``--samplers``), ``min_keep`` (``"never"``, ``"always"`` or
+names in llama.cpp's ``--samplers``), ``llama_cpp_letter`` (its letter in llama-server's
+``samplers`` string, or None), ``min_keep`` (``"never"``, ``"always"`` or
 ``"flavor"``); described once in ``rust/sampling/stages.rs``."""
 SAMPLER_PRESETS: Final[dict[str, tuple[str, ...]]]
 """Each order preset's stage names, in order (from each stage's place in

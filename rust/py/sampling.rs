@@ -741,6 +741,7 @@ pub fn add_tables(m: &Bound<'_, PyModule>) -> PyResult<()> {
         d.set_item("expect", k.expect)?;
         d.set_item("help", k.help)?;
         d.set_item("flag", k.flag)?;
+        d.set_item("server_fields", PyTuple::new(py, k.server_fields)?)?;
         d.set_item("probe", k.probe)?;
         knobs.push(d);
     }
@@ -752,6 +753,7 @@ pub fn add_tables(m: &Bound<'_, PyModule>) -> PyResult<()> {
         d.set_item("knobs", PyTuple::new(py, s.knobs)?)?;
         d.set_item("edits", s.edits)?;
         d.set_item("llama_cpp_names", PyTuple::new(py, s.llama_cpp_names)?)?;
+        d.set_item("llama_cpp_letter", s.llama_cpp_letter.map(String::from))?;
         d.set_item(
             "min_keep",
             match s.min_keep {

@@ -200,6 +200,10 @@ pub struct KnobSpec {
     pub help: &'static str,
     /// llama.cpp's command-line flag for it, where it has one.
     pub flag: Option<&'static str>,
+    /// Its fields in a request body to the server (`rlx_lm.server`): the
+    /// names llama-server, OpenAI or vLLM give it (the knob's own name
+    /// unless they spell it otherwise), each parsed by its [`Kind`].
+    pub server_fields: &'static [&'static str],
     /// The range tests and fuzzers draw it from (hypothesis strategies, the
     /// fuzz harnesses): a bounded part of the valid range where its stage
     /// visibly acts. For token ids and biases, the bias values' range; for
@@ -231,8 +235,19 @@ fn token(v: i128) -> u32 {
     u32::try_from(v).unwrap_or(u32::MAX)
 }
 
+/// A knob's server fields: the ones given, else its own name.
+macro_rules! server_fields {
+    ($name:ident) => {
+        &[stringify!($name)]
+    };
+    ($name:ident, $fields:expr) => {
+        $fields
+    };
+}
+
 macro_rules! float_knob {
-    ($name:ident, $lo:expr, $hi:expr, $expect:expr, $flag:expr, $probe:expr, $help:expr) => {
+    ($name:ident, $lo:expr, $hi:expr, $expect:expr, $flag:expr, $probe:expr, $help:expr
+     $(, server = $fields:expr)?) => {
         KnobSpec {
             name: stringify!($name),
             kind: Kind::Float,
@@ -241,6 +256,7 @@ macro_rules! float_knob {
             expect: $expect,
             help: $help,
             flag: $flag,
+            server_fields: server_fields!($name $(, $fields)?),
             probe: $probe,
             get: |k| Value::Float(k.$name as f64),
             set: |k, v| k.$name = f(v),
@@ -258,6 +274,7 @@ macro_rules! int_knob {
             expect: $expect,
             help: $help,
             flag: $flag,
+            server_fields: &[stringify!($name)],
             probe: $probe,
             get: |k| Value::Int(k.$name as i128),
             set: |k, v| k.$name = n(v),
@@ -295,6 +312,7 @@ pub const KNOBS: [KnobSpec; 26] = [
         expect: ">= 0 (0 or None = off)",
         help: "Keep only the K most likely tokens; unset or 0 keeps them all.",
         flag: Some("--top-k"),
+        server_fields: &["top_k"],
         probe: (1.0, 300.0),
         get: |k| match k.top_k {
             0 => Value::None,
@@ -309,7 +327,8 @@ pub const KNOBS: [KnobSpec; 26] = [
         "> 0 (1 = off)",
         Some("--repeat-penalty"),
         (0.5, 2.0),
-        "Divide the logits of tokens seen in the last window by this."
+        "Divide the logits of tokens seen in the last window by this.",
+        server = &["repeat_penalty", "repetition_penalty"]
     ),
     KnobSpec {
         name: "dynamic_temp",
@@ -319,6 +338,7 @@ pub const KNOBS: [KnobSpec; 26] = [
         expect: "a (min, max) range with min >= 0",
         help: "Entropy-scaled temperature between min and max (replaces temperature).",
         flag: None,
+        server_fields: &["dynatemp_range"],
         probe: (0.1, 2.0),
         get: |k| match k.dynamic_temp {
             None => Value::None,
@@ -338,7 +358,8 @@ pub const KNOBS: [KnobSpec; 26] = [
         ">= 0",
         None,
         (0.0, 2.0),
-        "The exponent of dynamic temperature's entropy scaling."
+        "The exponent of dynamic temperature's entropy scaling.",
+        server = &["dynatemp_exponent"]
     ),
     float_knob!(
         typical_p,
@@ -383,7 +404,8 @@ pub const KNOBS: [KnobSpec; 26] = [
         "in [0, 1]",
         Some("--xtc-probability"),
         (0.0, 1.0),
-        "Chance per step that XTC removes the most likely tokens above the threshold."
+        "Chance per step that XTC removes the most likely tokens above the threshold.",
+        server = &["xtc_probability"]
     ),
     float_knob!(
         dry_multiplier,
@@ -427,6 +449,7 @@ pub const KNOBS: [KnobSpec; 26] = [
         expect: "token ids in 0..2**32",
         help: "Token ids that end a repeated sequence for DRY.",
         flag: None,
+        server_fields: &["dry_sequence_breakers"],
         probe: (0.0, 0.0),
         get: |k| Value::Tokens(k.dry_sequence_breakers.iter().map(|&t| t as i128).collect()),
         set: |k, v| {
@@ -443,6 +466,7 @@ pub const KNOBS: [KnobSpec; 26] = [
         expect: "a MirostatMode (0, 1, 2)",
         help: "Mirostat sampling: 0 off, 1 Mirostat, 2 Mirostat 2.0.",
         flag: Some("--mirostat"),
+        server_fields: &["mirostat"],
         probe: (0.0, 2.0),
         get: |k| {
             Value::Int(match k.mirostat {
@@ -513,6 +537,7 @@ pub const KNOBS: [KnobSpec; 26] = [
             "How many recent tokens the penalties look at (-1: all); unset takes the \
                order's default (64 under llama.cpp's and the default order, all under hf and vllm).",
         flag: Some("--repeat-last-n"),
+        server_fields: &["repeat_last_n"],
         probe: (-1.0, 128.0),
         get: |k| match k.repetition_window {
             Window::Preset => Value::None,
@@ -543,6 +568,7 @@ pub const KNOBS: [KnobSpec; 26] = [
         expect: "in 0..2**64 or None",
         help: "The draw's seed; unset picks a random one (reported by the chain).",
         flag: None,
+        server_fields: &["seed"],
         probe: (0.0, 0.0),
         get: |k| Value::Int(k.seed as i128),
         set: |k, v| {
@@ -560,6 +586,7 @@ pub const KNOBS: [KnobSpec; 26] = [
         expect: "finite or -inf (ban)",
         help: "Token id -> value added to its logit; -inf bans the token.",
         flag: None,
+        server_fields: &["logit_bias"],
         probe: (-10.0, 10.0),
         get: |k| {
             let mut b: Vec<(i128, f64)> = k

@@ -66,6 +66,9 @@ pub struct StageSpec {
     /// Its names in llama.cpp's `--samplers` list (the CLI's), none when
     /// llama.cpp's list cannot name it (logit bias always runs first there).
     pub llama_cpp_names: &'static [&'static str],
+    /// Its letter in llama.cpp's `--sampling-seq` and llama-server's
+    /// `samplers` string, where it has one.
+    pub llama_cpp_letter: Option<char>,
     /// It edits logits in place (bias, penalties, DRY) rather than truncating
     /// or rescaling: it runs on the whole row, and the penalised
     /// log-probabilities replay it.
@@ -82,6 +85,7 @@ pub const STAGES: [StageSpec; 10] = [
         stage: Stage::LogitBias,
         places: [0, 0, 0, 0],
         llama_cpp_names: &[],
+        llama_cpp_letter: None,
         name: "logit_bias",
         knobs: &["logit_bias"],
         edits: true,
@@ -93,6 +97,7 @@ pub const STAGES: [StageSpec; 10] = [
         stage: Stage::Penalties,
         places: [10, 10, 10, 10],
         llama_cpp_names: &["penalties"],
+        llama_cpp_letter: Some('e'),
         name: "penalties",
         knobs: &[
             "repetition_penalty",
@@ -117,6 +122,7 @@ pub const STAGES: [StageSpec; 10] = [
         stage: Stage::Dry,
         places: [20, 20, 20, 20],
         llama_cpp_names: &["dry"],
+        llama_cpp_letter: Some('d'),
         name: "dry",
         knobs: &[
             "dry_multiplier",
@@ -138,6 +144,7 @@ pub const STAGES: [StageSpec; 10] = [
         stage: Stage::Temperature,
         places: [30, 90, 30, 30],
         llama_cpp_names: &["temperature", "temp"],
+        llama_cpp_letter: Some('t'),
         name: "temperature",
         knobs: &["temperature", "dynamic_temp", "dynamic_temp_exponent"],
         edits: false,
@@ -166,6 +173,7 @@ pub const STAGES: [StageSpec; 10] = [
         stage: Stage::TopK,
         places: [40, 40, 40, 50],
         llama_cpp_names: &["top_k", "top-k"],
+        llama_cpp_letter: Some('k'),
         name: "top_k",
         knobs: &["top_k", "min_keep"],
         edits: false,
@@ -185,6 +193,7 @@ pub const STAGES: [StageSpec; 10] = [
         stage: Stage::Typical,
         places: [50, 50, 70, 70],
         llama_cpp_names: &["typ_p", "typ-p", "typ", "typical_p", "typical-p", "typical"],
+        llama_cpp_letter: Some('y'),
         name: "typical",
         knobs: &["typical_p", "min_keep"],
         edits: false,
@@ -206,6 +215,7 @@ pub const STAGES: [StageSpec; 10] = [
         stage: Stage::TopP,
         places: [60, 60, 50, 60],
         llama_cpp_names: &["top_p", "top-p", "nucleus"],
+        llama_cpp_letter: Some('p'),
         name: "top_p",
         knobs: &["top_p", "min_keep"],
         edits: false,
@@ -228,6 +238,7 @@ pub const STAGES: [StageSpec; 10] = [
         stage: Stage::MinP,
         places: [70, 70, 60, 40],
         llama_cpp_names: &["min_p", "min-p"],
+        llama_cpp_letter: Some('m'),
         name: "min_p",
         knobs: &["min_p", "min_keep"],
         edits: false,
@@ -243,6 +254,7 @@ pub const STAGES: [StageSpec; 10] = [
         stage: Stage::TopNSigma,
         places: [80, 30, 80, 80],
         llama_cpp_names: &["top_n_sigma", "top-n-sigma"],
+        llama_cpp_letter: Some('s'),
         name: "top_n_sigma",
         knobs: &["top_n_sigma"],
         edits: false,
@@ -257,6 +269,7 @@ pub const STAGES: [StageSpec; 10] = [
         stage: Stage::Xtc,
         places: [90, 80, 90, 90],
         llama_cpp_names: &["xtc"],
+        llama_cpp_letter: Some('x'),
         name: "xtc",
         knobs: &["xtc_prob", "xtc_threshold", "min_keep"],
         edits: false,
@@ -341,6 +354,15 @@ mod tests {
         aliases.sort_unstable();
         aliases.dedup();
         assert_eq!(aliases.len(), n, "a llama.cpp name is given to two stages");
+        let mut letters: Vec<char> = STAGES.iter().filter_map(|s| s.llama_cpp_letter).collect();
+        let n = letters.len();
+        letters.sort_unstable();
+        letters.dedup();
+        assert_eq!(
+            letters.len(),
+            n,
+            "a llama.cpp letter is given to two stages"
+        );
     }
 
     #[test]

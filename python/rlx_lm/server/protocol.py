@@ -7,29 +7,35 @@ listed in `IGNORED_FIELDS`, which OpenAI defines for its own bookkeeping and whi
 nothing about the text.
 
 Sampling knobs, by the names OpenAI, llama-server and vLLM accept (body name ->
-`SampleOpts` field):
+`SampleOpts` field). Each knob's names come from the core's table (``server_fields`` in
+``rlx_lm._core.SAMPLER_KNOBS``, `KNOB_FIELDS` here) and its value is parsed by its kind
+there, so a new knob is accepted without an edit to this module; the core checks ranges.
+llama-server's own conventions, kept here:
 
 ==============================================  =========================================
-``temperature`` (default 1.0, as OpenAI)        ``temperature``
-``top_p``, ``min_p``, ``typical_p``             the same
-``top_k`` (0 or -1: off)                        ``top_k``
+``temperature`` (default 1.0, as OpenAI)        ``temperature``, in [0, 2] as OpenAI
 ``frequency_penalty``, ``presence_penalty``     the same, in [-2, 2] as OpenAI
+``top_k`` (0 or -1: off)                        ``top_k``
 ``repeat_penalty`` / ``repetition_penalty``     ``repetition_penalty``
 ``repeat_last_n`` (-1: whole history)           ``repetition_window``
 ``logit_bias`` ({"id": bias} or [[id, bias]])   ``logit_bias``; bias in [-100, 100] or
                                                 ``false`` (ban, as llama-server)
-``dry_multiplier``, ``dry_base``,               the same; breakers are token ids or
-``dry_allowed_length``, ``dry_max_ngram``,      strings (every token of the string)
-``dry_sequence_breakers``
-``xtc_probability``, ``xtc_threshold``          ``xtc_prob``, ``xtc_threshold``
-``top_n_sigma``, ``min_keep``                   the same
-``mirostat`` (0, 1, 2), ``mirostat_tau``,       the same
-``mirostat_eta``, ``mirostat_m``
-``dynatemp_range``, ``dynatemp_exponent``       ``dynamic_temp`` = temperature +- range
+``dry_sequence_breakers``                       token ids or strings (every token of the
+                                                string)
+``xtc_probability``                             ``xtc_prob``
+``dynatemp_range``, ``dynatemp_exponent``       ``dynamic_temp`` = temperature +- range,
+                                                ``dynamic_temp_exponent``
 ``seed`` (-1: random, as llama-server)          ``seed``
-``samplers`` (llama-server's stage list or      the chain's custom order; logit_bias runs
-letters ``"dkypmxts"``)                         first unless listed
+``samplers`` (stage names, llama.cpp's names    the chain's custom order; logit_bias runs
+or llama-server's letters ``"edkypmxts"``)      first unless listed
 ==============================================  =========================================
+
+Every other knob goes by its `SampleOpts` name: ``top_p``, ``min_p``, ``typical_p``,
+``top_n_sigma``, ``xtc_threshold``, ``dry_multiplier``, ``dry_base``,
+``dry_allowed_length``, ``dry_max_ngram``, ``mirostat`` (0, 1, 2), ``mirostat_tau``,
+``mirostat_eta``, ``mirostat_m``, ``min_keep``. The ``samplers`` names and letters come
+from the stage table (``llama_cpp_names``, ``llama_cpp_letter`` in
+``rlx_lm._core.SAMPLER_STAGES``).
 
 Generation: ``max_tokens`` / ``max_completion_tokens`` / ``n_predict``, ``n``, ``stop``
 (a string or up to 16), ``stop_token_ids``, ``ignore_eos``, ``logprobs`` and
@@ -51,14 +57,18 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from rlx_lm import _core
 from rlx_lm.errors import InvalidOptionError
 from rlx_lm.generation import TokenLogprob
-from rlx_lm.sample_opts import MirostatMode, SampleOpts
+from rlx_lm.sample_opts import SampleOpts
 from rlx_lm.server.scheduler import GenerationRequest
 from rlx_lm.tokenizer import Tokenizer
 
 __all__ = [
     "IGNORED_FIELDS",
+    "KNOB_FIELDS",
+    "SAMPLER_LETTERS",
+    "SAMPLER_NAMES",
     "ParsedRequest",
     "ProtocolError",
     "error_body",
@@ -71,58 +81,40 @@ IGNORED_FIELDS = frozenset({"user", "store", "metadata", "service_tier", "parall
 
 _MAX_STOPS = 16
 
-# body name -> (SampleOpts field, kind, range check or None)
+# What OpenAI bounds more tightly than the core (body name -> check).
 _Check = Callable[[float], str | None]
 
 
-def _between(lo: float, hi: float, *, lo_open: bool = False) -> _Check:
-    def check(v: float) -> str | None:
-        ok = (lo < v if lo_open else lo <= v) and v <= hi
-        return None if ok else f"must be in {'(' if lo_open else '['}{lo}, {hi}], got {v}"
-
-    return check
+def _between(lo: float, hi: float) -> _Check:
+    return lambda v: None if lo <= v <= hi else f"must be in [{lo}, {hi}], got {v}"
 
 
-def _at_least(lo: float) -> _Check:
-    return lambda v: None if v >= lo else f"must be >= {lo}, got {v}"
-
-
-_FLOAT_KNOBS: dict[str, tuple[str, _Check | None]] = {
-    "temperature": ("temperature", _between(0, 2)),
-    "top_p": ("top_p", _between(0, 1, lo_open=True)),
-    "min_p": ("min_p", _between(0, 1)),
-    "typical_p": ("typical_p", _between(0, 1, lo_open=True)),
-    "frequency_penalty": ("frequency_penalty", _between(-2, 2)),
-    "presence_penalty": ("presence_penalty", _between(-2, 2)),
-    "repeat_penalty": ("repetition_penalty", None),
-    "repetition_penalty": ("repetition_penalty", None),
-    "dry_multiplier": ("dry_multiplier", None),
-    "dry_base": ("dry_base", None),
-    "xtc_probability": ("xtc_prob", None),
-    "xtc_threshold": ("xtc_threshold", None),
-    "top_n_sigma": ("top_n_sigma", None),
-    "mirostat_tau": ("mirostat_tau", None),
-    "mirostat_eta": ("mirostat_eta", None),
-    "dynatemp_exponent": ("dynamic_temp_exponent", None),
+_OPENAI_RANGES: dict[str, _Check] = {
+    "temperature": _between(0, 2),
+    "frequency_penalty": _between(-2, 2),
+    "presence_penalty": _between(-2, 2),
 }
-_INT_KNOBS: dict[str, str] = {
-    "dry_allowed_length": "dry_allowed_length",
-    "dry_max_ngram": "dry_max_ngram",
-    "mirostat_m": "mirostat_m",
-    "min_keep": "min_keep",
+
+KNOB_FIELDS: dict[str, str] = {
+    field: k["name"] for k in _core.SAMPLER_KNOBS for field in k["server_fields"]
 }
-_OTHER_KNOBS = frozenset(
-    {
-        "top_k",
-        "repeat_last_n",
-        "logit_bias",
-        "dry_sequence_breakers",
-        "mirostat",
-        "dynatemp_range",
-        "seed",
-        "samplers",
-    }
-)
+"""Body name -> `SampleOpts` field, for every knob: its ``server_fields`` in the core's
+table (``KnobSpec::server_fields``, rust/sampling/knobs.rs), so a new knob is a field here
+without an edit to this module."""
+
+_KINDS: dict[str, str] = {k["name"]: k["kind"] for k in _core.SAMPLER_KNOBS}
+
+SAMPLER_NAMES: dict[str, str] = {
+    alias: s["name"] for s in _core.SAMPLER_STAGES for alias in (s["name"], *s["llama_cpp_names"])
+}
+"""``samplers`` names -> the chain's stage names: each stage's own name and its names in
+llama.cpp's lists (``StageSpec::llama_cpp_names``)."""
+
+SAMPLER_LETTERS: dict[str, str] = {
+    s["llama_cpp_letter"]: s["name"] for s in _core.SAMPLER_STAGES if s["llama_cpp_letter"]
+}
+"""llama-server's ``samplers`` letters -> stage names (``StageSpec::llama_cpp_letter``)."""
+
 _COMMON = frozenset(
     {
         "model",
@@ -135,9 +127,8 @@ _COMMON = frozenset(
         "stop_token_ids",
         "ignore_eos",
         "cache_prompt",
-        *_FLOAT_KNOBS,
-        *_INT_KNOBS,
-        *_OTHER_KNOBS,
+        "samplers",
+        *KNOB_FIELDS,
         *IGNORED_FIELDS,
     }
 )
@@ -153,33 +144,6 @@ CHAT_FIELDS = _COMMON | {
     "add_generation_prompt",
 }
 COMPLETION_FIELDS = _COMMON | {"prompt", "logprobs", "echo", "suffix", "best_of"}
-
-# llama-server's sampler names and letters -> the chain's stage names
-_SAMPLER_NAMES = {
-    "penalties": "penalties",
-    "dry": "dry",
-    "top_n_sigma": "top_n_sigma",
-    "top_k": "top_k",
-    "typ_p": "typical",
-    "typical_p": "typical",
-    "typical": "typical",
-    "top_p": "top_p",
-    "min_p": "min_p",
-    "xtc": "xtc",
-    "temperature": "temperature",
-    "temp": "temperature",
-    "logit_bias": "logit_bias",
-}
-_SAMPLER_LETTERS = {
-    "d": "dry",
-    "k": "top_k",
-    "y": "typical",
-    "p": "top_p",
-    "m": "min_p",
-    "x": "xtc",
-    "t": "temperature",
-    "s": "top_n_sigma",
-}
 
 
 class ProtocolError(Exception):
@@ -288,65 +252,80 @@ def _token_list(value: Any, name: str, vocab: int) -> list[int]:
 # ------------------------------------------------------------------ sampling
 
 
-def sample_opts(body: Mapping[str, Any], tokenizer: Tokenizer, vocab: int) -> SampleOpts:
-    """The `SampleOpts` a body asks for (see the module docstring for the names)."""
-    kw: dict[str, Any] = {"temperature": 1.0}
-    source: dict[str, str] = {"temperature": "temperature"}  # SampleOpts field -> body name
-    for name, (target, check) in _FLOAT_KNOBS.items():
-        v = _float(body, name)
-        if v is None:
-            continue
-        if check is not None and (why := check(v)) is not None:
-            raise ProtocolError(f"{name}: {why}", name)
-        if target in kw and source.get(target) != "temperature" and kw[target] != v:
-            raise ProtocolError(
-                f"{name}: conflicts with {source[target]} (both set {target}, differently)", name
-            )
-        kw[target], source[target] = v, name
-    for name, target in _INT_KNOBS.items():
-        iv = _int(body, name, None)
-        if iv is not None:
-            kw[target], source[target] = iv, name
-    top_k = _int(body, "top_k", None)
-    if top_k is not None:
+def _knob_value(
+    knob: str, name: str, value: Any, kw: Mapping[str, Any], tokenizer: Tokenizer, vocab: int
+) -> Any:
+    """The `SampleOpts` value of body field ``name`` for ``knob``: llama-server's own
+    spellings first, then by the knob's kind in the core's table (the core checks the
+    range)."""
+    body = {name: value}
+    kind = _KINDS[knob]
+    if knob == "top_k":  # llama-server: 0 or -1 is off
+        top_k = _int(body, name, None)
+        assert top_k is not None
         if top_k < -1:
-            raise ProtocolError(f"top_k: must be >= -1 (0 or -1: off), got {top_k}", "top_k")
-        kw["top_k"], source["top_k"] = (None if top_k <= 0 else top_k), "top_k"
-    window = _int(body, "repeat_last_n", None)
-    if window is not None:
-        if window == 0 or window < -1:
+            raise ProtocolError(f"{name}: must be >= -1 (0 or -1: off), got {top_k}", name)
+        return None if top_k <= 0 else top_k
+    if knob == "repetition_window":  # llama-server: -1 is the whole history
+        window = _int(body, name, None)
+        if window == 0:
             raise ProtocolError(
-                f"repeat_last_n: must be >= 1, or -1 for the whole history, got {window}",
-                "repeat_last_n",
+                f"{name}: must be >= 1, or -1 for the whole history, got {window}", name
             )
-        kw["repetition_window"], source["repetition_window"] = window, "repeat_last_n"
-    mirostat = _int(body, "mirostat", None)
-    if mirostat is not None:
-        if mirostat not in (0, 1, 2):
-            raise ProtocolError(f"mirostat: must be 0, 1 or 2, got {mirostat}", "mirostat")
-        kw["mirostat"], source["mirostat"] = MirostatMode(mirostat), "mirostat"
-    seed = _int(body, "seed", None)
-    if seed is not None:
-        if seed == -1:
-            seed = None
-        elif not 0 <= seed < 2**64:
-            raise ProtocolError(f"seed: must be in 0..2**64 (or -1: random), got {seed}", "seed")
-        kw["seed"], source["seed"] = seed, "seed"
-    dyn = _float(body, "dynatemp_range")
-    if dyn is not None and dyn != 0:
+        return window
+    if knob == "dynamic_temp":  # llama-server: a range around temperature
+        dyn = _float(body, name)
+        assert dyn is not None
         if dyn < 0:
-            raise ProtocolError(f"dynatemp_range: must be >= 0, got {dyn}", "dynatemp_range")
+            raise ProtocolError(f"{name}: must be >= 0, got {dyn}", name)
         t = float(kw["temperature"])
-        kw["dynamic_temp"], kw["temperature"] = (max(0.0, t - dyn), t + dyn), 0.0
-        source["dynamic_temp"] = "dynatemp_range"
-    if _present(body, "logit_bias"):
-        kw["logit_bias"], source["logit_bias"] = (
-            _logit_bias(body["logit_bias"], vocab),
-            "logit_bias",
-        )
-    if _present(body, "dry_sequence_breakers"):
-        kw["dry_sequence_breakers"] = _breakers(body["dry_sequence_breakers"], tokenizer, vocab)
-        source["dry_sequence_breakers"] = "dry_sequence_breakers"
+        return None if dyn == 0 else (max(0.0, t - dyn), t + dyn)
+    if kind == "float":
+        f = _float(body, name)
+        check = _OPENAI_RANGES.get(name)
+        if f is not None and check is not None and (why := check(f)) is not None:
+            raise ProtocolError(f"{name}: {why}", name)
+        return f
+    if kind in ("int", "int | None", "mode"):
+        return _int(body, name, None)
+    if kind == "seed":  # llama-server: -1 is a random seed
+        seed = _int(body, name, None)
+        if seed == -1:
+            return None
+        if seed is not None and not 0 <= seed < 2**64:
+            raise ProtocolError(f"{name}: must be in 0..2**64 (or -1: random), got {seed}", name)
+        return seed
+    if kind == "pair | None":
+        if not (isinstance(value, list) and len(value) == 2):
+            raise ProtocolError(f"{name}: must be a [min, max] pair of numbers", name)
+        lo, hi = (_float({name: v}, name) for v in value)
+        return (lo, hi)
+    if kind == "tokens":
+        return _tokens(value, name, tokenizer, vocab)
+    if kind == "bias":
+        return _logit_bias(value, name, vocab)
+    raise AssertionError(f"{knob}: the server has no parser for knobs of kind {kind!r}")
+
+
+def sample_opts(body: Mapping[str, Any], tokenizer: Tokenizer, vocab: int) -> SampleOpts:
+    """The `SampleOpts` a body asks for (see the module docstring for the names).
+
+    Every knob is read under its ``server_fields`` names in the core's table, in the
+    table's order (temperature before ``dynatemp_range``, which is a range around it).
+    """
+    kw: dict[str, Any] = {"temperature": 1.0}  # OpenAI's default
+    source: dict[str, str] = {}  # SampleOpts field -> body name
+    for name, knob in KNOB_FIELDS.items():
+        if not _present(body, name):
+            continue
+        v = _knob_value(knob, name, body[name], kw, tokenizer, vocab)
+        if knob in source and kw[knob] != v:
+            raise ProtocolError(
+                f"{name}: conflicts with {source[knob]} (both set {knob}, differently)", name
+            )
+        kw[knob], source[knob] = v, name
+        if knob == "dynamic_temp" and v is not None:
+            kw["temperature"] = 0.0  # dynamic temperature replaces it
     try:
         return SampleOpts(**kw)
     except InvalidOptionError as exc:
@@ -355,8 +334,7 @@ def sample_opts(body: Mapping[str, Any], tokenizer: Tokenizer, vocab: int) -> Sa
         raise ProtocolError(f"{name}: {str(exc).split(':', 1)[-1].strip()}", name) from None
 
 
-def _logit_bias(value: Any, vocab: int) -> dict[int, float]:
-    name = "logit_bias"
+def _logit_bias(value: Any, name: str, vocab: int) -> dict[int, float]:
     if isinstance(value, Mapping):
         items = list(value.items())
     elif isinstance(value, list) and all(isinstance(p, list) and len(p) == 2 for p in value):
@@ -384,8 +362,8 @@ def _logit_bias(value: Any, vocab: int) -> dict[int, float]:
     return out
 
 
-def _breakers(value: Any, tokenizer: Tokenizer, vocab: int) -> tuple[int, ...]:
-    name = "dry_sequence_breakers"
+def _tokens(value: Any, name: str, tokenizer: Tokenizer, vocab: int) -> tuple[int, ...]:
+    """Token ids, or strings standing for every token of their text (DRY's breakers)."""
     if not isinstance(value, list):
         raise ProtocolError(f"{name}: must be a list of strings or token ids", name)
     out: list[int] = []
@@ -406,20 +384,20 @@ def _samplers(value: Any, opts: SampleOpts) -> tuple[str, ...] | None:
     if isinstance(value, str):
         stages = []
         for ch in value:
-            if ch not in _SAMPLER_LETTERS:
+            if ch not in SAMPLER_LETTERS:
                 raise ProtocolError(
-                    f"{name}: unknown sampler letter {ch!r} (letters: {''.join(_SAMPLER_LETTERS)})",
+                    f"{name}: unknown sampler letter {ch!r} (letters: {''.join(SAMPLER_LETTERS)})",
                     name,
                 )
-            stages.append(_SAMPLER_LETTERS[ch])
+            stages.append(SAMPLER_LETTERS[ch])
     elif isinstance(value, list) and all(isinstance(v, str) for v in value):
         stages = []
         for v in value:
-            if v not in _SAMPLER_NAMES:
+            if v not in SAMPLER_NAMES:
                 raise ProtocolError(
-                    f"{name}: unknown sampler {v!r} (known: {', '.join(_SAMPLER_NAMES)})", name
+                    f"{name}: unknown sampler {v!r} (known: {', '.join(SAMPLER_NAMES)})", name
                 )
-            stages.append(_SAMPLER_NAMES[v])
+            stages.append(SAMPLER_NAMES[v])
     else:
         raise ProtocolError(f"{name}: must be a list of sampler names or a string of letters", name)
     if len(set(stages)) != len(stages):

@@ -333,3 +333,327 @@ unsafe fn float_tile<S: Lanes, const R: usize, const N: usize, const KIND: u8>(
         res
     }
 }
+
+/// One activation row of the 32-value-block formats (Q8_0, Q4_0, Q4_1,
+/// Q5_0, Q5_1, IQ4_NL) on AVX2, with each block's codes decoded into
+/// registers where they lie: no scratch, no unpacking pass.
+///
+/// **The same bits as [`run_rows`].** Each output is computed by the same
+/// operations in the same order: per eight-code chunk in column order
+/// `w = float(code) * scale` rounded once, `acc = fma(w, x, acc)` in the
+/// row's one accumulator, `off += offset * X_g` block by block, then
+/// `hsum(acc) - off`. Only where the codes come from changes (the same
+/// int8 codes `unpack.rs` writes), and how many rows share a pass: one
+/// accumulator is a chain of dependent multiply-adds, so a tile of
+/// [`Block::ROWS`] rows keeps that many chains in flight (the fused
+/// multiply-add's latency, not its throughput, bounded the old 4-row tile).
+#[cfg(target_arch = "x86_64")]
+pub(crate) mod row1 {
+    use super::Job;
+    use crate::quant::format::QuantType;
+    use crate::quant::simd::{Avx2, Lanes};
+    use std::arch::x86_64::*;
+
+    /// Whether [`rows`] takes `qtype`.
+    pub(crate) fn covers(qtype: QuantType) -> bool {
+        matches!(
+            qtype,
+            QuantType::Q8_0 | QuantType::Q4_0 | QuantType::Q4_1 | QuantType::IQ4NL
+        )
+    }
+
+    /// Whether [`rows_by`] has a kernel for `qtype`: [`covers`]'s formats
+    /// and Q5_0 / Q5_1, whose fifth bits cost more in registers than the
+    /// general tiles' unpacking (measured slower; kept for the probe).
+    #[cfg(test)]
+    pub(crate) fn implements(qtype: QuantType) -> bool {
+        covers(qtype) || matches!(qtype, QuantType::Q5_0 | QuantType::Q5_1)
+    }
+
+    /// Rows `lo..hi` of `job` (one activation row, a format [`covers`]
+    /// takes) into `out[lo..hi]`.
+    ///
+    /// # Safety
+    /// AVX2, FMA and F16C present; `job.n == 1`; `out` holds `job.rows`
+    /// floats and nobody else writes `out[lo..hi]` meanwhile.
+    #[target_feature(enable = "avx2,fma,f16c")]
+    pub(crate) unsafe fn rows(job: &Job<'_>, lo: usize, hi: usize, out: *mut f32) {
+        // SAFETY: forwarded.
+        unsafe { rows_by(job, lo, hi, out, 0) }
+    }
+
+    /// [`rows`] with passes of `wide` rows (8 or 4; 0: the format's own),
+    /// for any format [`implements`] takes.
+    ///
+    /// # Safety
+    /// As [`rows`].
+    #[target_feature(enable = "avx2,fma,f16c")]
+    pub(crate) unsafe fn rows_by(job: &Job<'_>, lo: usize, hi: usize, out: *mut f32, wide: usize) {
+        macro_rules! each {
+            ($($t:ident => $l:ident),*) => {
+                match job.qtype {
+                    $(QuantType::$t => {
+                        let wide = if wide == 0 { $l::ROWS } else { wide };
+                        if wide == 8 { go::<$l, 8>(job, lo, hi, out) } else { go::<$l, 4>(job, lo, hi, out) }
+                    })*
+                    other => unreachable!("{} has no one-row kernel", other.name()),
+                }
+            };
+        }
+        // SAFETY: forwarded.
+        unsafe {
+            each!(Q8_0 => Q8_0, Q4_0 => Q4_0, Q4_1 => Q4_1, Q5_0 => Q5_0, Q5_1 => Q5_1, IQ4NL => Iq4Nl)
+        }
+    }
+
+    #[inline(always)]
+    unsafe fn go<L: Block, const WIDE: usize>(job: &Job<'_>, lo: usize, hi: usize, out: *mut f32) {
+        let blocks = job.cols / 32;
+        let rb = job.row_bytes;
+        let (x, xsum) = (job.x.as_ptr(), job.xsum.as_ptr());
+        let mut r = lo;
+        // SAFETY (whole body): rows lo..hi of `raw` hold `blocks` blocks of
+        // L::BYTES; `x` one row of `cols` floats and `xsum` (offsets only)
+        // one sum per block; `out[lo..hi]` is ours (caller).
+        unsafe {
+            macro_rules! tile {
+                ($rt:literal) => {{
+                    let base = job.raw.as_ptr().add(r * rb);
+                    let mut acc = [_mm256_setzero_ps(); $rt];
+                    let mut off = [0.0f32; $rt];
+                    for c in 0..blocks {
+                        let xp = x.add(c * 32);
+                        for i in 0..$rt {
+                            let b = base.add(i * rb + c * L::BYTES);
+                            // Two passes ahead: a decode step's weights come from memory.
+                            _mm_prefetch::<_MM_HINT_T0>(b.wrapping_add(2 * WIDE * rb).cast());
+                            let q = L::chunks(b);
+                            let a = _mm256_set1_ps(L::scale(b));
+                            for (j, &q) in q.iter().enumerate() {
+                                let w = _mm256_mul_ps(q, a);
+                                acc[i] = _mm256_fmadd_ps(w, _mm256_loadu_ps(xp.add(8 * j)), acc[i]);
+                            }
+                            if L::OFFSET {
+                                off[i] += L::offset(b) * *xsum.add(c);
+                            }
+                        }
+                    }
+                    for i in 0..$rt {
+                        *out.add(r + i) = Avx2::hsum(acc[i]) - off[i];
+                    }
+                    r += $rt;
+                }};
+            }
+            while WIDE == 8 && hi - r >= 8 {
+                tile!(8);
+            }
+            while hi - r >= 4 {
+                tile!(4);
+            }
+            while r < hi {
+                tile!(1);
+            }
+        }
+    }
+
+    /// A format of 32-value blocks: the codes, scale and offset of the
+    /// block at `b`, as `unpack.rs` gives them.
+    trait Block {
+        const BYTES: usize;
+        /// Whether blocks have an offset (`weight = scale * code - offset`).
+        const OFFSET: bool = false;
+        /// Weight rows a pass (4 or 8).
+        const ROWS: usize = 4;
+        /// Codes 0..16 and 16..32, int8.
+        ///
+        /// # Safety
+        /// AVX2 present; `BYTES` readable bytes at `b`.
+        unsafe fn codes(b: *const u8) -> (__m128i, __m128i);
+        /// The four eight-code chunks as floats.
+        ///
+        /// # Safety
+        /// As [`Block::codes`].
+        #[inline(always)]
+        unsafe fn chunks(b: *const u8) -> [__m256; 4] {
+            // SAFETY: forwarded.
+            unsafe {
+                let (l, h) = Self::codes(b);
+                let f = |v: __m128i| _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(v));
+                [
+                    f(l),
+                    f(_mm_unpackhi_epi64(l, l)),
+                    f(h),
+                    f(_mm_unpackhi_epi64(h, h)),
+                ]
+            }
+        }
+        /// # Safety
+        /// As [`Block::codes`].
+        #[inline(always)]
+        unsafe fn scale(b: *const u8) -> f32 {
+            // SAFETY: forwarded.
+            unsafe { half(b) }
+        }
+        /// # Safety
+        /// As [`Block::codes`].
+        #[inline(always)]
+        unsafe fn offset(_: *const u8) -> f32 {
+            0.0
+        }
+    }
+
+    /// The float16 at `p`, exactly (F16C).
+    #[inline(always)]
+    unsafe fn half(p: *const u8) -> f32 {
+        // SAFETY: 2 readable bytes at p; F16C present (caller).
+        unsafe { Avx2::half(p.cast::<u16>().read_unaligned()) }
+    }
+
+    /// The 16 bytes at `p` as nibbles: the low ones, the high ones.
+    #[inline(always)]
+    unsafe fn nibbles(p: *const u8) -> (__m128i, __m128i) {
+        // SAFETY: 16 readable bytes at p (caller).
+        unsafe {
+            let v = _mm_loadu_si128(p.cast());
+            let m = _mm_set1_epi8(15);
+            (
+                _mm_and_si128(v, m),
+                _mm_and_si128(_mm_srli_epi16::<4>(v), m),
+            )
+        }
+    }
+
+    /// `0x10` in byte `j` (of 32) where bit `j` of the u32 at `p` is set.
+    #[inline(always)]
+    unsafe fn fifth(p: *const u8) -> (__m128i, __m128i) {
+        // SAFETY: 4 readable bytes at p (caller).
+        unsafe {
+            let qh = p.cast::<u32>().read_unaligned();
+            let spread = _mm256_setr_epi8(
+                0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1, 2, 2, 2, 2, 2, 2, 2, 2, 3, 3, 3, 3,
+                3, 3, 3, 3,
+            );
+            let b = _mm256_shuffle_epi8(_mm256_set1_epi32(qh as i32), spread);
+            let bit = _mm256_set1_epi64x(0x8040_2010_0804_0201_u64 as i64);
+            let set = _mm256_cmpeq_epi8(_mm256_and_si256(b, bit), bit);
+            let v = _mm256_and_si256(set, _mm256_set1_epi8(0x10));
+            (_mm256_castsi256_si128(v), _mm256_extracti128_si256::<1>(v))
+        }
+    }
+
+    /// `(l - bias, h - bias)` bytewise.
+    #[inline(always)]
+    unsafe fn less((l, h): (__m128i, __m128i), bias: i8) -> (__m128i, __m128i) {
+        // SAFETY: AVX2 present (caller).
+        unsafe {
+            let b = _mm_set1_epi8(bias);
+            (_mm_sub_epi8(l, b), _mm_sub_epi8(h, b))
+        }
+    }
+
+    struct Q8_0;
+    impl Block for Q8_0 {
+        const BYTES: usize = 34;
+        // Its conversion is the cheapest, so its chains of multiply-adds
+        // bind: eight rows (about 1.4x four, hot).
+        const ROWS: usize = 8;
+        #[inline(always)]
+        unsafe fn codes(b: *const u8) -> (__m128i, __m128i) {
+            // SAFETY: forwarded; the codes follow `d`.
+            unsafe {
+                (
+                    _mm_loadu_si128(b.add(2).cast()),
+                    _mm_loadu_si128(b.add(18).cast()),
+                )
+            }
+        }
+        #[inline(always)]
+        unsafe fn chunks(b: *const u8) -> [__m256; 4] {
+            // SAFETY: forwarded; eight codes at 2 + 8j.
+            unsafe {
+                let f = |j: usize| {
+                    let v = _mm_loadl_epi64(b.add(2 + 8 * j).cast());
+                    _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(v))
+                };
+                [f(0), f(1), f(2), f(3)]
+            }
+        }
+    }
+
+    struct Q4_0;
+    impl Block for Q4_0 {
+        const BYTES: usize = 18;
+        #[inline(always)]
+        unsafe fn codes(b: *const u8) -> (__m128i, __m128i) {
+            // SAFETY: forwarded; nibbles after `d`.
+            unsafe { less(nibbles(b.add(2)), 8) }
+        }
+    }
+
+    struct Q4_1;
+    impl Block for Q4_1 {
+        const BYTES: usize = 20;
+        const OFFSET: bool = true;
+        #[inline(always)]
+        unsafe fn codes(b: *const u8) -> (__m128i, __m128i) {
+            // SAFETY: forwarded; nibbles after `d`, `m`.
+            unsafe { nibbles(b.add(4)) }
+        }
+        #[inline(always)]
+        unsafe fn offset(b: *const u8) -> f32 {
+            // SAFETY: forwarded; gguf adds `m`, we subtract `-m`.
+            -unsafe { half(b.add(2)) }
+        }
+    }
+
+    /// Q5's codes: nibbles at `qs` with fifth bits from the u32 at `qh`.
+    #[inline(always)]
+    unsafe fn five(qh: *const u8, qs: *const u8) -> (__m128i, __m128i) {
+        // SAFETY: forwarded (caller).
+        unsafe {
+            let (l, h) = nibbles(qs);
+            let (fl, fh) = fifth(qh);
+            (_mm_or_si128(l, fl), _mm_or_si128(h, fh))
+        }
+    }
+
+    struct Q5_0;
+    impl Block for Q5_0 {
+        const BYTES: usize = 22;
+        #[inline(always)]
+        unsafe fn codes(b: *const u8) -> (__m128i, __m128i) {
+            // SAFETY: forwarded; `d`, qh, nibbles.
+            unsafe { less(five(b.add(2), b.add(6)), 16) }
+        }
+    }
+
+    struct Q5_1;
+    impl Block for Q5_1 {
+        const BYTES: usize = 24;
+        const OFFSET: bool = true;
+        #[inline(always)]
+        unsafe fn codes(b: *const u8) -> (__m128i, __m128i) {
+            // SAFETY: forwarded; `d`, `m`, qh, nibbles.
+            unsafe { five(b.add(4), b.add(8)) }
+        }
+        #[inline(always)]
+        unsafe fn offset(b: *const u8) -> f32 {
+            // SAFETY: forwarded.
+            -unsafe { half(b.add(2)) }
+        }
+    }
+
+    struct Iq4Nl;
+    impl Block for Iq4Nl {
+        const BYTES: usize = 18;
+        #[inline(always)]
+        unsafe fn codes(b: *const u8) -> (__m128i, __m128i) {
+            // SAFETY: forwarded; nibbles after `d` index the code book.
+            unsafe {
+                let t = _mm_loadu_si128(crate::quant::unpack::IQ4_VALUES.as_ptr().cast());
+                let (l, h) = nibbles(b.add(2));
+                (_mm_shuffle_epi8(t, l), _mm_shuffle_epi8(t, h))
+            }
+        }
+    }
+}

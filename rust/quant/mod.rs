@@ -97,7 +97,13 @@ fn has_avx2() -> bool {
 #[target_feature(enable = "avx2,fma,f16c")]
 unsafe fn rows_avx2(job: &Job<'_>, lo: usize, hi: usize, out: *mut f32, s: &mut Scratch) {
     // SAFETY: forwarded; AVX2, FMA and F16C were checked by the caller.
-    unsafe { kernel::run_rows::<simd::Avx2>(job, lo, hi, out, s) }
+    unsafe {
+        if job.n == 1 && kernel::row1::covers(job.qtype) {
+            // One row of a 32-value-block format: codes in registers, same bits.
+            return kernel::row1::rows(job, lo, hi, out);
+        }
+        kernel::run_rows::<simd::Avx2>(job, lo, hi, out, s)
+    }
 }
 
 #[cfg(target_arch = "aarch64")]

@@ -829,3 +829,167 @@ fn q8_cold_probe() {
         );
     }
 }
+
+/// The general AVX2 tiles, without the one-row route.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn avx2_tiles(job: &Job<'_>, lo: usize, hi: usize, out: *mut f32) {
+    let mut s = kernel::Scratch::default();
+    // SAFETY: forwarded.
+    unsafe { kernel::run_rows::<simd::Avx2>(job, lo, hi, out, &mut s) }
+}
+
+#[cfg(target_arch = "x86_64")]
+#[test]
+fn the_one_row_kernel_gives_the_general_tiles_bits() {
+    if best_build() != Build::Avx2 {
+        return;
+    }
+    let mut rng = Rng(31);
+    for qtype in ALL.into_iter().filter(|&t| kernel::row1::implements(t)) {
+        for (rows, cols) in [(1, 32), (3, 64), (13, 96), (37, 160), (4, 32), (8, 64)] {
+            let raw = random_rows(qtype, rows, cols, &mut rng);
+            let x: Vec<f32> = (0..cols).map(|_| rng.unit() * 2.0).collect();
+            let xsum = if qtype.has_offsets() {
+                kernel::group_sums(&x, qtype.group_values())
+            } else {
+                Vec::new()
+            };
+            let job = Job {
+                qtype,
+                raw: &raw,
+                row_bytes: qtype.row_bytes(cols).unwrap(),
+                rows,
+                cols,
+                x: &x,
+                n: 1,
+                xsum: &xsum,
+            };
+            // Every start and end, so every mix of 8-, 4- and 1-row tiles.
+            for lo in 0..rows {
+                for hi in lo + 1..=rows {
+                    let mut want = vec![f32::NAN; rows];
+                    // SAFETY: AVX2 checked; out holds `rows` floats.
+                    unsafe { avx2_tiles(&job, lo, hi, want.as_mut_ptr()) };
+                    for wide in [0, 4, 8] {
+                        let mut got = vec![f32::NAN; rows];
+                        // SAFETY: as above.
+                        unsafe { kernel::row1::rows_by(&job, lo, hi, got.as_mut_ptr(), wide) };
+                        for r in lo..hi {
+                            assert_eq!(
+                                got[r].to_bits(),
+                                want[r].to_bits(),
+                                "{} {rows}x{cols} rows {lo}..{hi} by {wide}: row {r}",
+                                qtype.name()
+                            );
+                        }
+                        assert!(got[..lo].iter().chain(&got[hi..]).all(|v| v.is_nan()));
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// The exact one-row products, the general tiles against the route
+/// `matmul` takes, interleaved in one run, hot (one matrix in cache) and
+/// cold (cycled through 96 MB): `QT=Q4_0 cargo test --release -q --lib
+/// exact_cold_probe -- --ignored --nocapture`.
+#[cfg(target_arch = "x86_64")]
+#[test]
+#[ignore = "a speed probe, not a test"]
+fn exact_cold_probe() {
+    fn cpu() -> f64 {
+        let mut ts = libc::timespec {
+            tv_sec: 0,
+            tv_nsec: 0,
+        };
+        // SAFETY: a valid timespec to fill.
+        unsafe { libc::clock_gettime(libc::CLOCK_THREAD_CPUTIME_ID, &mut ts) };
+        ts.tv_sec as f64 + ts.tv_nsec as f64 * 1e-9
+    }
+    let mut rng = Rng(1);
+    let list = std::env::var("QT").unwrap_or_else(|_| "Q8_0,Q4_0,Q5_0,Q4_K,Q6_K".into());
+    for name in list.split(',') {
+        let qtype = ALL.into_iter().find(|t| t.name() == name).unwrap();
+        let (rows, cols) = if qtype.block_values() == 256 {
+            (576, 1536)
+        } else {
+            (1536, 576)
+        };
+        let one = random_rows(qtype, rows, cols, &mut rng);
+        let copies = (96 << 20) / one.len();
+        let cold: Vec<Vec<u8>> = (0..copies).map(|_| one.clone()).collect();
+        let x: Vec<f32> = (0..cols).map(|_| rng.unit()).collect();
+        let xsum = if qtype.has_offsets() {
+            kernel::group_sums(&x, qtype.group_values())
+        } else {
+            Vec::new()
+        };
+        let mut out = vec![0.0f32; rows];
+        let mut go = |raw: &[u8], route: usize| {
+            let job = Job {
+                qtype,
+                raw,
+                row_bytes: qtype.row_bytes(cols).unwrap(),
+                rows,
+                cols,
+                x: &x,
+                n: 1,
+                xsum: &xsum,
+            };
+            // SAFETY: out holds `rows` floats; AVX2 checked below.
+            unsafe {
+                match route {
+                    0 => avx2_tiles(&job, 0, rows, out.as_mut_ptr()),
+                    1 => run(best_build(), &job, 0, rows, out.as_mut_ptr()),
+                    w => kernel::row1::rows_by(&job, 0, rows, out.as_mut_ptr(), w),
+                }
+            }
+        };
+        if best_build() != Build::Avx2 {
+            return;
+        }
+        // Routes: the general tiles, matmul's, and (covered formats) passes
+        // of 8 and of 4 rows.
+        let routes: &[usize] = if kernel::row1::implements(qtype) {
+            &[0, 1, 8, 4]
+        } else {
+            &[0, 1]
+        };
+        let (mut hot, mut cold_t) = ([f64::MAX; 4], [f64::MAX; 4]);
+        for round in 0..10 {
+            for (k, &route) in routes.iter().enumerate() {
+                for _ in 0..40 {
+                    let t0 = cpu();
+                    go(&one, route);
+                    hot[k] = hot[k].min(cpu() - t0);
+                }
+                if round % 2 == 0 {
+                    let t0 = cpu();
+                    cold.iter().for_each(|m| go(m, route));
+                    cold_t[k] = cold_t[k].min((cpu() - t0) / copies as f64);
+                }
+            }
+        }
+        if routes.len() == 4 {
+            println!(
+                "{name:6} one-row passes of 8: hot {:6.1} us cold {:6.1} us; of 4: hot {:6.1} us cold {:6.1} us",
+                hot[2] * 1e6,
+                cold_t[2] * 1e6,
+                hot[3] * 1e6,
+                cold_t[3] * 1e6
+            );
+        }
+        println!(
+            "{name:6} exact n=1  tiles hot {:6.1} us cold {:6.1} us  |  matmul hot {:6.1} us cold {:6.1} us ({:5.2} GB/s)  |  x{:.2} hot, x{:.2} cold",
+            hot[0] * 1e6,
+            cold_t[0] * 1e6,
+            hot[1] * 1e6,
+            cold_t[1] * 1e6,
+            one.len() as f64 / cold_t[1] / 1e9,
+            hot[0] / hot[1],
+            cold_t[0] / cold_t[1],
+        );
+    }
+}

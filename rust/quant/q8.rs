@@ -654,6 +654,8 @@ impl Dot for Avx2 {
                 QuantType::Q5_0 => row1_avx2::<Q5_0>(job, lo, hi, out),
                 QuantType::Q5_1 => row1_avx2::<Q5_1>(job, lo, hi, out),
                 QuantType::IQ4NL => row1_avx2::<Iq4Nl>(job, lo, hi, out),
+                QuantType::Q4K => row1k_avx2::<Q4K>(job, lo, hi, out),
+                QuantType::Q6K => row1k_avx2::<Q6K>(job, lo, hi, out),
                 _ => return false,
             }
         }
@@ -827,6 +829,113 @@ unsafe fn row1_avx2<L: x86::Block>(job: &Job<'_>, lo: usize, hi: usize, out: *mu
     }
 }
 
+/// Rows `lo..hi` of a K-quant of 256-value blocks (`L`: Q4_K, Q6_K) times
+/// one activation row, four weight rows at a time, prefetched ahead, each
+/// block's group scales (and offsets) decoded from the block as the scales
+/// pass decodes them (`scales_only`, no scratch row). Every output is the
+/// general route's: the same integer lanes, `fma(scale_g * d, float(lanes),
+/// acc)` chunk by chunk, `hsum(acc)`, minus the offsets summed group by
+/// group in order.
+#[cfg(target_arch = "x86_64")]
+#[inline(always)]
+unsafe fn row1k_avx2<L: x86::KBlock>(job: &Job<'_>, lo: usize, hi: usize, out: *mut f32) {
+    use std::arch::x86_64::*;
+    const AHEAD: usize = 8;
+    let blocks = job.cols / 256;
+    let (xq, xd) = (job.acts.codes.as_ptr(), job.acts.scales.as_ptr());
+    let mut r = lo;
+    #[inline(always)]
+    unsafe fn tile<L: x86::KBlock, const RT: usize>(
+        job: &Job<'_>,
+        r: usize,
+        blocks: usize,
+        xq: *const i8,
+        xd: *const f32,
+        out: *mut f32,
+    ) {
+        let rb = job.row_bytes;
+        // SAFETY (whole body): rows r..r + RT of `raw` hold `blocks` blocks of
+        // L::BYTES; `xq`/`xd` one row of `256 * blocks` codes and `blocks`
+        // scales; `qsum` (offsets only) one entry per group; `out[r..r + RT]`
+        // is ours.
+        unsafe {
+            let ones = _mm256_set1_epi16(1);
+            let base = job.raw.as_ptr().add(r * rb);
+            let mut acc = [_mm256_setzero_ps(); RT];
+            let mut off = [0.0f32; RT];
+            let (mut sc, mut of) = ([0.0f32; 16], [0.0f32; 16]);
+            let mut xb = [_mm256_setzero_si256(); 8];
+            for blk in 0..blocks {
+                let d = *xd.add(blk);
+                let x = xq.add(blk * 256);
+                if L::BIAS != 0 {
+                    // BIAS times each lane's four activation codes, chunk by chunk.
+                    let bias = _mm256_set1_epi8(L::BIAS);
+                    for (c, xb) in xb.iter_mut().enumerate() {
+                        let xv = _mm256_loadu_si256(x.add(c * 32).cast());
+                        *xb = _mm256_madd_epi16(_mm256_maddubs_epi16(bias, xv), ones);
+                    }
+                }
+                for i in 0..RT {
+                    let b = base.add(i * rb + blk * L::BYTES);
+                    let ahead = b.wrapping_add(AHEAD * rb);
+                    let mut line = 0;
+                    while line < L::BYTES {
+                        _mm_prefetch::<_MM_HINT_T0>(ahead.wrapping_add(line).cast());
+                        line += 64;
+                    }
+                    scales_only::<Avx2>(
+                        job.qtype,
+                        std::slice::from_raw_parts(b, L::BYTES),
+                        &mut sc,
+                        &mut of,
+                    );
+                    let u = L::codes(b);
+                    for c in 0..8 {
+                        // Unsigned stored codes u (below 64), code = u - BIAS:
+                        // each lane sum u * x - BIAS * sum x, exactly the
+                        // general route's integers.
+                        let xv = _mm256_loadu_si256(x.add(c * 32).cast());
+                        let p = _mm256_madd_epi16(_mm256_maddubs_epi16(u[c], xv), ones);
+                        let p = if L::BIAS != 0 {
+                            _mm256_sub_epi32(p, xb[c])
+                        } else {
+                            p
+                        };
+                        let coef = if L::G16 {
+                            _mm256_set_m128(
+                                _mm_set1_ps(sc[2 * c + 1] * d),
+                                _mm_set1_ps(sc[2 * c] * d),
+                            )
+                        } else {
+                            _mm256_set1_ps(sc[c] * d)
+                        };
+                        acc[i] = _mm256_fmadd_ps(coef, _mm256_cvtepi32_ps(p), acc[i]);
+                        if L::OFFSET {
+                            off[i] += of[c] * *job.qsum.get_unchecked(blk * 8 + c);
+                        }
+                    }
+                }
+            }
+            for i in 0..RT {
+                let v = Avx2::hsum(acc[i]);
+                *out.add(r + i) = if L::OFFSET { v - off[i] } else { v };
+            }
+        }
+    }
+    // SAFETY: forwarded (see `tile`).
+    unsafe {
+        while hi - r >= 4 {
+            tile::<L, 4>(job, r, blocks, xq, xd, out);
+            r += 4;
+        }
+        while r < hi {
+            tile::<L, 1>(job, r, blocks, xq, xd, out);
+            r += 1;
+        }
+    }
+}
+
 /// The AVX2 code readers: 32 int8 codes of row `i`, chunk `c` of a band,
 /// the same codes `unpack.rs` writes.
 #[cfg(target_arch = "x86_64")]
@@ -914,6 +1023,80 @@ mod x86 {
         #[inline(always)]
         unsafe fn offset(_: *const u8) -> f32 {
             0.0
+        }
+    }
+
+    /// A K-quant of 256-value blocks read whole: stored codes of chunk `c`
+    /// (32 values) of the block at `b`, unsigned, the code being
+    /// `stored - BIAS`, as `unpack.rs` gives them.
+    pub(super) trait KBlock {
+        const BYTES: usize;
+        /// Groups of 16 values (two scales a chunk), else of 32.
+        const G16: bool;
+        /// Whether groups have an offset (`weight = scale * code - offset`).
+        const OFFSET: bool;
+        const BIAS: i8;
+        /// The block's eight chunks of stored codes, in order.
+        ///
+        /// # Safety
+        /// AVX2 present; `BYTES` readable bytes at `b`.
+        unsafe fn codes(b: *const u8) -> [__m256i; 8];
+    }
+
+    impl KBlock for Q4K {
+        const BYTES: usize = 144;
+        const G16: bool = false;
+        const OFFSET: bool = true;
+        const BIAS: i8 = 0;
+        #[inline(always)]
+        unsafe fn codes(b: *const u8) -> [__m256i; 8] {
+            // SAFETY: forwarded; chunks 2j and 2j + 1 are the low and high
+            // nibbles of qs[32j..32j + 32], qs after d, dmin and the scales.
+            unsafe {
+                let m = _mm256_set1_epi8(15);
+                let mut u = [_mm256_setzero_si256(); 8];
+                for j in 0..4 {
+                    let v = _mm256_loadu_si256(b.add(16 + 32 * j).cast());
+                    u[2 * j] = _mm256_and_si256(v, m);
+                    u[2 * j + 1] = _mm256_and_si256(_mm256_srli_epi16::<4>(v), m);
+                }
+                u
+            }
+        }
+    }
+
+    impl KBlock for Q6K {
+        const BYTES: usize = 210;
+        const G16: bool = true;
+        const OFFSET: bool = false;
+        const BIAS: i8 = 32;
+        #[inline(always)]
+        unsafe fn codes(b: *const u8) -> [__m256i; 8] {
+            // SAFETY: forwarded; ql[128], qh[64], scales, d. Chunk 4h + s:
+            // low (s < 2) or high nibbles of ql[64h + 32(s & 1)..], bits
+            // 2s..2s + 2 of qh[32h..] above them.
+            unsafe {
+                let (m4, m2) = (_mm256_set1_epi8(15), _mm256_set1_epi8(3));
+                let mut u = [_mm256_setzero_si256(); 8];
+                for h in 0..2 {
+                    let l0 = _mm256_loadu_si256(b.add(64 * h).cast());
+                    let l1 = _mm256_loadu_si256(b.add(64 * h + 32).cast());
+                    let qh = _mm256_loadu_si256(b.add(128 + 32 * h).cast());
+                    let hi = |q: __m256i| _mm256_slli_epi16::<4>(_mm256_and_si256(q, m2));
+                    u[4 * h] = _mm256_or_si256(_mm256_and_si256(l0, m4), hi(qh));
+                    u[4 * h + 1] =
+                        _mm256_or_si256(_mm256_and_si256(l1, m4), hi(_mm256_srli_epi16::<2>(qh)));
+                    u[4 * h + 2] = _mm256_or_si256(
+                        _mm256_and_si256(_mm256_srli_epi16::<4>(l0), m4),
+                        hi(_mm256_srli_epi16::<4>(qh)),
+                    );
+                    u[4 * h + 3] = _mm256_or_si256(
+                        _mm256_and_si256(_mm256_srli_epi16::<4>(l1), m4),
+                        hi(_mm256_srli_epi16::<6>(qh)),
+                    );
+                }
+                u
+            }
         }
     }
 

@@ -182,12 +182,14 @@ def cases(draw: st.DrawFn) -> Case:
 
 def raw_magnitude(o: SampleOpts, row: np.ndarray, history: list[int]) -> float:
     """A bound on the largest |logit| the chain computes before temperature: the row
-    scaled by a repetition penalty, shifted by presence, frequency, DRY and a finite bias."""
+    plus a finite bias, scaled by a repetition penalty, shifted by presence, frequency and DRY."""
     finite = row[np.isfinite(row)]
     m = float(np.abs(finite).max()) if finite.size else 0.0
+    # The bias first: llama.cpp's order biases before its penalties, so a repetition
+    # penalty below 1 scales the bias too (1e30 / 1e-40 is +inf in float32).
+    m += max((abs(b) for b in o.logit_bias.values() if math.isfinite(b)), default=0.0)
     m = m * max(o.repetition_penalty, 1.0 / o.repetition_penalty) + abs(o.presence_penalty)
     m += abs(o.frequency_penalty) * len(history)
-    m += max((abs(b) for b in o.logit_bias.values() if math.isfinite(b)), default=0.0)
     if o.dry_multiplier > 0:
         grow = max(0, len(history) - o.dry_allowed_length)
         # In logs: dry_base ** grow overflows a float64 for a large base.
@@ -387,6 +389,17 @@ def test_a_penalty_rounds_before_a_hot_temperature() -> None:
     history = [2, 0, 3, 2, 2, 0, 1, 0, 3, 2, 3, 1, 1, 2]
     assert rounding(o, row, history) >= 256 * EPS32 * 1e10
     check_reference(o, "llama.cpp", row, history)
+
+
+def test_a_bias_a_penalty_below_one_overflows_is_past_float32() -> None:
+    """Found by the campaign (seed 20261204, case 56810): llama.cpp's order adds a bias of
+    1e30 before a repetition penalty of 1e-40 divides it, +inf in float32 and 1e70 in
+    float64; the bound on the chain's logits must count the bias before the penalty, so
+    that only the invariants judge such a row."""
+    row = np.full(6, 1e-30, dtype=np.float32)
+    o = SampleOpts(repetition_penalty=1e-40, logit_bias={4: 1e30, 5: 0.5}, seed=1)
+    assert raw_magnitude(o, row, [4, 5]) > F32_MAX
+    check_reference(o, "llama.cpp", row, [4, 5])
 
 
 def test_the_campaign_driver_checks_cases() -> None:

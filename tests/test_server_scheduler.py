@@ -276,3 +276,23 @@ def test_the_prompt_is_the_prompt_to_the_sampler_chain(
             GenerationRequest(prompt, opts, max_tokens=1, order="vllm"), timeout=60
         )[0]
     assert got.tokens == lib.tokens == [want]
+
+
+def test_the_step_probe_splits_busy_time_into_decode_and_gap(model: tuple[Any, Any]) -> None:
+    # ~0.5 s: 14 decode steps of 20 ms and one 0.2 s idle pause.
+    _, tok = model
+    with BatchScheduler(SlowSteps(fresh(model), delay=0.02), tok) as sched:
+        for _ in range(2):
+            out = sched.generate(request(tok, seed=1, n_tokens=8, ignore_eos=True), timeout=60)
+            assert out[0].finish_reason == "length"
+            time.sleep(0.2)  # idle: not a gap between steps
+        m = sched.metrics
+        text = m.render()
+    assert m.decode_steps == 14  # 8 tokens: 7 decode steps, twice
+    assert m.step_gap.count == 12  # the first step after an idle wait has no gap
+    assert m.decode_seconds >= 14 * 0.02
+    assert m.step_gap.sum < m.decode_seconds / 2  # the 0.2 s pause was not counted
+    assert m.prefill_seconds > 0
+    assert "rlx_lm_step_gap_seconds_count 12" in text
+    assert "rlx_lm_decode_seconds_total " in text
+    assert "rlx_lm_prefill_seconds_total " in text

@@ -316,6 +316,7 @@ class BatchScheduler:
         self._stop = False
         self.steps = 0
         """Decode steps run so far."""
+        self._last_end: float | None = None  # when the last decode ended (None: idle since)
         self.metrics.bind(self)
 
     # ------------------------------------------------------------------ public
@@ -477,6 +478,7 @@ class BatchScheduler:
         while True:
             with self._cond:
                 while not self._stop and not self._running and not self._waiting:
+                    self._last_end = None  # an idle wait is no gap between steps
                     self._cond.notify_all()  # close() waits on the same condition
                     self._cond.wait()
                 if self._stop:
@@ -515,9 +517,15 @@ class BatchScheduler:
         # 4. one batched decode step
         live = [s for s in self._running if s.token is not None]
         if live:
+            t0 = time.perf_counter()
             self._decode(live)
+            t1 = time.perf_counter()
+            gap = None if self._last_end is None else t0 - self._last_end
+            self._last_end = t1
             self.steps += 1
-            self.metrics.observe_batch(len(live))
+            self.metrics.observe_step(len(live), t1 - t0, gap)
+        else:
+            self._last_end = None
 
     def _admit(self) -> list[RequestHandle]:
         out: list[RequestHandle] = []
@@ -549,7 +557,9 @@ class BatchScheduler:
         req = handle.request
         prompt = list(req.prompt)
         try:
+            t0 = time.perf_counter()
             logits, session, reused = self._prefill(prompt, req.use_cache)
+            self.metrics.observe_prefill_time(time.perf_counter() - t0)
             handle.reused_tokens = reused
             self.metrics.observe_prefill(len(prompt), reused)
             room = self.max_context - len(prompt)

@@ -497,6 +497,7 @@ class _Instant:
     def __init__(self, vocab: int) -> None:
         self.vocab_size = vocab
         self.row = np.random.default_rng(0).standard_normal(vocab).astype(np.float32)
+        self.rows = self.row[None, :]
         self.toks: list[int] = []
 
     def predict_logits(self, ids: Any, /) -> Any:
@@ -520,7 +521,11 @@ class _Instant:
         return True
 
     def decode_batch(self, sessions: Any, tokens: Any, /) -> Any:
-        rows = np.broadcast_to(self.row, (len(tokens), self.vocab_size))
+        # contiguous rows made once, as a runner's own logits are: a broadcast view would
+        # be copied whole by the adapter every step, a cost no real runner has
+        if len(self.rows) < len(tokens):
+            self.rows = np.ascontiguousarray(np.tile(self.row, (len(tokens), 1)))
+        rows = self.rows[: len(tokens)]
         return rows, [s.advanced(None, t) for s, t in zip(sessions, tokens, strict=True)]
 
 

@@ -296,3 +296,29 @@ def test_the_step_probe_splits_busy_time_into_decode_and_gap(model: tuple[Any, A
     assert "rlx_lm_step_gap_seconds_count 12" in text
     assert "rlx_lm_decode_seconds_total " in text
     assert "rlx_lm_prefill_seconds_total " in text
+
+
+def test_a_steps_events_are_handed_out_after_every_sequence_is_sampled(
+    model: tuple[Any, Any],
+) -> None:
+    # ~0.1 s: one request of 4 choices, 10 tokens each
+    _, tok = model
+    seen: list[tuple[str, int]] = []
+    with BatchScheduler(fresh(model), tok) as sched:
+        done = threading.Event()
+        finished = [0]
+
+        def sink(event: Any) -> None:
+            # how many tokens the batch had sampled when this event arrived
+            seen.append((type(event).__name__, sched.metrics.generation_tokens))
+            if type(event).__name__ == "Finish":
+                finished[0] += 1
+                if finished[0] == 4:
+                    done.set()
+
+        sched.submit(request(tok, seed=5, n_tokens=10, n=4, ignore_eos=True), sink)
+        assert done.wait(60)
+    chunks = [n for kind, n in seen if kind == "Chunk"]
+    assert chunks  # the choices released text
+    assert all(n % 4 == 0 for n in chunks)  # never in the middle of a step's sampling
+    assert [n for kind, n in seen if kind == "Finish"] == [40] * 4

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import threading
 import time
 from collections.abc import Sequence
@@ -379,7 +380,7 @@ def test_a_long_prompt_is_prefilled_in_chunks_between_the_running_batchs_steps(
     assert [runner.calls[i] for i in chunks] == [("prefill", 32)] + [
         ("reuse", n) for n in (64, 96, 128, 160, 192, 200)
     ]
-    for a, b in zip(chunks, chunks[1:], strict=False):  # the batch decoded between chunks
+    for a, b in itertools.pairwise(chunks):  # the batch decoded between chunks
         assert [kind for kind, _ in runner.calls[a + 1 : b]] == ["decode"]
 
 
@@ -414,3 +415,28 @@ def test_a_request_cancelled_while_its_prompt_is_prefilled_frees_its_slot(
         assert not any(type(e).__name__ == "Finish" for e in first)
         busy.cancel()
     assert sum(kind == "reuse" for kind, _ in runner.calls) < 200 // 16 - 1
+
+
+def test_on_delivered_runs_once_per_step_after_its_events(model: tuple[Any, Any]) -> None:
+    # ~0.1 s: 4 choices of 6 tokens
+    _, tok = model
+    log: list[str] = []
+    done = threading.Event()
+    with BatchScheduler(fresh(model), tok) as sched:
+        sched.on_delivered(lambda: log.append("f"))
+
+        def sink(event: Any) -> None:
+            log.append("e")
+            if type(event).__name__ == "Finish" and event.index == 3:
+                done.set()
+
+        sched.submit(request(tok, seed=5, n_tokens=6, n=4, ignore_eos=True), sink)
+        assert done.wait(60)
+        deadline = time.monotonic() + 10
+        while log[-1] != "f" and time.monotonic() < deadline:
+            time.sleep(0.001)
+    text = "".join(log)
+    assert text.endswith("f")  # the last events were followed by a flush
+    assert "ff" not in text  # a flush only after a hand-out that had events
+    assert 1 <= text.count("f") <= 6  # at most once per step (6 steps sampled)
+    assert all(len(run) <= 8 for run in text.split("f"))  # a step's events, no more

@@ -339,6 +339,7 @@ class BatchScheduler:
         """Decode steps run so far."""
         self._last_end: float | None = None  # when the last decode ended (None: idle since)
         self._outbox: deque[tuple[RequestHandle, Event]] = deque()  # events not handed out
+        self._flush_hooks: list[Callable[[], None]] = []
         self.metrics.bind(self)
 
     # ------------------------------------------------------------------ public
@@ -375,6 +376,12 @@ class BatchScheduler:
     def running(self) -> int:
         """Sequences in the running batch."""
         return len(self._running)
+
+    def on_delivered(self, hook: Callable[[], None]) -> None:
+        """Call ``hook()`` after each hand-out of events to the sinks (on the thread that
+        handed them out, once per step when a step had events). A sink that only buffers
+        can wake its consumer there: once per step instead of once per event."""
+        self._flush_hooks.append(hook)
 
     def submit(self, request: GenerationRequest, sink: Sink) -> RequestHandle:
         """Queue ``request``; its events go to ``sink`` on the scheduler thread.
@@ -863,6 +870,8 @@ class BatchScheduler:
     def _deliver(self) -> None:
         """Call the sinks of every queued event, in order (deque: safe from close())."""
         box = self._outbox
+        if not box:
+            return
         while box:
             handle, event = box.popleft()
             try:
@@ -870,6 +879,11 @@ class BatchScheduler:
             except Exception:  # a broken sink cancels its own request only
                 log.exception("the sink of request %d raised; cancelling it", handle.id)
                 handle._cancelled = True
+        for hook in self._flush_hooks:
+            try:
+                hook()
+            except Exception:  # never the step's problem
+                log.exception("an on_delivered hook raised")
 
     def _finish(self, seq: _Seq, reason: FinishReason, *, error: str | None = None) -> None:
         if seq.finished:

@@ -18,7 +18,7 @@
 use std::sync::atomic::AtomicUsize;
 use std::sync::Mutex;
 
-use crate::engine::attention::{attend, slice_rows};
+use crate::engine::attention::{attend_span, combine, slice_rows, span_of, spans};
 use crate::engine::forward::{
     head_major, rms_heads, rms_rows, rope, rope_tables, silu, window_start, Model,
 };
@@ -79,8 +79,10 @@ struct Bufs {
     x: Shared,
     /// q, k and v of the block, back to back.
     qkv: Shared,
-    /// Attention output (`q_width`).
-    ctx: Shared,
+    /// Each query head's span partials of attention: `(m, l)` pairs
+    /// (`n_heads x spans x 2`) and outputs (`n_heads x spans x head_dim`).
+    parts: Shared,
+    outs: Shared,
     /// `silu(gate) * up` (`intermediate`).
     act: Shared,
     /// Every block's new key and value rows (after RoPE), `layers x 2 x kv_width`.
@@ -103,7 +105,10 @@ impl Model {
         let layers = cfg.n_layers;
         let mut x = self.embed(&[token])?;
         let mut qkv = vec![0.0f32; qw + 2 * kvw];
-        let mut ctx = vec![0.0f32; qw];
+        let (from, hd) = (window_start(cfg.sliding_window, start), cfg.head_dim);
+        let n_spans = spans(start + 1 - from);
+        let mut parts = vec![0.0f32; cfg.n_heads * n_spans * 2];
+        let mut outs = vec![0.0f32; cfg.n_heads * n_spans * hd];
         let mut act = vec![0.0f32; cfg.intermediate_size];
         let mut newkv = vec![0.0f32; layers * 2 * kvw];
         let mut logits = vec![0.0f32; self.weights.head().rows];
@@ -113,7 +118,8 @@ impl Model {
         let bufs = Bufs {
             x: Shared::of(&mut x),
             qkv: Shared::of(&mut qkv),
-            ctx: Shared::of(&mut ctx),
+            parts: Shared::of(&mut parts),
+            outs: Shared::of(&mut outs),
             act: Shared::of(&mut act),
             newkv: Shared::of(&mut newkv),
             logits: Shared::of(&mut logits),
@@ -134,7 +140,7 @@ impl Model {
             return Err(e);
         }
         ran?;
-        let (nkv, hd) = (cfg.n_kv_heads, cfg.head_dim);
+        let nkv = cfg.n_kv_heads;
         for li in 0..layers {
             let row = &newkv[li * 2 * kvw..(li + 1) * 2 * kvw];
             cache.append(
@@ -169,7 +175,9 @@ impl Model {
         let (mut gate, mut up) = (vec![0.0f32; inter], vec![0.0f32; inter]);
         let (mut q, mut k, mut v) = (vec![0.0f32; qw], vec![0.0f32; kvw], vec![0.0f32; kvw]);
         let mut halves = vec![0u16; kvw];
-        let mut scores = Vec::with_capacity(start + 1 - from);
+        let n_spans = spans(start + 1 - from);
+        let mut ctx = vec![0.0f32; qw];
+        let mut scores = Vec::with_capacity(crate::engine::attention::SPAN);
         let mut stage = 0usize;
         let mut next = || {
             stage += 1;
@@ -234,33 +242,60 @@ impl Model {
                         .for_each(|(y, &bits)| *y = f16_to_f32(bits));
                 }
             }
-            // Attention, a query head at a time.
+            // Attention in (KV head, span) tasks: the query heads of a KV
+            // head read each span of its keys once (GQA), and the spans
+            // split a head's work evenly over the members; each member then
+            // combines every head's spans itself (cheaper than a barrier).
             let counter = next();
-            while let Some(head) = m.claim(counter, nh) {
-                let j = head / group;
+            while let Some(task) = m.claim(counter, cfg.n_kv_heads * n_spans) {
+                let (j, sp) = (task / n_spans, task % n_spans);
                 let (kc, vc) = (
                     slice_rows(cache.head_rows(li, Half::Keys, j)?, from, start, hd),
                     slice_rows(cache.head_rows(li, Half::Values, j)?, from, start, hd),
                 );
-                // SAFETY: head `head` of ctx is this member's claim.
-                let dst = unsafe { b.ctx.part(head * hd, (head + 1) * hd) };
                 let own = (
                     Rows::F32(&k[j * hd..(j + 1) * hd]),
                     Rows::F32(&v[j * hd..(j + 1) * hd]),
                 );
-                attend(
-                    &q[head * hd..(head + 1) * hd],
-                    &[(kc, vc), own],
-                    hd,
-                    scale,
-                    &mut scores,
-                    dst,
-                );
+                let span = span_of(&[(kc, vc), own], sp, hd);
+                for head in j * group..(j + 1) * group {
+                    let at = head * n_spans + sp;
+                    // SAFETY: span `sp` of head `head` is this member's claim.
+                    let (pair, dst) = unsafe {
+                        (
+                            b.parts.part(at * 2, at * 2 + 2),
+                            b.outs.part(at * hd, (at + 1) * hd),
+                        )
+                    };
+                    let (mx, l) = attend_span(
+                        &q[head * hd..(head + 1) * hd],
+                        span.get(),
+                        hd,
+                        scale,
+                        &mut scores,
+                        dst,
+                    );
+                    pair[0] = mx;
+                    pair[1] = l;
+                }
             }
             m.barrier();
+            {
+                // SAFETY: parts and outs are not written again before the
+                // next block's barrier.
+                let (parts, outs) = unsafe { (b.parts.read(), b.outs.read()) };
+                for head in 0..nh {
+                    let base = head * n_spans;
+                    combine(
+                        &parts[base * 2..(base + n_spans) * 2],
+                        &outs[base * hd..(base + n_spans) * hd],
+                        hd,
+                        &mut ctx[head * hd..(head + 1) * hd],
+                    );
+                }
+            }
             // o, added to the residual.
-            // SAFETY: ctx is not written again before the next block's barrier.
-            let mut prep_o = RowPrep::new(self.activations, unsafe { b.ctx.read() });
+            let mut prep_o = RowPrep::new(self.activations, &ctx);
             self.residual(m, &mut prep_o, &lw.o, next(), &mut tmp, b.x)?;
             drop(prep_o);
             m.barrier();

@@ -428,3 +428,96 @@ fn a_team_decode_step_past_several_attention_spans_gives_the_general_paths_bits(
         }
     }
 }
+
+#[test]
+fn a_team_batched_decode_step_gives_each_sequence_its_bits_alone() {
+    // One step of 3 sequences of different lengths (one past an attention
+    // span, so its spans split) on a team of 1-3 members, against each
+    // sequence decoded alone on the general path; caches alike after.
+    use crate::engine::attention::SPAN;
+    use crate::engine::team::Team;
+    use crate::engine::Activations;
+    let long: Vec<i64> = (0..SPAN as i64 + 2).map(|i| (i * 5 + 2) % 40).collect();
+    let prompts: [&[i64]; 3] = [&IDS[..3], &long, &IDS[5..6]];
+    let mut windowed = tiny("mistral");
+    windowed.sliding_window = Some(SPAN - 3);
+    let mut qwen3 = tiny("qwen3");
+    qwen3.block.qk_norm = true;
+    qwen3.block.qkv_bias = true;
+    for cfg in [tiny("llama"), windowed, qwen3] {
+        for (dtype, activations) in [
+            (Dtype::F32, Activations::Exact),
+            (Dtype::F16, Activations::Q8),
+        ] {
+            let mut plain = model(cfg.clone());
+            plain.activations = activations;
+            let prefilled = |m: &Model| -> Vec<KvCache> {
+                prompts
+                    .iter()
+                    .map(|p| {
+                        let mut c = KvCache::new(m.geometry(dtype), 2 * SPAN).unwrap();
+                        m.forward(
+                            &mut [Step {
+                                cache: &mut c,
+                                tokens: p,
+                            }],
+                            false,
+                        )
+                        .unwrap();
+                        c
+                    })
+                    .collect()
+            };
+            let mut want_caches = prefilled(&plain);
+            let want: Vec<Vec<f32>> = want_caches
+                .iter_mut()
+                .map(|c| {
+                    plain
+                        .forward(
+                            &mut [Step {
+                                cache: c,
+                                tokens: &[13],
+                            }],
+                            false,
+                        )
+                        .unwrap()
+                })
+                .collect();
+            for threads in [1, 2, 3] {
+                let mut m = model(cfg.clone());
+                m.activations = activations;
+                m.team = Some(Team::new(threads).unwrap());
+                let mut caches = prefilled(&m);
+                let mut steps: Vec<Step<'_>> = caches
+                    .iter_mut()
+                    .map(|c| Step {
+                        cache: c,
+                        tokens: &[13],
+                    })
+                    .collect();
+                let batch = m.forward(&mut steps, false).unwrap();
+                let v = m.cfg.vocab_size;
+                for (i, want) in want.iter().enumerate() {
+                    assert_eq!(
+                        &batch[i * v..(i + 1) * v],
+                        &want[..],
+                        "{} {dtype:?} {threads} threads, row {i}",
+                        cfg.arch
+                    );
+                }
+                for (c, w) in caches.iter().zip(&want_caches) {
+                    assert_eq!(c.len(), w.len());
+                    for layer in 0..m.cfg.n_layers {
+                        for head in 0..m.cfg.n_kv_heads {
+                            let (a, b) = (
+                                c.head_rows(layer, crate::kv::Half::Values, head).unwrap(),
+                                w.head_rows(layer, crate::kv::Half::Values, head).unwrap(),
+                            );
+                            assert_eq!(format!("{a:?}"), format!("{b:?}"));
+                        }
+                    }
+                }
+            }
+        }
+    }
+}

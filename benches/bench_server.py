@@ -249,105 +249,187 @@ def overhead(
     model: str | Path,
     *,
     tokens: int = 64,
-    reps: int = 7,
+    reps: int = 15,
     threads: int | None = None,
     instant: tuple[int, int, int] = (256, 12, 5),
 ) -> dict[str, float]:
-    """Only the overhead figures (``--overhead``): direct, scheduler and served, interleaved.
+    """Only the overhead figures (``--overhead``), from ``reps`` interleaved rounds.
 
-    Besides the medians it reports each one's spread (min and max over ``reps``) and the
-    overhead of every round (served against the direct loop of the same round). The
-    ``cpu_*`` figures are CPU time per token (`direct_cpu`, `served_cpu`), steadier than
-    wall clock on a shared machine: ``cpu_overhead_fraction`` is the server process's
-    CPU per token over the direct loop's.
+    A round runs, in an order that alternates from round to round (ABC, CBA) so a drift
+    in the machine's load falls on all alike: the direct loop (`direct_round`), the same
+    loop through ``decode_batch`` of one session (`batch_round`: the call the scheduler
+    makes), and one streamed request to the server read by a lean client
+    (`served_round`) and by httpx (`served_step`). Each figure is a per-round ratio
+    against the direct loop of the same round; the median and the spread (min, quartiles,
+    max) are reported.
+
+    Where the served time goes, from the server's step probe (``/metrics``, differenced
+    around the request): ``served_decode_ms`` inside ``decode_batch``, ``served_gap_us``
+    between one step's end and the next one's start. ``decode_contention`` is the served
+    decode over the direct ``decode_batch``'s, less 1 (the step itself slowed by the
+    event loop and the client taking cores from the engine's threads). CPU per token:
+    ``cpu_direct_ms`` (this process), ``cpu_server_ms`` (the server process, every
+    thread, between the first and the last token), ``cpu_client_us`` (the client).
     """
     ctx = len(_PROMPT_TEXT) + tokens + 64
     extra: dict[str, Any] = {} if threads is None else {"threads": threads}
     runner, tokenizer = rlx_lm.load_model(model, max_seq=ctx, **extra)
     _TOKENIZER[:] = [tokenizer]
     short = tokenizer.encode(_PROMPT_TEXT)
-    out: dict[str, float] = {}
-    direct, sched, served, raw = [], [], [], []
-    cpu_direct, cpu_served = [], []
+    rounds: dict[str, list[float]] = {}
+
+    def keep(prefix: str, figures: dict[str, float]) -> None:
+        for k, v in figures.items():
+            rounds.setdefault(f"{prefix}{k}", []).append(v)
+
     with _Served(str(model), ctx, 4, threads) as s:
-        served_step(s.url, short, 4)  # warm up
-        for _ in range(reps):
-            direct.append(direct_step(runner, short, tokens))
-            sched.append(scheduler_step(runner, short, tokens))
-            served.append(served_step(s.url, short, tokens))
-            raw.append(served_step_raw(s.url, short, tokens))
-            cpu_direct.append(direct_cpu(runner, short, tokens))
-            cpu_served.append(served_cpu(s, short, tokens))
-    out["served_lean_client_ms"] = statistics.median(raw) * 1e3
-    out["served_lean_client_min_ms"] = min(raw) * 1e3
-    out["overhead_lean_client"] = (statistics.median(raw) - statistics.median(direct)) / (
-        statistics.median(direct)
-    )
-    out["overhead_min_over_min"] = min(served) / min(direct) - 1
-    out["overhead_lean_min_over_min"] = min(raw) / min(direct) - 1
-    for name, xs in (("cpu_direct", cpu_direct), ("cpu_served", cpu_served)):
-        out[f"{name}_ms"] = statistics.median(xs) * 1e3
-        out[f"{name}_min_ms"] = min(xs) * 1e3
-        out[f"{name}_max_ms"] = max(xs) * 1e3
-    cpu_d, cpu_s = statistics.median(cpu_direct), statistics.median(cpu_served)
-    out["cpu_overhead_fraction"] = (cpu_s - cpu_d) / cpu_d
+        served_round(s, short, 4)  # warm up
+        direct_round(runner, short, 4)
+        for r in range(reps):
+            parts = ["direct_", "batch_", "served_", "httpx_"]
+            for part in parts if r % 2 == 0 else parts[::-1]:
+                if part == "direct_":
+                    keep(part, direct_round(runner, short, tokens))
+                elif part == "batch_":
+                    keep(part, batch_round(runner, short, tokens))
+                elif part == "served_":
+                    keep(part, served_round(s, short, tokens))
+                else:
+                    keep(part, {"step": served_step(s.url, short, tokens)})
+    d = rounds["direct_step"]
+    out: dict[str, float] = {}
+
+    def spread(name: str, xs: list[float], scale: float = 1.0) -> None:
+        q = statistics.quantiles(xs, n=4) if len(xs) > 1 else [xs[0]] * 3
+        out[name] = statistics.median(xs) * scale
+        out[f"{name}_min"] = min(xs) * scale
+        out[f"{name}_q1"] = q[0] * scale
+        out[f"{name}_q3"] = q[2] * scale
+        out[f"{name}_max"] = max(xs) * scale
+
+    def ratio(xs: list[float], ys: list[float]) -> list[float]:
+        return [x / y - 1 for x, y in zip(xs, ys, strict=True)]
+
+    out["direct_step_ms"] = statistics.median(d) * 1e3
+    out["direct_decode_ms"] = statistics.median(rounds["direct_decode"]) * 1e3
+    out["batch_step_ms"] = statistics.median(rounds["batch_step"]) * 1e3
+    out["served_step_ms"] = statistics.median(rounds["served_step"]) * 1e3
+    out["httpx_step_ms"] = statistics.median(rounds["httpx_step"]) * 1e3
+    spread("overhead_fraction", ratio(rounds["served_step"], d))
+    spread("overhead_httpx_client", ratio(rounds["httpx_step"], d))
+    spread("overhead_decode_batch", ratio(rounds["batch_step"], d))
+    out["served_decode_ms"] = statistics.median(rounds["served_decode"]) * 1e3
+    spread("served_gap_us", rounds["served_gap"], 1e6)
+    out["gap_of_direct_step"] = statistics.median(ratio(rounds["served_gap"], d)) + 1
+    spread("decode_contention", ratio(rounds["served_decode"], rounds["batch_decode"]))
+    out["cpu_direct_ms"] = statistics.median(rounds["direct_cpu"]) * 1e3
+    out["cpu_batch_ms"] = statistics.median(rounds["batch_cpu"]) * 1e3
+    out["cpu_server_ms"] = statistics.median(rounds["served_cpu_server"]) * 1e3
+    out["cpu_client_us"] = statistics.median(rounds["served_cpu_client"]) * 1e6
+    spread("cpu_overhead_fraction", ratio(rounds["served_cpu_server"], rounds["direct_cpu"]))
     n, k, r = instant
     own = instant_cpu(tokens=n, requests=k, reps=r)
     out["instant_cpu_us"] = statistics.median(own) * 1e6
     out["instant_cpu_min_us"] = min(own) * 1e6
     out["instant_cpu_max_us"] = max(own) * 1e6
     # an upper bound of the overhead: the direct loop samples too, which this counts
-    out["instant_over_direct_cpu"] = statistics.median(own) / cpu_d
-    for name, xs in (("direct", direct), ("scheduler", sched), ("served", served)):
-        out[f"{name}_step_ms"] = statistics.median(xs) * 1e3
-        out[f"{name}_min_ms"] = min(xs) * 1e3
-        out[f"{name}_max_ms"] = max(xs) * 1e3
-    rounds = sorted((h - d) / d for d, h in zip(direct, served, strict=True))
-    out["overhead_fraction"] = (statistics.median(served) - statistics.median(direct)) / (
-        statistics.median(direct)
-    )
-    out["overhead_round_min"] = rounds[0]
-    out["overhead_round_median"] = statistics.median(rounds)
-    out["overhead_round_max"] = rounds[-1]
-    out["overhead_scheduler"] = (statistics.median(sched) - statistics.median(direct)) / (
-        statistics.median(direct)
-    )
+    out["instant_over_direct_cpu"] = statistics.median(own) / out["cpu_direct_ms"] * 1e3
     return out
+
+
+def direct_round(runner: Any, prompt: list[int], tokens: int) -> dict[str, float]:
+    """The runner driven directly, as `rlx_lm.generate` does: sample, ``decode_logits``.
+
+    Per token: ``step`` wall seconds, ``decode`` wall seconds inside ``decode_logits``,
+    ``cpu`` CPU seconds of this process (every thread)."""
+    chain = SampleOpts().into_chain()
+    history = np.empty(len(prompt) + tokens, dtype=np.int64)
+    history[: len(prompt)] = prompt
+    logits = runner.prefill_logits(prompt)
+    decode = 0.0
+    c0, t0 = time.process_time(), time.perf_counter()
+    for i in range(tokens):
+        tok = int(chain.sample(logits, history[: len(prompt) + i], prompt_len=len(prompt)))
+        history[len(prompt) + i] = tok
+        t = time.perf_counter()
+        logits = runner.decode_logits(tok)
+        decode += time.perf_counter() - t
+    c1, t1 = time.process_time(), time.perf_counter()
+    return {"step": (t1 - t0) / tokens, "decode": decode / tokens, "cpu": (c1 - c0) / tokens}
+
+
+def batch_round(runner: Any, prompt: list[int], tokens: int) -> dict[str, float]:
+    """`direct_round` through ``decode_batch([session], [token])``, the scheduler's call."""
+    adapter = rlx_lm.with_defaults(runner)
+    chain = SampleOpts().into_chain()
+    history = np.empty(len(prompt) + tokens, dtype=np.int64)
+    history[: len(prompt)] = prompt
+    logits = runner.prefill_logits(prompt)
+    session = adapter.export_session()
+    assert session is not None, "batch_round needs a runner with sessions"
+    decode = 0.0
+    c0, t0 = time.process_time(), time.perf_counter()
+    for i in range(tokens):
+        tok = int(chain.sample(logits, history[: len(prompt) + i], prompt_len=len(prompt)))
+        history[len(prompt) + i] = tok
+        t = time.perf_counter()
+        rows, (session,) = adapter.decode_batch([session], [tok])
+        logits = rows[0]
+        decode += time.perf_counter() - t
+    c1, t1 = time.process_time(), time.perf_counter()
+    return {"step": (t1 - t0) / tokens, "decode": decode / tokens, "cpu": (c1 - c0) / tokens}
 
 
 _PROMPT_TEXT = "It is a truth universally acknowledged"
 
 
-def _proc_cpu(pid: int) -> float:
-    """CPU seconds (user + system, every thread) process ``pid`` has used."""
-    import os
-
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-
-
-def direct_cpu(runner: Any, prompt: list[int], tokens: int) -> float:
-    """CPU seconds per decoded token of the direct loop (this process, every thread)."""
-    chain = SampleOpts().into_chain()
-    history = np.empty(len(prompt) + tokens, dtype=np.int64)
-    history[: len(prompt)] = prompt
-    logits = runner.prefill_logits(prompt)
-    c0 = time.process_time()
-    for i in range(tokens):
-        tok = int(chain.sample(logits, history[: len(prompt) + i], prompt_len=len(prompt)))
-        history[len(prompt) + i] = tok
-        logits = runner.decode_logits(tok)
-    return (time.process_time() - c0) / tokens
+def _threads_cpu(pid: int) -> float:
+    """CPU seconds every thread of process ``pid`` has run, to the nanosecond
+    (``/proc/PID/task/*/schedstat``; ``/proc/PID/stat`` counts 10 ms ticks)."""
+    total = 0
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        try:
+            total += int((task / "schedstat").read_text().split()[0])
+        except (OSError, IndexError, ValueError):  # a thread that just ended
+            continue
+    return total / 1e9
 
 
-def served_step_raw(url: str, prompt: list[int], tokens: int) -> float:
-    """`served_step` read by a lean client: one socket, large reads, frames counted as bytes.
+def _probe(url: str) -> dict[str, float]:
+    """The server's step probe (``/metrics``): decode seconds, gap seconds, their counts."""
+    import httpx
+
+    want = {
+        "rlx_lm_decode_seconds_total": "decode",
+        "rlx_lm_decode_steps_total": "steps",
+        "rlx_lm_step_gap_seconds_sum": "gap",
+        "rlx_lm_step_gap_seconds_count": "gaps",
+    }
+    out = {}
+    for line in httpx.get(f"{url}/metrics", timeout=30).text.splitlines():
+        name, _, value = line.partition(" ")
+        if name in want:
+            out[want[name]] = float(value)
+    return out
+
+
+def served_round(served: _Served, prompt: list[int], tokens: int) -> dict[str, float]:
+    """One streamed request read by a lean client: one socket, large reads, frames counted
+    as bytes (a token frame is one that ends ``"finish_reason":null}``).
+
+    Per token after the first: ``step`` wall seconds at the client; ``cpu_server`` the
+    server process's CPU seconds (every thread, read when the first and the last token
+    frame arrive, so the request's own parse and prefill are left out); ``cpu_client``
+    this client's; and from the step probe, ``decode`` seconds per step inside the
+    server's ``decode_batch`` and ``gap`` seconds between steps.
 
     On a 2-core machine the client competes with the server for the cores; httpx's line
     iterator and a ``json.loads`` per frame cost about as much CPU per token as the
-    server's own work, so this client leaves more of the machine to the server measured.
-    A token frame is one that ends ``"finish_reason":null}``."""
-    host, port = url.removeprefix("http://").split(":")
+    server's own work (``cpu_client_us`` says how much), so this client leaves more of
+    the machine to the server measured."""
+    assert served.proc is not None
+    pid = served.proc.pid
+    host, port = served.url.removeprefix("http://").split(":")
     body = json.dumps(
         {
             "prompt": prompt,
@@ -362,9 +444,12 @@ def served_step_raw(url: str, prompt: list[int], tokens: int) -> float:
         f"Content-Length: {len(body)}\r\nConnection: close\r\n\r\n"
     ).encode()
     marker = b'"finish_reason":null}'
+    before = _probe(served.url)
     with socket.create_connection((host, int(port))) as sock:
         sock.sendall(head + body)
         seen, first, tail = 0, 0.0, b""
+        cpu0 = own0 = cpu1 = own1 = now = last = 0.0
+        first_seen = last_seen = 0
         while True:
             data = sock.recv(1 << 16)
             if not data:
@@ -374,27 +459,26 @@ def served_step_raw(url: str, prompt: list[int], tokens: int) -> float:
             seen += window.count(marker) - tail.count(marker)
             if seen and not first:
                 first = now
+                cpu0, own0 = _threads_cpu(pid), time.process_time()
+                first_seen = seen
+            if seen >= tokens and not cpu1:
+                cpu1, own1, last, last_seen = _threads_cpu(pid), time.process_time(), now, seen
             if b"data: [DONE]" in window:
                 break
             tail = window[-64:]
-    return (now - first) / max(seen - 1, 1)
-
-
-def served_cpu(served: _Served, prompt: list[int], tokens: int) -> float:
-    """The server process's CPU seconds per token: a long and a short request, differenced.
-
-    The difference cancels what a request costs once (HTTP parsing, prefill, the first
-    and last frames), leaving the per-token work: sampling, decode, detokenising, the
-    SSE frame and its write, and the hand-over between the model thread and the loop."""
-    assert served.proc is not None
-    pid = served.proc.pid
-    short_n = 4
-    c0 = _proc_cpu(pid)
-    served_step(served.url, prompt, short_n)
-    c1 = _proc_cpu(pid)
-    served_step(served.url, prompt, short_n + tokens)
-    c2 = _proc_cpu(pid)
-    return ((c2 - c1) - (c1 - c0)) / tokens
+    if not cpu1:  # fewer tokens than asked (a stop): the last frame seen
+        cpu1, own1, last, last_seen = _threads_cpu(pid), time.process_time(), now, seen
+    after = _probe(served.url)
+    n = max(last_seen - first_seen, 1)
+    steps = max(after["steps"] - before["steps"], 1)
+    gaps = max(after["gaps"] - before["gaps"], 1)
+    return {
+        "step": (last - first) / n,
+        "cpu_server": (cpu1 - cpu0) / n,
+        "cpu_client": (own1 - own0) / n,
+        "decode": (after["decode"] - before["decode"]) / steps,
+        "gap": (after["gap"] - before["gap"]) / gaps,
+    }
 
 
 _INSTANT = "<instant>"
@@ -413,6 +497,7 @@ class _Instant:
     def __init__(self, vocab: int) -> None:
         self.vocab_size = vocab
         self.row = np.random.default_rng(0).standard_normal(vocab).astype(np.float32)
+        self.rows = self.row[None, :]
         self.toks: list[int] = []
 
     def predict_logits(self, ids: Any, /) -> Any:
@@ -436,7 +521,11 @@ class _Instant:
         return True
 
     def decode_batch(self, sessions: Any, tokens: Any, /) -> Any:
-        rows = np.broadcast_to(self.row, (len(tokens), self.vocab_size))
+        # contiguous rows made once, as a runner's own logits are: a broadcast view would
+        # be copied whole by the adapter every step, a cost no real runner has
+        if len(self.rows) < len(tokens):
+            self.rows = np.ascontiguousarray(np.tile(self.row, (len(tokens), 1)))
+        rows = self.rows[: len(tokens)]
         return rows, [s.advanced(None, t) for s, t in zip(sessions, tokens, strict=True)]
 
 
@@ -462,13 +551,13 @@ def instant_cpu(*, tokens: int = 256, requests: int = 12, reps: int = 5) -> list
         assert s.proc is not None
         served_step(s.url, prompt, 4)  # warm up
         for _ in range(reps):
-            c0 = _proc_cpu(s.proc.pid)
+            c0 = _threads_cpu(s.proc.pid)
             for _ in range(requests):
                 served_step(s.url, prompt, 4)
-            c1 = _proc_cpu(s.proc.pid)
+            c1 = _threads_cpu(s.proc.pid)
             for _ in range(requests):
                 served_step(s.url, prompt, 4 + tokens)
-            c2 = _proc_cpu(s.proc.pid)
+            c2 = _threads_cpu(s.proc.pid)
             out.append(((c2 - c1) - (c1 - c0)) / (tokens * requests))
     return out
 
@@ -479,8 +568,8 @@ def test_bench_server_smoke() -> None:
     figures = report(default_model_path(), streams=(1, 2), tokens=3, prefix=64, reps=1)
     assert {"tok_s_2", "ttft_speedup", "overhead_fraction"} <= set(figures)
     assert all(np.isfinite(v) for v in figures.values())
-    small = overhead(default_model_path(), tokens=3, reps=1, instant=(8, 1, 1))
-    assert {"overhead_lean_client", "cpu_overhead_fraction", "instant_cpu_us"} <= set(small)
+    small = overhead(default_model_path(), tokens=4, reps=2, instant=(8, 1, 1))
+    assert {"served_gap_us", "cpu_overhead_fraction", "instant_cpu_us"} <= set(small)
     assert all(np.isfinite(v) for v in small.values())
 
 

@@ -427,3 +427,36 @@ def test_mirostat_mu_drifts_toward_tau_under_a_constant_distribution() -> None:
         chain.sample(row)
     assert chain.mu is not None
     assert 0.0 < chain.mu < 3.0
+
+
+# --- the reference's own judgement -------------------------------------------------
+
+
+def _plain_cut_margin(before: dict[int, float], after: dict[int, float], edited: set[int]) -> float:
+    dropped = [u for u in before if u not in after]
+    gaps = [
+        abs(before[t] - before[u])
+        for t in after
+        for u in dropped
+        if (t in edited or u in edited) and not math.isnan(before[t] - before[u])
+    ]
+    return min(gaps, default=math.inf)
+
+
+@given(
+    st.lists(
+        st.one_of(st.floats(-50, 50, width=32), st.just(-math.inf), st.just(0.0)),
+        min_size=1,
+        max_size=40,
+    ),
+    st.data(),
+)
+def test_reference_cut_margin_is_the_closest_edited_pair(logits: list[float], data: Any) -> None:
+    # The reference's n log n margin is the plain double loop over (kept, dropped) pairs
+    # with an edited side, ties of equal infinities skipped.
+    before = dict(enumerate(logits))
+    keys = list(before)
+    kept = data.draw(st.sets(st.sampled_from(keys)))
+    edited = data.draw(st.sets(st.sampled_from(keys)))
+    after = {t: before[t] for t in kept}
+    assert ref.cut_margin(before, after, edited) == _plain_cut_margin(before, after, edited)

@@ -276,3 +276,49 @@ def test_the_prompt_is_the_prompt_to_the_sampler_chain(
             GenerationRequest(prompt, opts, max_tokens=1, order="vllm"), timeout=60
         )[0]
     assert got.tokens == lib.tokens == [want]
+
+
+def test_the_step_probe_splits_busy_time_into_decode_and_gap(model: tuple[Any, Any]) -> None:
+    # ~0.5 s: 14 decode steps of 20 ms and one 0.2 s idle pause.
+    _, tok = model
+    with BatchScheduler(SlowSteps(fresh(model), delay=0.02), tok) as sched:
+        for _ in range(2):
+            out = sched.generate(request(tok, seed=1, n_tokens=8, ignore_eos=True), timeout=60)
+            assert out[0].finish_reason == "length"
+            time.sleep(0.2)  # idle: not a gap between steps
+        m = sched.metrics
+        text = m.render()
+    assert m.decode_steps == 14  # 8 tokens: 7 decode steps, twice
+    assert m.step_gap.count == 12  # the first step after an idle wait has no gap
+    assert m.decode_seconds >= 14 * 0.02
+    assert m.step_gap.sum < m.decode_seconds / 2  # the 0.2 s pause was not counted
+    assert m.prefill_seconds > 0
+    assert "rlx_lm_step_gap_seconds_count 12" in text
+    assert "rlx_lm_decode_seconds_total " in text
+    assert "rlx_lm_prefill_seconds_total " in text
+
+
+def test_a_steps_events_are_handed_out_after_every_sequence_is_sampled(
+    model: tuple[Any, Any],
+) -> None:
+    # ~0.1 s: one request of 4 choices, 10 tokens each
+    _, tok = model
+    seen: list[tuple[str, int]] = []
+    with BatchScheduler(fresh(model), tok) as sched:
+        done = threading.Event()
+        finished = [0]
+
+        def sink(event: Any) -> None:
+            # how many tokens the batch had sampled when this event arrived
+            seen.append((type(event).__name__, sched.metrics.generation_tokens))
+            if type(event).__name__ == "Finish":
+                finished[0] += 1
+                if finished[0] == 4:
+                    done.set()
+
+        sched.submit(request(tok, seed=5, n_tokens=10, n=4, ignore_eos=True), sink)
+        assert done.wait(60)
+    chunks = [n for kind, n in seen if kind == "Chunk"]
+    assert chunks  # the choices released text
+    assert all(n % 4 == 0 for n in chunks)  # never in the middle of a step's sampling
+    assert [n for kind, n in seen if kind == "Finish"] == [40] * 4

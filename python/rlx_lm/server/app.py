@@ -20,6 +20,8 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import weakref
+from collections import deque
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from typing import Any
@@ -83,6 +85,55 @@ def _option_error(exc: Exception, prompt_field: str) -> JSONResponse:
     return _error(400, text, field if rest else None)
 
 
+class _Outbox:
+    """Events on their way from the scheduler thread to one event loop, coalesced.
+
+    `put` (any thread) appends to a deque and wakes the loop only when no wake-up is
+    pending already, so the scheduler's burst of one step's events (one per running
+    sequence) costs the loop one wake-up and one pass, not one per sequence. `_drain`
+    clears the pending flag before it empties the deque: an event put while it runs is
+    either taken by this pass or has scheduled the next one, never left behind.
+    """
+
+    __slots__ = ("_items", "_loop", "_pending", "wakes")
+
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        self._loop = loop
+        self._items: deque[tuple[asyncio.Queue[Any], Any]] = deque()
+        self._pending = False
+        self.wakes = 0
+        """Wake-ups of the loop scheduled so far."""
+
+    def put(self, queue: asyncio.Queue[Any], item: Any) -> None:
+        self._items.append((queue, item))
+        if not self._pending:
+            self._pending = True
+            self.wakes += 1
+            try:
+                self._loop.call_soon_threadsafe(self._drain)
+            except RuntimeError:  # the loop is closed: nobody is left to read
+                self._pending = False
+
+    def _drain(self) -> None:
+        self._pending = False
+        items = self._items
+        while items:
+            queue, item = items.popleft()
+            queue.put_nowait(item)
+
+
+_OUTBOXES: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, _Outbox] = (
+    weakref.WeakKeyDictionary()
+)
+
+
+def _outbox(loop: asyncio.AbstractEventLoop) -> _Outbox:
+    box = _OUTBOXES.get(loop)
+    if box is None:
+        box = _OUTBOXES[loop] = _Outbox(loop)
+    return box
+
+
 class _Stream:
     """Events of one HTTP request (all its prompts), moved from the scheduler thread."""
 
@@ -90,10 +141,13 @@ class _Stream:
         self.loop = loop
         self.queue: asyncio.Queue[tuple[int, Event]] = asyncio.Queue()
         self.handles: list[RequestHandle] = []
+        self._box = _outbox(loop)
 
     def sink(self, k: int) -> Callable[[Event], None]:
+        box, queue = self._box, self.queue
+
         def put(event: Event) -> None:
-            self.loop.call_soon_threadsafe(self.queue.put_nowait, (k, event))
+            box.put(queue, (k, event))
 
         return put
 

@@ -15,13 +15,24 @@ Every name starts with ``rlx_lm_``:
 ``prompt_cache_bytes``                   gauge      bytes the prefix cache holds
 ``decode_steps_total``                   counter    batched decode steps
 ``batch_size``                           histogram  sequences per decode step
+``decode_seconds_total``                 counter    wall time inside the runner's batched decode
+``step_gap_seconds``                     histogram  from one decode's end to the next one's start
+``prefill_seconds_total``                counter    wall time spent prefilling admitted prompts
 ``time_to_first_token_seconds``          histogram  from submit to the first sampled token
 =======================================  =========  ==========================================
+
+The step probe: a running batch's time per token is ``decode_seconds`` plus the gap
+between steps. The gap is what the scheduler itself puts on the step's critical path
+(sampling, stop checks, admission and prefill of new requests, handing events out); it
+is observed only between two consecutive steps of a busy scheduler, never across an
+idle wait. Sums of both are kept as plain floats (``step_gap_seconds_sum``) so a bench
+can difference them around one request.
 """
 
 from __future__ import annotations
 
 import threading
+from bisect import bisect_left
 from collections import Counter
 from typing import Any
 
@@ -41,8 +52,7 @@ class Histogram:
 
     def observe(self, value: float) -> None:
         """Count ``value`` in the first bucket whose bound is >= it."""
-        i = next((k for k, b in enumerate(self.bounds) if value <= b), len(self.bounds))
-        self.counts[i] += 1
+        self.counts[bisect_left(self.bounds, value)] += 1
         self.sum += value
         self.count += 1
 
@@ -72,6 +82,7 @@ class ServerMetrics:
 
     TTFT_BOUNDS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
     BATCH_BOUNDS = (1, 2, 4, 8, 16, 32, 64, 128)
+    GAP_BOUNDS = (1e-5, 2.5e-5, 5e-5, 1e-4, 2.5e-4, 5e-4, 1e-3, 2.5e-3, 1e-2, 0.1, 1.0)
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
@@ -83,6 +94,9 @@ class ServerMetrics:
         self.finished: Counter[str] = Counter()
         self.decode_steps = 0
         self.batch_size = Histogram(self.BATCH_BOUNDS)
+        self.decode_seconds = 0.0
+        self.prefill_seconds = 0.0
+        self.step_gap = Histogram(self.GAP_BOUNDS)
         self.ttft = Histogram(self.TTFT_BOUNDS)
         self._scheduler: Any = None
 
@@ -114,6 +128,20 @@ class ServerMetrics:
         with self._lock:
             self.decode_steps += 1
             self.batch_size.observe(size)
+
+    def observe_step(self, size: int, decode: float, gap: float | None) -> None:
+        """One decode step of ``size`` sequences that took ``decode`` seconds, ``gap``
+        seconds after the previous step ended (None: the scheduler was idle before)."""
+        with self._lock:
+            self.decode_steps += 1
+            self.batch_size.observe(size)
+            self.decode_seconds += decode
+            if gap is not None:
+                self.step_gap.observe(gap)
+
+    def observe_prefill_time(self, seconds: float) -> None:
+        with self._lock:
+            self.prefill_seconds += seconds
 
     def observe_finish(self, reason: str) -> None:
         with self._lock:
@@ -208,6 +236,22 @@ class ServerMetrics:
                 [("", self.decode_steps)],
             )
             out += self.batch_size.render(f"{p}batch_size", "Sequences per decode step.")
+            metric(
+                "decode_seconds_total",
+                "counter",
+                "Wall seconds inside the runner's batched decode.",
+                [("", self.decode_seconds)],
+            )
+            out += self.step_gap.render(
+                f"{p}step_gap_seconds",
+                "Seconds from one decode step's end to the next one's start (busy only).",
+            )
+            metric(
+                "prefill_seconds_total",
+                "counter",
+                "Wall seconds spent prefilling admitted prompts.",
+                [("", self.prefill_seconds)],
+            )
             out += self.ttft.render(
                 f"{p}time_to_first_token_seconds", "Seconds from submit to the first token."
             )

@@ -21,6 +21,11 @@ each sequence is retried on its own so that only the one at fault fails.
 Results go to the ``sink`` given to `BatchScheduler.submit`, called on the scheduler
 thread with `Chunk` and `Finish` events; `BatchScheduler.generate` is a blocking
 convenience over it. The scheduler does not need the HTTP app: wrap it as you like.
+
+The events of a step are handed out together, once every sequence has been sampled and
+just before the step's decode starts: a sink that wakes another thread (the app's event
+loop) wakes it once per step, not once per sequence, and that thread's work (SSE frames,
+socket writes) overlaps the decode instead of the sampling of the rest of the batch.
 """
 
 from __future__ import annotations
@@ -316,6 +321,8 @@ class BatchScheduler:
         self._stop = False
         self.steps = 0
         """Decode steps run so far."""
+        self._last_end: float | None = None  # when the last decode ended (None: idle since)
+        self._outbox: deque[tuple[RequestHandle, Event]] = deque()  # events not handed out
         self.metrics.bind(self)
 
     # ------------------------------------------------------------------ public
@@ -477,6 +484,7 @@ class BatchScheduler:
         while True:
             with self._cond:
                 while not self._stop and not self._running and not self._waiting:
+                    self._last_end = None  # an idle wait is no gap between steps
                     self._cond.notify_all()  # close() waits on the same condition
                     self._cond.wait()
                 if self._stop:
@@ -488,15 +496,18 @@ class BatchScheduler:
                 for seq in list(self._running):
                     self._fail(seq, "internal error in the scheduler", 500)
                 self._running = [s for s in self._running if not s.finished]
+                self._deliver()
         for seq in list(self._running):
             self._finish(seq, "cancelled", error="the server shut down")
         self._running = []
+        self._deliver()
         with self._cond:
             waiting = list(self._waiting)
             self._waiting.clear()
             self._cond.notify_all()
         for handle in waiting:
             self._cancel_handle(handle, "the server shut down before the request ran")
+        self._deliver()
 
     def _step(self) -> None:
         # 1. what was cancelled leaves now
@@ -512,12 +523,20 @@ class BatchScheduler:
             if seq.logits is not None and not self._done(seq):
                 self._advance(seq)
         self._running = [s for s in self._running if not self._done(s)]
-        # 4. one batched decode step
+        # 4. hand out this step's events at once, then one batched decode step
+        self._deliver()
         live = [s for s in self._running if s.token is not None]
         if live:
+            t0 = time.perf_counter()
             self._decode(live)
+            t1 = time.perf_counter()
+            gap = None if self._last_end is None else t0 - self._last_end
+            self._last_end = t1
             self.steps += 1
-            self.metrics.observe_batch(len(live))
+            self.metrics.observe_step(len(live), t1 - t0, gap)
+            self._deliver()  # what the decode finished (a cancel, a failure)
+        else:
+            self._last_end = None
 
     def _admit(self) -> list[RequestHandle]:
         out: list[RequestHandle] = []
@@ -549,7 +568,9 @@ class BatchScheduler:
         req = handle.request
         prompt = list(req.prompt)
         try:
+            t0 = time.perf_counter()
             logits, session, reused = self._prefill(prompt, req.use_cache)
+            self.metrics.observe_prefill_time(time.perf_counter() - t0)
             handle.reused_tokens = reused
             self.metrics.observe_prefill(len(prompt), reused)
             room = self.max_context - len(prompt)
@@ -712,11 +733,19 @@ class BatchScheduler:
     # -------------------------------------------------------------- finishing
 
     def _emit(self, handle: RequestHandle, event: Event) -> None:
-        try:
-            handle._sink(event)
-        except Exception:  # a broken sink cancels its own request only
-            log.exception("the sink of request %d raised; cancelling it", handle.id)
-            handle._cancelled = True
+        """Queue ``event`` for `_deliver` (the step hands a step's events out at once)."""
+        self._outbox.append((handle, event))
+
+    def _deliver(self) -> None:
+        """Call the sinks of every queued event, in order (deque: safe from close())."""
+        box = self._outbox
+        while box:
+            handle, event = box.popleft()
+            try:
+                handle._sink(event)
+            except Exception:  # a broken sink cancels its own request only
+                log.exception("the sink of request %d raised; cancelling it", handle.id)
+                handle._cancelled = True
 
     def _finish(self, seq: _Seq, reason: FinishReason, *, error: str | None = None) -> None:
         if seq.finished:
@@ -746,6 +775,8 @@ class BatchScheduler:
             self._emit(handle, Finish(i, "cancelled", 0, error))
             self.metrics.observe_finish("cancelled")
         handle.open = 0
+        if threading.current_thread() is not self._thread:  # close(): no step will follow
+            self._deliver()
 
 
 def _order(order: str | tuple[str, ...] | None) -> str | list[str] | None:

@@ -269,7 +269,9 @@ def overhead(
     decode over the direct ``decode_batch``'s, less 1 (the step itself slowed by the
     event loop and the client taking cores from the engine's threads). CPU per token:
     ``cpu_direct_ms`` (this process), ``cpu_server_ms`` (the server process, every
-    thread, between the first and the last token), ``cpu_client_us`` (the client).
+    thread, between the first and the last token) split into ``cpu_loop_us`` (the event
+    loop: HTTP, SSE), ``cpu_scheduler_us`` (the model thread) and ``cpu_engine_us`` (the
+    engine's workers), and ``cpu_client_us`` (the client).
     """
     ctx = len(_PROMPT_TEXT) + tokens + 64
     extra: dict[str, Any] = {} if threads is None else {"threads": threads}
@@ -326,6 +328,8 @@ def overhead(
     out["cpu_batch_ms"] = statistics.median(rounds["batch_cpu"]) * 1e3
     out["cpu_server_ms"] = statistics.median(rounds["served_cpu_server"]) * 1e3
     out["cpu_client_us"] = statistics.median(rounds["served_cpu_client"]) * 1e6
+    for part in ("loop", "scheduler", "engine"):  # the server's CPU per token, by thread
+        out[f"cpu_{part}_us"] = statistics.median(rounds[f"served_cpu_{part}"]) * 1e6
     spread("cpu_overhead_fraction", ratio(rounds["served_cpu_server"], rounds["direct_cpu"]))
     n, k, r = instant
     own = instant_cpu(tokens=n, requests=k, reps=r)
@@ -386,13 +390,23 @@ _PROMPT_TEXT = "It is a truth universally acknowledged"
 def _threads_cpu(pid: int) -> float:
     """CPU seconds every thread of process ``pid`` has run, to the nanosecond
     (``/proc/PID/task/*/schedstat``; ``/proc/PID/stat`` counts 10 ms ticks)."""
-    total = 0
+    return sum(_split_cpu(pid).values())
+
+
+def _split_cpu(pid: int) -> dict[str, float]:
+    """`_threads_cpu` by thread: ``loop`` (the main thread: uvicorn's event loop),
+    ``scheduler`` (the model thread: sampling, bookkeeping, the caller's share of each
+    decode) and ``engine`` (every other thread: the engine team's workers)."""
+    out = {"loop": 0.0, "scheduler": 0.0, "engine": 0.0}
     for task in Path(f"/proc/{pid}/task").iterdir():
         try:
-            total += int((task / "schedstat").read_text().split()[0])
+            ns = int((task / "schedstat").read_text().split()[0])
+            name = (task / "comm").read_text().strip()
         except (OSError, IndexError, ValueError):  # a thread that just ended
             continue
-    return total / 1e9
+        key = "loop" if task.name == str(pid) else "scheduler" if "sched" in name else "engine"
+        out[key] += ns / 1e9
+    return out
 
 
 def _probe(url: str) -> dict[str, float]:
@@ -448,7 +462,9 @@ def served_round(served: _Served, prompt: list[int], tokens: int) -> dict[str, f
     with socket.create_connection((host, int(port))) as sock:
         sock.sendall(head + body)
         seen, first, tail = 0, 0.0, b""
-        cpu0 = own0 = cpu1 = own1 = now = last = 0.0
+        own0 = own1 = now = last = 0.0
+        split0: dict[str, float] = {}
+        split1: dict[str, float] = {}
         first_seen = last_seen = 0
         while True:
             data = sock.recv(1 << 16)
@@ -459,22 +475,23 @@ def served_round(served: _Served, prompt: list[int], tokens: int) -> dict[str, f
             seen += window.count(marker) - tail.count(marker)
             if seen and not first:
                 first = now
-                cpu0, own0 = _threads_cpu(pid), time.process_time()
+                split0, own0 = _split_cpu(pid), time.process_time()
                 first_seen = seen
-            if seen >= tokens and not cpu1:
-                cpu1, own1, last, last_seen = _threads_cpu(pid), time.process_time(), now, seen
+            if seen >= tokens and not split1:
+                split1, own1, last, last_seen = _split_cpu(pid), time.process_time(), now, seen
             if b"data: [DONE]" in window:
                 break
             tail = window[-64:]
-    if not cpu1:  # fewer tokens than asked (a stop): the last frame seen
-        cpu1, own1, last, last_seen = _threads_cpu(pid), time.process_time(), now, seen
+    if not split1:  # fewer tokens than asked (a stop): the last frame seen
+        split1, own1, last, last_seen = _split_cpu(pid), time.process_time(), now, seen
     after = _probe(served.url)
     n = max(last_seen - first_seen, 1)
     steps = max(after["steps"] - before["steps"], 1)
     gaps = max(after["gaps"] - before["gaps"], 1)
     return {
         "step": (last - first) / n,
-        "cpu_server": (cpu1 - cpu0) / n,
+        "cpu_server": (sum(split1.values()) - sum(split0.values())) / n,
+        **{f"cpu_{k}": (split1[k] - split0[k]) / n for k in split0},
         "cpu_client": (own1 - own0) / n,
         "decode": (after["decode"] - before["decode"]) / steps,
         "gap": (after["gap"] - before["gap"]) / gaps,

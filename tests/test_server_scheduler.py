@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import threading
 import time
 from collections.abc import Sequence
@@ -322,3 +323,120 @@ def test_a_steps_events_are_handed_out_after_every_sequence_is_sampled(
     assert chunks  # the choices released text
     assert all(n % 4 == 0 for n in chunks)  # never in the middle of a step's sampling
     assert [n for kind, n in seen if kind == "Finish"] == [40] * 4
+
+
+class Recording:
+    """The runner, recording its prefill and decode calls in order (5 ms per decode)."""
+
+    def __init__(self, inner: Any) -> None:
+        self._inner = inner
+        self.calls: list[tuple[str, int]] = []
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._inner, name)
+
+    def prefill_logits(self, ids: Any) -> Any:
+        self.calls.append(("prefill", len(ids)))
+        return self._inner.prefill_logits(ids)
+
+    def prefill_logits_reusing(self, ids: Any, snap: Any, reuse: int) -> Any:
+        self.calls.append(("reuse", len(ids)))
+        return self._inner.prefill_logits_reusing(ids, snap, reuse)
+
+    def decode_batch(self, sessions: Any, tokens: Any) -> Any:
+        time.sleep(0.005)
+        self.calls.append(("decode", len(sessions)))
+        return self._inner.decode_batch(sessions, tokens)
+
+
+def test_a_long_prompt_is_prefilled_in_chunks_between_the_running_batchs_steps(
+    model: tuple[Any, Any],
+) -> None:
+    # ~0.5 s: a 200-token prompt in 7 chunks of 32 while a 60-token request decodes
+    _, tok = model
+    rng = np.random.default_rng(3)
+    long = tuple(int(t) for t in rng.integers(3, tok.vocab_size, 200))
+    opts = SampleOpts(temperature=1.0, top_p=0.9, seed=7)
+    second = GenerationRequest(long, opts, max_tokens=8)
+    config = ServerConfig(prefill_chunk=32, prompt_cache_bytes=0)
+    with BatchScheduler(fresh(model), tok, config) as sched:
+        alone = sched.generate(second, timeout=60)[0]  # nothing running: prefilled whole
+    runner = Recording(fresh(model))
+    with BatchScheduler(runner, tok, config) as sched:
+        first: list[Any] = []
+        busy = sched.submit(request(tok, seed=1, n_tokens=60, ignore_eos=True), first.append)
+        deadline = time.monotonic() + 30
+        while not runner.calls and time.monotonic() < deadline:
+            time.sleep(0.001)
+        among = sched.generate(second, timeout=60)[0]
+        assert not first or type(first[-1]).__name__ != "Finish"  # it ran all along
+        busy.cancel()
+        while not first or type(first[-1]).__name__ != "Finish":
+            assert time.monotonic() < deadline
+            time.sleep(0.005)
+    assert among.tokens == alone.tokens  # chunked or whole: the same logits, bit for bit
+    assert among.text == alone.text
+    chunks = [i for i, (kind, n) in enumerate(runner.calls) if kind != "decode" and n > 20]
+    assert [runner.calls[i] for i in chunks] == [("prefill", 32)] + [
+        ("reuse", n) for n in (64, 96, 128, 160, 192, 200)
+    ]
+    for a, b in itertools.pairwise(chunks):  # the batch decoded between chunks
+        assert [kind for kind, _ in runner.calls[a + 1 : b]] == ["decode"]
+
+
+def test_a_request_cancelled_while_its_prompt_is_prefilled_frees_its_slot(
+    model: tuple[Any, Any],
+) -> None:
+    # ~0.2 s: cancelled after its second chunk, beside a request that is then cancelled
+    _, tok = model
+    long = tuple(int(t) for t in np.random.default_rng(4).integers(3, tok.vocab_size, 200))
+    runner = Recording(fresh(model))
+    config = ServerConfig(prefill_chunk=16, prompt_cache_bytes=0, max_batch=2)
+    with BatchScheduler(runner, tok, config) as sched:
+        first: list[Any] = []
+        busy = sched.submit(request(tok, seed=1, n_tokens=200, ignore_eos=True), first.append)
+        deadline = time.monotonic() + 30
+        while not runner.calls and time.monotonic() < deadline:
+            time.sleep(0.001)
+        events: list[Any] = []
+        handle = sched.submit(GenerationRequest(long, max_tokens=4), events.append)
+        while not any(kind == "reuse" for kind, _ in runner.calls):
+            assert time.monotonic() < deadline
+            time.sleep(0.001)
+        handle.cancel()
+        while not events:
+            assert time.monotonic() < deadline
+            time.sleep(0.001)
+        assert [type(e).__name__ for e in events] == ["Finish"]
+        assert events[0].reason == "cancelled"
+        # its slot is free again: the next request runs beside the first, not after it
+        out = sched.generate(request(tok, seed=2, n_tokens=2), timeout=30)
+        assert out[0].finish_reason == "length"
+        assert not any(type(e).__name__ == "Finish" for e in first)
+        busy.cancel()
+    assert sum(kind == "reuse" for kind, _ in runner.calls) < 200 // 16 - 1
+
+
+def test_on_delivered_runs_once_per_step_after_its_events(model: tuple[Any, Any]) -> None:
+    # ~0.1 s: 4 choices of 6 tokens
+    _, tok = model
+    log: list[str] = []
+    done = threading.Event()
+    with BatchScheduler(fresh(model), tok) as sched:
+        sched.on_delivered(lambda: log.append("f"))
+
+        def sink(event: Any) -> None:
+            log.append("e")
+            if type(event).__name__ == "Finish" and event.index == 3:
+                done.set()
+
+        sched.submit(request(tok, seed=5, n_tokens=6, n=4, ignore_eos=True), sink)
+        assert done.wait(60)
+        deadline = time.monotonic() + 10
+        while log[-1] != "f" and time.monotonic() < deadline:
+            time.sleep(0.001)
+    text = "".join(log)
+    assert text.endswith("f")  # the last events were followed by a flush
+    assert "ff" not in text  # a flush only after a hand-out that had events
+    assert 1 <= text.count("f") <= 6  # at most once per step (6 steps sampled)
+    assert all(len(run) <= 8 for run in text.split("f"))  # a step's events, no more

@@ -49,23 +49,188 @@ fn avx2() -> bool {
     })
 }
 
-/// `softmax(qv . K^T * scale) . V` over `segments` of (keys, values), each
-/// `[t_i, hd]`, into `out` (`hd`). `scores` is scratch.
+/// Keys one span of attention covers. A head's keys (from the first it
+/// sees) are cut into spans of `SPAN` rows; each span's softmax is taken
+/// alone ([`attend_span`]) and the spans are combined in order
+/// ([`combine`]). So the spans of one head can go to different threads (9
+/// query heads split evenly over 2), and the query heads that share a KV
+/// head read each span while it is in L1 (8-16 KiB of keys and values at
+/// a head size of 64). Every path cuts at the same places, so the bits do
+/// not depend on who computed which span.
+pub(crate) const SPAN: usize = 64;
+
+/// Spans over `t` keys (at least one).
+pub(crate) fn spans(t: usize) -> usize {
+    t.div_ceil(SPAN).max(1)
+}
+
+/// Total rows of the key segments.
+pub(crate) fn segments_rows(segments: &[(Seg<'_>, Seg<'_>)], hd: usize) -> usize {
+    segments.iter().map(|(k, _)| seg_rows(k, hd)).sum()
+}
+
+/// At most two segments (the cached rows and a step's own), by value.
+#[derive(Clone, Copy)]
+pub(crate) struct Few<'a> {
+    n: usize,
+    s: [(Seg<'a>, Seg<'a>); 2],
+}
+
+impl<'a> Few<'a> {
+    pub(crate) fn get(&self) -> &[(Seg<'a>, Seg<'a>)] {
+        &self.s[..self.n]
+    }
+}
+
+/// Span `s` of `segments` (one or two): rows `s * SPAN..` of their
+/// concatenation, cut where they fall.
+pub(crate) fn span_of<'a>(segments: &[(Seg<'a>, Seg<'a>)], s: usize, hd: usize) -> Few<'a> {
+    assert!(segments.len() <= 2, "attention takes one or two segments");
+    let empty = (Rows::F32(&[]), Rows::F32(&[]));
+    let mut out = Few {
+        n: 0,
+        s: [empty, empty],
+    };
+    let (lo, hi) = (s * SPAN, (s + 1) * SPAN);
+    let mut at = 0usize;
+    for &(k, v) in segments {
+        let t = seg_rows(&k, hd);
+        let (a, b) = (lo.max(at), hi.min(at + t));
+        if a < b {
+            out.s[out.n] = (
+                slice_rows(k, a - at, b - at, hd),
+                slice_rows(v, a - at, b - at, hd),
+            );
+            out.n += 1;
+        }
+        at += t;
+    }
+    out
+}
+
+/// Scratch of [`attend`] and [`attend_group`].
+#[derive(Default)]
+pub(crate) struct Scratch {
+    scores: Vec<f32>,
+    /// `(m, l)` of each head's spans, flat.
+    parts: Vec<f32>,
+    outs: Vec<f32>,
+}
+
+/// `softmax(qv . K^T * scale) . V` over `segments` (one or two) of
+/// (keys, values), each `[t_i, hd]`, into `out` (`hd`): its spans one by
+/// one, then combined.
+#[cfg(test)]
 pub(crate) fn attend(
+    qv: &[f32],
+    segments: &[(Seg<'_>, Seg<'_>)],
+    hd: usize,
+    scale: f32,
+    scratch: &mut Scratch,
+    out: &mut [f32],
+) {
+    attend_group(&[qv], segments, hd, scale, scratch, &mut [out]);
+}
+
+/// [`attend`] for several query heads over the same keys (the query heads
+/// of one KV head), span by span, so each span is read from memory once.
+/// Each head gets the bits [`attend`] gives it alone.
+pub(crate) fn attend_group(
+    qs: &[&[f32]],
+    segments: &[(Seg<'_>, Seg<'_>)],
+    hd: usize,
+    scale: f32,
+    scratch: &mut Scratch,
+    outs: &mut [&mut [f32]],
+) {
+    group_with(attend_span, qs, segments, hd, scale, scratch, outs);
+}
+
+/// The span kernel of [`attend_group`] and [`portable`]'s signature.
+type SpanFn =
+    fn(&[f32], &[(Seg<'_>, Seg<'_>)], usize, f32, &mut Vec<f32>, &mut [f32]) -> (f32, f32);
+
+/// [`attend_group`] with the span kernel `span_fn`.
+fn group_with(
+    span_fn: SpanFn,
+    qs: &[&[f32]],
+    segments: &[(Seg<'_>, Seg<'_>)],
+    hd: usize,
+    scale: f32,
+    scratch: &mut Scratch,
+    outs: &mut [&mut [f32]],
+) {
+    let n = spans(segments_rows(segments, hd));
+    let heads = qs.len();
+    scratch.parts.clear();
+    scratch.parts.resize(heads * n * 2, 0.0);
+    scratch.outs.clear();
+    scratch.outs.resize(heads * n * hd, 0.0);
+    for s in 0..n {
+        let span = span_of(segments, s, hd);
+        for (h, qv) in qs.iter().enumerate() {
+            let at = h * n + s;
+            let (m, l) = span_fn(
+                qv,
+                span.get(),
+                hd,
+                scale,
+                &mut scratch.scores,
+                &mut scratch.outs[at * hd..(at + 1) * hd],
+            );
+            scratch.parts[at * 2] = m;
+            scratch.parts[at * 2 + 1] = l;
+        }
+    }
+    for (h, out) in outs.iter_mut().enumerate() {
+        combine(
+            &scratch.parts[h * n * 2..(h + 1) * n * 2],
+            &scratch.outs[h * n * hd..(h + 1) * n * hd],
+            hd,
+            out,
+        );
+    }
+}
+
+/// One span: `out = sum_i exp(s_i - m) * v_i` (not normalised) over the
+/// keys of `segments` (at least one row), with `s_i = qv . k_i * scale`;
+/// returns `(m, sum_i exp(s_i - m))`, `m` the largest score.
+pub(crate) fn attend_span(
     qv: &[f32],
     segments: &[(Seg<'_>, Seg<'_>)],
     hd: usize,
     scale: f32,
     scores: &mut Vec<f32>,
     out: &mut [f32],
-) {
+) -> (f32, f32) {
     #[cfg(target_arch = "x86_64")]
     if hd.is_multiple_of(8) && hd <= 256 && avx2() {
         // SAFETY: the features were detected.
-        unsafe { x86::attend(qv, segments, hd, scale, scores, out) };
-        return;
+        return unsafe { x86::attend_span(qv, segments, hd, scale, scores, out) };
     }
-    portable(qv, segments, hd, scale, scores, out);
+    portable(qv, segments, hd, scale, scores, out)
+}
+
+/// The softmax-weighted values of one head from its spans' partials
+/// (`parts[2s], parts[2s + 1]` = [`attend_span`]'s `(m, l)` of span `s`,
+/// `outs` its outputs, `hd` apart), in span order:
+/// `sum_s exp(m_s - M) o_s / sum_s exp(m_s - M) l_s`. One span gives `o / l`.
+pub(crate) fn combine(parts: &[f32], outs: &[f32], hd: usize, out: &mut [f32]) {
+    let top = parts
+        .chunks_exact(2)
+        .fold(f32::NEG_INFINITY, |a, p| a.max(p[0]));
+    let mut l = 0.0f32;
+    out.iter_mut().for_each(|o| *o = 0.0);
+    for (s, p) in parts.chunks_exact(2).enumerate() {
+        let (m, ls) = (p[0], p[1]);
+        let f = (m - top).exp();
+        l += f * ls;
+        out.iter_mut()
+            .zip(&outs[s * hd..(s + 1) * hd])
+            .for_each(|(o, &x)| *o += f * x);
+    }
+    let inv = 1.0 / l;
+    out.iter_mut().for_each(|o| *o *= inv);
 }
 
 fn portable(
@@ -75,7 +240,7 @@ fn portable(
     scale: f32,
     scores: &mut Vec<f32>,
     out: &mut [f32],
-) {
+) -> (f32, f32) {
     let mut row = vec![0.0f32; hd];
     let widen = |s: &Seg<'_>, i: usize, row: &mut [f32]| match s {
         Rows::F32(r) => row.copy_from_slice(&r[i * hd..(i + 1) * hd]),
@@ -97,16 +262,16 @@ fn portable(
         *s = (*s - max).exp();
         sum += *s;
     }
-    let inv = 1.0 / sum;
     out.iter_mut().for_each(|o| *o = 0.0);
     let mut p = scores.iter();
     for (_, values) in segments {
         for i in 0..seg_rows(values, hd) {
             widen(values, i, &mut row);
-            let w = p.next().copied().unwrap_or(0.0) * inv;
+            let w = p.next().copied().unwrap_or(0.0);
             out.iter_mut().zip(&row).for_each(|(o, &x)| *o += w * x);
         }
     }
+    (max, sum)
 }
 
 #[inline(always)]
@@ -189,14 +354,14 @@ mod x86 {
     }
 
     #[target_feature(enable = "avx2,fma,f16c")]
-    pub(super) unsafe fn attend(
+    pub(super) unsafe fn attend_span(
         qv: &[f32],
         segments: &[(Seg<'_>, Seg<'_>)],
         hd: usize,
         scale: f32,
         scores: &mut Vec<f32>,
         out: &mut [f32],
-    ) {
+    ) -> (f32, f32) {
         let lanes = hd / 8;
         let mut q = [_mm256_setzero_ps(); 32];
         for (c, q) in q.iter_mut().take(lanes).enumerate() {
@@ -245,12 +410,11 @@ mod x86 {
                 sum += e;
             }
         }
-        let inv = 1.0 / sum;
         let mut o = [_mm256_setzero_ps(); 32];
         let mut p = 0usize;
         for (_, values) in segments {
             for i in 0..seg_rows(values, hd) {
-                let w = _mm256_set1_ps(scores[p] * inv);
+                let w = _mm256_set1_ps(scores[p]);
                 p += 1;
                 for (c, o) in o.iter_mut().take(lanes).enumerate() {
                     // SAFETY: row i holds hd values.
@@ -262,6 +426,7 @@ mod x86 {
             // SAFETY: out holds hd values.
             unsafe { _mm256_storeu_ps(out.as_mut_ptr().add(8 * c), *o) };
         }
+        (max, sum)
     }
 }
 
@@ -301,7 +466,7 @@ mod tests {
                 .collect()
         };
         for hd in [4usize, 8, 12, 64, 128] {
-            for t in [1usize, 2, 7, 8, 9, 33, 300] {
+            for t in [1usize, 2, 7, 8, 9, 33, 64, 65, 129, 300] {
                 let (q, k, v) = (rnd(hd, 4.0), rnd(t * hd, 4.0), rnd(t * hd, 2.0));
                 let kh: Vec<u16> = k.iter().map(|&x| crate::kv::f32_to_f16(x)).collect();
                 let vh: Vec<u16> = v.iter().map(|&x| crate::kv::f32_to_f16(x)).collect();
@@ -333,11 +498,19 @@ mod tests {
                     ),
                 ];
                 for (segs, want) in cases {
-                    let mut scores = Vec::new();
+                    let mut scratch = Scratch::default();
                     let mut fast = vec![0.0f32; hd];
-                    attend(&q, &segs, hd, scale, &mut scores, &mut fast);
+                    attend(&q, &segs, hd, scale, &mut scratch, &mut fast);
                     let mut slow = vec![0.0f32; hd];
-                    portable(&q, &segs, hd, scale, &mut scores, &mut slow);
+                    group_with(
+                        portable,
+                        &[&q],
+                        &segs,
+                        hd,
+                        scale,
+                        &mut scratch,
+                        &mut [&mut slow],
+                    );
                     for (d, w) in want.iter().enumerate() {
                         for got in [fast[d], slow[d]] {
                             assert!(
@@ -348,6 +521,48 @@ mod tests {
                     }
                 }
             }
+        }
+    }
+
+    #[test]
+    fn a_group_of_heads_gets_each_heads_bits_alone_and_spans_cut_where_they_fall() {
+        let mut seed = 11u64;
+        let mut rnd = |n: usize| -> Vec<f32> {
+            (0..n)
+                .map(|_| {
+                    seed = seed
+                        .wrapping_mul(6_364_136_223_846_793_005)
+                        .wrapping_add(1_442_695_040_888_963_407);
+                    (seed >> 40) as f32 / (1u64 << 24) as f32 - 0.5
+                })
+                .collect()
+        };
+        let hd = 16;
+        for t in [1usize, SPAN - 1, SPAN, SPAN + 1, 3 * SPAN + 5] {
+            let (k, v) = (rnd(t * hd), rnd(t * hd));
+            let qs: Vec<Vec<f32>> = (0..3).map(|_| rnd(hd)).collect();
+            // Two segments split off the span grid: span_of covers each row once.
+            let cut = t / 3;
+            let segs = [
+                (Rows::F32(&k[..cut * hd]), Rows::F32(&v[..cut * hd])),
+                (Rows::F32(&k[cut * hd..]), Rows::F32(&v[cut * hd..])),
+            ];
+            let n = spans(t);
+            let rows: usize = (0..n)
+                .map(|s| segments_rows(span_of(&segs, s, hd).get(), hd))
+                .sum();
+            assert_eq!(rows, t);
+            assert!((0..n).all(|s| segments_rows(span_of(&segs, s, hd).get(), hd) <= SPAN));
+            let mut scratch = Scratch::default();
+            let mut alone = vec![vec![0.0f32; hd]; 3];
+            for (q, out) in qs.iter().zip(alone.iter_mut()) {
+                attend(q, &segs, hd, 0.25, &mut scratch, out);
+            }
+            let mut together = vec![vec![0.0f32; hd]; 3];
+            let refs: Vec<&[f32]> = qs.iter().map(|q| q.as_slice()).collect();
+            let mut outs: Vec<&mut [f32]> = together.iter_mut().map(|o| o.as_mut_slice()).collect();
+            attend_group(&refs, &segs, hd, 0.25, &mut scratch, &mut outs);
+            assert_eq!(alone, together, "t {t}");
         }
     }
 }

@@ -1,12 +1,19 @@
-//! One decode step of one sequence (one new token) as a single job of the
-//! model's [`Team`]: every member takes claimed row chunks of each product
-//! and query heads of attention, with one barrier after each of the five
-//! stages of a block (q/k/v, attention, o, gate/up, down) instead of a
-//! thread-pool hand-off per product.
+//! One decode step of one sequence (one new token) as a single elastic job
+//! of the model's [`Team`]: every member takes claimed row chunks of each
+//! product and (KV head, span) tasks of attention, stage by stage (q/k/v,
+//! attention, o, gate/up, down: five a block), instead of a thread-pool
+//! hand-off per product.
 //!
-//! Each member does the small per-row work (norms, biases, RoPE, quantising
+//! There are no barriers: a stage begins when the items of the stage before
+//! it are *done*, whoever did them. On a loaded machine a member that lost
+//! its core holds back the others only while it holds a claim (at most one
+//! chunk), and a member that is late does the rest alone; a barrier made
+//! every member wait for the slowest to arrive, 150 times a step.
+//!
+//! Each member that takes part in a stage does the small per-row work
+//! (norms, biases, RoPE, combining attention's spans, quantising
 //! activations) itself on a private copy, which costs less than another
-//! barrier. The new keys and values are kept aside and appended to the
+//! stage. The new keys and values are kept aside and appended to the
 //! cache after the job, so the cache is only read while the team runs;
 //! attention takes the new row from there, rounded to the cache's storage
 //! type exactly as the append rounds it.
@@ -15,10 +22,10 @@
 //! [`Model::forward`]'s general path: a decode step gives the same bits
 //! either way (tested), whatever the number of threads.
 
-use std::sync::atomic::AtomicUsize;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Mutex;
 
-use crate::engine::attention::{attend, slice_rows};
+use crate::engine::attention::{attend_span, combine, slice_rows, span_of, spans};
 use crate::engine::forward::{
     head_major, rms_heads, rms_rows, rope, rope_tables, silu, window_start, Model,
 };
@@ -72,6 +79,61 @@ impl Shared {
     }
 }
 
+/// The work counters of one stage of a step.
+pub(crate) struct Stage {
+    /// Items of the stage.
+    total: usize,
+    /// Items handed out (may run past `total`).
+    claim: AtomicUsize,
+    /// Items finished; the next stage begins at `total`.
+    done: AtomicUsize,
+}
+
+impl Stage {
+    fn new(total: usize) -> Self {
+        Self {
+            total,
+            claim: AtomicUsize::new(0),
+            done: AtomicUsize::new(0),
+        }
+    }
+}
+
+/// A member's claims in one stage, opened once the stage before is done.
+struct Claims<'m, 'a> {
+    m: &'m Member<'a>,
+    stage: &'m Stage,
+    mine: usize,
+}
+
+impl<'m, 'a> Claims<'m, 'a> {
+    /// Stage `i` of `stages`, after waiting for stage `i - 1` to be done.
+    fn open(m: &'m Member<'a>, stages: &'m [Stage], i: usize) -> Self {
+        if let Some(prev) = i.checked_sub(1).map(|p| &stages[p]) {
+            m.wait_for(&prev.done, prev.total);
+        }
+        Self {
+            m,
+            stage: &stages[i],
+            mine: 0,
+        }
+    }
+
+    /// The next item this member takes (the one before it is finished).
+    fn next(&mut self) -> Option<usize> {
+        let i = self.m.claim(&self.stage.claim, self.stage.total)?;
+        self.mine += 1;
+        Some(i)
+    }
+
+    /// Every item taken is finished.
+    fn finish(self) {
+        if self.mine > 0 {
+            self.stage.done.fetch_add(self.mine, Ordering::Release);
+        }
+    }
+}
+
 /// The buffers of one step.
 #[derive(Clone, Copy)]
 struct Bufs {
@@ -79,8 +141,10 @@ struct Bufs {
     x: Shared,
     /// q, k and v of the block, back to back.
     qkv: Shared,
-    /// Attention output (`q_width`).
-    ctx: Shared,
+    /// Each query head's span partials of attention: `(m, l)` pairs
+    /// (`n_heads x spans x 2`) and outputs (`n_heads x spans x head_dim`).
+    parts: Shared,
+    outs: Shared,
     /// `silu(gate) * up` (`intermediate`).
     act: Shared,
     /// Every block's new key and value rows (after RoPE), `layers x 2 x kv_width`.
@@ -103,30 +167,41 @@ impl Model {
         let layers = cfg.n_layers;
         let mut x = self.embed(&[token])?;
         let mut qkv = vec![0.0f32; qw + 2 * kvw];
-        let mut ctx = vec![0.0f32; qw];
+        let (from, hd) = (window_start(cfg.sliding_window, start), cfg.head_dim);
+        let n_spans = spans(start + 1 - from);
+        let mut parts = vec![0.0f32; cfg.n_heads * n_spans * 2];
+        let mut outs = vec![0.0f32; cfg.n_heads * n_spans * hd];
         let mut act = vec![0.0f32; cfg.intermediate_size];
         let mut newkv = vec![0.0f32; layers * 2 * kvw];
         let mut logits = vec![0.0f32; self.weights.head().rows];
-        let counters: Vec<AtomicUsize> = (0..layers * STAGES + 1)
-            .map(|_| AtomicUsize::new(0))
-            .collect();
+        let qkv_chunks: usize = [qw, kvw, kvw].iter().map(|r| r.div_ceil(CHUNK)).sum();
+        let mut stages = Vec::with_capacity(layers * STAGES + 1);
+        for _ in 0..layers {
+            stages.push(Stage::new(qkv_chunks));
+            stages.push(Stage::new(cfg.n_kv_heads * n_spans));
+            stages.push(Stage::new(cfg.hidden_size.div_ceil(CHUNK)));
+            stages.push(Stage::new(cfg.intermediate_size.div_ceil(CHUNK)));
+            stages.push(Stage::new(cfg.hidden_size.div_ceil(CHUNK)));
+        }
+        stages.push(Stage::new(self.weights.head().rows.div_ceil(HEAD_CHUNK)));
         let bufs = Bufs {
             x: Shared::of(&mut x),
             qkv: Shared::of(&mut qkv),
-            ctx: Shared::of(&mut ctx),
+            parts: Shared::of(&mut parts),
+            outs: Shared::of(&mut outs),
             act: Shared::of(&mut act),
             newkv: Shared::of(&mut newkv),
             logits: Shared::of(&mut logits),
         };
         let failure: Mutex<Option<CoreError>> = Mutex::new(None);
         let view: &KvCache = cache;
-        let ran = team.run(|m| {
-            if let Err(e) = self.member(m, view, start, bufs, &counters) {
+        let ran = team.run_elastic(|m| {
+            if let Err(e) = self.member(m, view, start, bufs, &stages) {
                 failure
                     .lock()
                     .unwrap_or_else(|p| p.into_inner())
                     .get_or_insert(e);
-                // Leave the job: the other members leave their barriers.
+                // Leave the job: the others stop waiting for its work.
                 std::panic::resume_unwind(Box::new("a team member failed"));
             }
         });
@@ -134,7 +209,7 @@ impl Model {
             return Err(e);
         }
         ran?;
-        let (nkv, hd) = (cfg.n_kv_heads, cfg.head_dim);
+        let nkv = cfg.n_kv_heads;
         for li in 0..layers {
             let row = &newkv[li * 2 * kvw..(li + 1) * 2 * kvw];
             cache.append(
@@ -146,14 +221,17 @@ impl Model {
         Ok(logits)
     }
 
-    /// Member `m`'s part of the step.
+    /// Member `m`'s part of the step: every stage in order, each begun when
+    /// the one before it is done; the per-row work a stage needs (norms,
+    /// biases, RoPE, combining attention's spans, quantising activations)
+    /// is done on a private copy by each member that claims part of it.
     fn member(
         &self,
         m: &Member<'_>,
         cache: &KvCache,
         start: usize,
         b: Bufs,
-        counters: &[AtomicUsize],
+        stages: &[Stage],
     ) -> CoreResult<()> {
         let cfg = &self.cfg;
         let (hdim, hd, nh) = (cfg.hidden_size, cfg.head_dim, cfg.n_heads);
@@ -169,160 +247,211 @@ impl Model {
         let (mut gate, mut up) = (vec![0.0f32; inter], vec![0.0f32; inter]);
         let (mut q, mut k, mut v) = (vec![0.0f32; qw], vec![0.0f32; kvw], vec![0.0f32; kvw]);
         let mut halves = vec![0u16; kvw];
-        let mut scores = Vec::with_capacity(start + 1 - from);
-        let mut stage = 0usize;
-        let mut next = || {
-            stage += 1;
-            &counters[stage - 1]
+        let n_spans = spans(start + 1 - from);
+        let mut ctx = vec![0.0f32; qw];
+        let mut scores = Vec::with_capacity(crate::engine::attention::SPAN);
+        let mut at = 0usize;
+        let mut open = || {
+            at += 1;
+            Claims::open(m, stages, at - 1)
         };
         for (li, lw) in self.weights.layers.iter().enumerate() {
             // q, k, v.
-            // SAFETY: x is only written in the o and down stages, between barriers.
-            rms_rows(unsafe { b.x.read() }, &lw.attn_norm, eps, &mut h);
-            let mut prep_qkv = RowPrep::new(self.activations, &h);
             let parts: [(&Tensor, usize); 3] = [(&lw.q, 0), (&lw.k, qw), (&lw.v, qw + kvw)];
-            let counter = next();
             let chunks: Vec<(usize, usize)> = parts
                 .iter()
                 .enumerate()
                 .flat_map(|(i, (t, _))| (0..t.rows.div_ceil(CHUNK)).map(move |c| (i, c)))
                 .collect();
-            while let Some(c) = m.claim(counter, chunks.len()) {
-                let (i, c) = chunks[c];
-                let (t, at) = parts[i];
-                let (lo, hi) = (c * CHUNK, ((c + 1) * CHUNK).min(t.rows));
-                // SAFETY: rows lo..hi of this part of qkv are this member's claim.
-                unsafe { self.rows(&mut prep_qkv, t, lo, hi, b.qkv.ptr().add(at))? };
-            }
-            drop(prep_qkv);
-            m.barrier();
-            // Private copies: biases, norms, RoPE.
-            {
-                // SAFETY: qkv is not written again before the next block's barrier.
-                let all = unsafe { b.qkv.read() };
-                q.copy_from_slice(&all[..qw]);
-                k.copy_from_slice(&all[qw..qw + kvw]);
-                v.copy_from_slice(&all[qw + kvw..]);
-            }
-            for (buf, bias) in [
-                (&mut q, &lw.q_bias),
-                (&mut k, &lw.k_bias),
-                (&mut v, &lw.v_bias),
-            ] {
-                if let Some(bias) = bias {
-                    buf.iter_mut().zip(bias).for_each(|(y, &c)| *y += c);
+            let mut cl = open();
+            if let Some(first) = cl.next() {
+                // SAFETY: x is written in the o and down stages only, which
+                // wait for this one.
+                rms_rows(unsafe { b.x.read() }, &lw.attn_norm, eps, &mut h);
+                let mut prep = RowPrep::new(self.activations, &h);
+                let mut c = Some(first);
+                while let Some(ci) = c {
+                    let (i, c0) = chunks[ci];
+                    let (t, off) = parts[i];
+                    let (lo, hi) = (c0 * CHUNK, ((c0 + 1) * CHUNK).min(t.rows));
+                    // SAFETY: rows lo..hi of this part of qkv are this member's claim.
+                    unsafe { self.rows(&mut prep, t, lo, hi, b.qkv.ptr().add(off))? };
+                    c = cl.next();
                 }
             }
-            if let (Some(qn), Some(kn)) = (&lw.q_norm, &lw.k_norm) {
-                rms_heads(&mut q, qn, eps);
-                rms_heads(&mut k, kn, eps);
-            }
-            rope(cfg.rope_style, &mut q, hd, &cos, &sin);
-            rope(cfg.rope_style, &mut k, hd, &cos, &sin);
-            if m.id == 0 {
-                // SAFETY: block li's rows of newkv are member 0's alone.
-                let dst = unsafe { b.newkv.part(li * 2 * kvw, (li + 1) * 2 * kvw) };
-                dst[..kvw].copy_from_slice(&k);
-                dst[kvw..].copy_from_slice(&v);
-            }
-            if f16 {
-                // Attention sees the new row as the cache will store it.
-                for buf in [&mut k, &mut v] {
-                    convert_f32_to_f16(buf, &mut halves);
-                    buf.iter_mut()
-                        .zip(&halves)
-                        .for_each(|(y, &bits)| *y = f16_to_f32(bits));
+            cl.finish();
+            // Attention in (KV head, span) tasks: the query heads of a KV
+            // head read each span of its keys once (GQA), and the spans
+            // split a head's work evenly over the members.
+            let mut cl = open();
+            if let Some(first) = cl.next() {
+                // Private copies: biases, norms, RoPE.
+                {
+                    // SAFETY: qkv is written again in the next block's first
+                    // stage only, which waits for this one.
+                    let all = unsafe { b.qkv.read() };
+                    q.copy_from_slice(&all[..qw]);
+                    k.copy_from_slice(&all[qw..qw + kvw]);
+                    v.copy_from_slice(&all[qw + kvw..]);
+                }
+                for (buf, bias) in [
+                    (&mut q, &lw.q_bias),
+                    (&mut k, &lw.k_bias),
+                    (&mut v, &lw.v_bias),
+                ] {
+                    if let Some(bias) = bias {
+                        buf.iter_mut().zip(bias).for_each(|(y, &c)| *y += c);
+                    }
+                }
+                if let (Some(qn), Some(kn)) = (&lw.q_norm, &lw.k_norm) {
+                    rms_heads(&mut q, qn, eps);
+                    rms_heads(&mut k, kn, eps);
+                }
+                rope(cfg.rope_style, &mut q, hd, &cos, &sin);
+                rope(cfg.rope_style, &mut k, hd, &cos, &sin);
+                if first == 0 {
+                    // SAFETY: block li's rows of newkv are the taker of task 0's.
+                    let dst = unsafe { b.newkv.part(li * 2 * kvw, (li + 1) * 2 * kvw) };
+                    dst[..kvw].copy_from_slice(&k);
+                    dst[kvw..].copy_from_slice(&v);
+                }
+                if f16 {
+                    // Attention sees the new row as the cache will store it.
+                    for buf in [&mut k, &mut v] {
+                        convert_f32_to_f16(buf, &mut halves);
+                        buf.iter_mut()
+                            .zip(&halves)
+                            .for_each(|(y, &bits)| *y = f16_to_f32(bits));
+                    }
+                }
+                let mut c = Some(first);
+                while let Some(task) = c {
+                    let (j, sp) = (task / n_spans, task % n_spans);
+                    let (kc, vc) = (
+                        slice_rows(cache.head_rows(li, Half::Keys, j)?, from, start, hd),
+                        slice_rows(cache.head_rows(li, Half::Values, j)?, from, start, hd),
+                    );
+                    let own = (
+                        Rows::F32(&k[j * hd..(j + 1) * hd]),
+                        Rows::F32(&v[j * hd..(j + 1) * hd]),
+                    );
+                    let span = span_of(&[(kc, vc), own], sp, hd);
+                    for head in j * group..(j + 1) * group {
+                        let at = head * n_spans + sp;
+                        // SAFETY: span `sp` of head `head` is this member's claim.
+                        let (pair, dst) = unsafe {
+                            (
+                                b.parts.part(at * 2, at * 2 + 2),
+                                b.outs.part(at * hd, (at + 1) * hd),
+                            )
+                        };
+                        let (mx, l) = attend_span(
+                            &q[head * hd..(head + 1) * hd],
+                            span.get(),
+                            hd,
+                            scale,
+                            &mut scores,
+                            dst,
+                        );
+                        pair[0] = mx;
+                        pair[1] = l;
+                    }
+                    c = cl.next();
                 }
             }
-            // Attention, a query head at a time.
-            let counter = next();
-            while let Some(head) = m.claim(counter, nh) {
-                let j = head / group;
-                let (kc, vc) = (
-                    slice_rows(cache.head_rows(li, Half::Keys, j)?, from, start, hd),
-                    slice_rows(cache.head_rows(li, Half::Values, j)?, from, start, hd),
-                );
-                // SAFETY: head `head` of ctx is this member's claim.
-                let dst = unsafe { b.ctx.part(head * hd, (head + 1) * hd) };
-                let own = (
-                    Rows::F32(&k[j * hd..(j + 1) * hd]),
-                    Rows::F32(&v[j * hd..(j + 1) * hd]),
-                );
-                attend(
-                    &q[head * hd..(head + 1) * hd],
-                    &[(kc, vc), own],
-                    hd,
-                    scale,
-                    &mut scores,
-                    dst,
-                );
-            }
-            m.barrier();
+            cl.finish();
             // o, added to the residual.
-            // SAFETY: ctx is not written again before the next block's barrier.
-            let mut prep_o = RowPrep::new(self.activations, unsafe { b.ctx.read() });
-            self.residual(m, &mut prep_o, &lw.o, next(), &mut tmp, b.x)?;
-            drop(prep_o);
-            m.barrier();
-            // gate and up, then silu(gate) * up.
-            // SAFETY: as for q, k, v.
-            rms_rows(unsafe { b.x.read() }, &lw.ffn_norm, eps, &mut h);
-            let mut prep_ffn = RowPrep::new(self.activations, &h);
-            let counter = next();
-            while let Some(c) = m.claim(counter, inter.div_ceil(CHUNK)) {
-                let (lo, hi) = (c * CHUNK, ((c + 1) * CHUNK).min(inter));
-                // SAFETY: private buffers of `inter` floats.
-                unsafe {
-                    self.rows(&mut prep_ffn, &lw.gate, lo, hi, gate.as_mut_ptr())?;
-                    self.rows(&mut prep_ffn, &lw.up, lo, hi, up.as_mut_ptr())?;
+            let mut cl = open();
+            if let Some(first) = cl.next() {
+                // Every head's spans combined, in a private ctx.
+                // SAFETY: parts and outs are written again in the next
+                // block's attention only, after this stage.
+                let (parts, outs) = unsafe { (b.parts.read(), b.outs.read()) };
+                for head in 0..nh {
+                    let base = head * n_spans;
+                    combine(
+                        &parts[base * 2..(base + n_spans) * 2],
+                        &outs[base * hd..(base + n_spans) * hd],
+                        hd,
+                        &mut ctx[head * hd..(head + 1) * hd],
+                    );
                 }
-                // SAFETY: rows lo..hi of act are this member's claim.
-                let dst = unsafe { b.act.part(lo, hi) };
-                for ((d, &g), &u) in dst.iter_mut().zip(&gate[lo..hi]).zip(&up[lo..hi]) {
-                    *d = silu(g) * u;
+                let mut prep = RowPrep::new(self.activations, &ctx);
+                self.residual(&mut cl, first, &mut prep, &lw.o, &mut tmp, b.x)?;
+            }
+            cl.finish();
+            // gate and up, then silu(gate) * up.
+            let mut cl = open();
+            if let Some(first) = cl.next() {
+                // SAFETY: as for q, k, v.
+                rms_rows(unsafe { b.x.read() }, &lw.ffn_norm, eps, &mut h);
+                let mut prep = RowPrep::new(self.activations, &h);
+                let mut c = Some(first);
+                while let Some(ci) = c {
+                    let (lo, hi) = (ci * CHUNK, ((ci + 1) * CHUNK).min(inter));
+                    // SAFETY: private buffers of `inter` floats.
+                    unsafe {
+                        self.rows(&mut prep, &lw.gate, lo, hi, gate.as_mut_ptr())?;
+                        self.rows(&mut prep, &lw.up, lo, hi, up.as_mut_ptr())?;
+                    }
+                    // SAFETY: rows lo..hi of act are this member's claim.
+                    let dst = unsafe { b.act.part(lo, hi) };
+                    for ((d, &g), &u) in dst.iter_mut().zip(&gate[lo..hi]).zip(&up[lo..hi]) {
+                        *d = silu(g) * u;
+                    }
+                    c = cl.next();
                 }
             }
-            drop(prep_ffn);
-            m.barrier();
+            cl.finish();
             // down, added to the residual.
-            // SAFETY: act is not written again before the next block's barrier.
-            let mut prep_down = RowPrep::new(self.activations, unsafe { b.act.read() });
-            self.residual(m, &mut prep_down, &lw.down, next(), &mut tmp, b.x)?;
-            drop(prep_down);
-            m.barrier();
+            let mut cl = open();
+            if let Some(first) = cl.next() {
+                // SAFETY: act is written again in the next block's gate/up
+                // stage only, after this one.
+                let mut prep = RowPrep::new(self.activations, unsafe { b.act.read() });
+                self.residual(&mut cl, first, &mut prep, &lw.down, &mut tmp, b.x)?;
+            }
+            cl.finish();
         }
         // The head.
-        // SAFETY: x is final.
-        rms_rows(unsafe { b.x.read() }, &self.weights.norm, eps, &mut h);
-        let mut prep = RowPrep::new(self.activations, &h);
         let head = self.weights.head();
-        let counter = next();
-        while let Some(c) = m.claim(counter, head.rows.div_ceil(HEAD_CHUNK)) {
-            let (lo, hi) = (c * HEAD_CHUNK, ((c + 1) * HEAD_CHUNK).min(head.rows));
-            // SAFETY: rows lo..hi of the logits are this member's claim.
-            unsafe { self.rows(&mut prep, head, lo, hi, b.logits.ptr())? };
+        let mut cl = open();
+        if let Some(first) = cl.next() {
+            // SAFETY: x is final.
+            rms_rows(unsafe { b.x.read() }, &self.weights.norm, eps, &mut h);
+            let mut prep = RowPrep::new(self.activations, &h);
+            let mut c = Some(first);
+            while let Some(ci) = c {
+                let (lo, hi) = (ci * HEAD_CHUNK, ((ci + 1) * HEAD_CHUNK).min(head.rows));
+                // SAFETY: rows lo..hi of the logits are this member's claim.
+                unsafe { self.rows(&mut prep, head, lo, hi, b.logits.ptr())? };
+                c = cl.next();
+            }
         }
+        cl.finish();
         Ok(())
     }
 
-    /// Claimed chunks of `x += prep @ t.T`.
+    /// Chunk `first` and the further claims of `cl` of `x += prep @ t.T`.
     fn residual(
         &self,
-        m: &Member<'_>,
+        cl: &mut Claims<'_, '_>,
+        first: usize,
         prep: &mut RowPrep<'_>,
         t: &Tensor,
-        counter: &AtomicUsize,
         tmp: &mut [f32],
         x: Shared,
     ) -> CoreResult<()> {
-        while let Some(c) = m.claim(counter, t.rows.div_ceil(CHUNK)) {
-            let (lo, hi) = (c * CHUNK, ((c + 1) * CHUNK).min(t.rows));
+        let mut c = Some(first);
+        while let Some(ci) = c {
+            let (lo, hi) = (ci * CHUNK, ((ci + 1) * CHUNK).min(t.rows));
             // SAFETY: tmp holds t.rows floats and is private.
             unsafe { self.rows(prep, t, lo, hi, tmp.as_mut_ptr())? };
             // SAFETY: rows lo..hi of x are this member's claim; nobody reads x
             // in this stage.
             let dst = unsafe { x.part(lo, hi) };
             dst.iter_mut().zip(&tmp[lo..hi]).for_each(|(a, b)| *a += b);
+            c = cl.next();
         }
         Ok(())
     }

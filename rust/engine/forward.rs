@@ -9,7 +9,7 @@
 use ndarray::ArrayView3;
 use rayon::prelude::*;
 
-use crate::engine::attention::{attend, slice_rows};
+use crate::engine::attention::{attend_group, slice_rows, Scratch};
 use crate::engine::config::{Config, RopeStyle};
 use crate::engine::linear::{gather, matmul, matmul_many, Activations, Part};
 use crate::engine::team::Team;
@@ -301,24 +301,28 @@ impl Model {
                 let cache = caches[si];
                 let keys = cache.head_rows(layer, Half::Keys, j)?;
                 let values = cache.head_rows(layer, Half::Values, j)?;
-                let last = positions[hi - 1];
                 let first = window_start(cfg.sliding_window, positions[lo]);
                 let mut out = vec![0.0f32; (hi - lo) * group * hd];
-                let mut scores = Vec::with_capacity(last + 1 - first);
+                let mut scratch = Scratch::default();
                 for r in lo..hi {
                     let pos = positions[r];
                     let from = window_start(cfg.sliding_window, pos) - first;
                     let to = pos + 1 - first;
-                    for g in 0..group {
-                        let head = j * group + g;
-                        let qv = &q[r * qw + head * hd..r * qw + (head + 1) * hd];
-                        let dst = &mut out[((r - lo) * group + g) * hd..][..hd];
-                        let seg = (
-                            slice_rows(keys, first + from, first + to, hd),
-                            slice_rows(values, first + from, first + to, hd),
-                        );
-                        attend(qv, &[seg], hd, scale, &mut scores, dst);
-                    }
+                    let qs: Vec<&[f32]> = (0..group)
+                        .map(|g| {
+                            let head = j * group + g;
+                            &q[r * qw + head * hd..r * qw + (head + 1) * hd]
+                        })
+                        .collect();
+                    let mut dsts: Vec<&mut [f32]> = out
+                        [(r - lo) * group * hd..(r - lo + 1) * group * hd]
+                        .chunks_exact_mut(hd)
+                        .collect();
+                    let seg = (
+                        slice_rows(keys, first + from, first + to, hd),
+                        slice_rows(values, first + from, first + to, hd),
+                    );
+                    attend_group(&qs, &[seg], hd, scale, &mut scratch, &mut dsts);
                 }
                 Ok(out)
             })

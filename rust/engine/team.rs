@@ -12,13 +12,20 @@
 //! variable after about a millisecond. A panic in any member is caught, the
 //! others leave their barriers, and [`Team::run`] reports it as an error.
 //!
+//! An *elastic* job ([`Team::run_elastic`]) has no barriers: its members
+//! claim work and wait only for work to be *done* ([`Member::wait_for`]),
+//! so on a loaded machine a member the scheduler took off its core holds
+//! back nobody unless it holds a claim, and one that has not started when
+//! the caller finished the job is left out of it (a barrier would wait for
+//! every member to arrive, 150 times a decode step).
+//!
 //! A process forked after the team started has none of its threads: the
 //! team's threads are kept per process ([`crate::per_process`]), so the first
 //! job in a forked child starts a new set.
 
 use std::cell::UnsafeCell;
 use std::panic::{catch_unwind, AssertUnwindSafe};
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Condvar, Mutex};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
@@ -30,6 +37,8 @@ use crate::{CoreError, CoreResult};
 const SPINS: u32 = 2_000;
 /// How long an idle worker yields before it parks.
 const IDLE: Duration = Duration::from_millis(1);
+/// The gate's bit for an elastic job nobody may enter any more.
+const CLOSED: u64 = 1 << 31;
 
 /// What one member of a running job sees.
 pub struct Member<'a> {
@@ -38,12 +47,14 @@ pub struct Member<'a> {
     /// Members in the team.
     pub threads: usize,
     shared: &'a Shared,
+    elastic: bool,
 }
 
 impl Member<'_> {
     /// Wait until every member has reached this point. Writes made before
     /// the barrier are visible to every member after it.
     pub fn barrier(&self) {
+        assert!(!self.elastic, "an elastic job has no barriers");
         let s = self.shared;
         if s.threads == 1 {
             return;
@@ -58,6 +69,19 @@ impl Member<'_> {
         while s.gen.load(Ordering::Acquire) == gen {
             if s.failed.load(Ordering::Relaxed) {
                 // Another member panicked: leave by unwinding too (caught by run).
+                std::panic::resume_unwind(Box::new("a team member failed"));
+            }
+            pause(&mut spins);
+        }
+    }
+
+    /// Wait until `counter` reaches `target` (work others finished; their
+    /// writes before a release add to it are visible after). Leaves by
+    /// unwinding if another member failed.
+    pub fn wait_for(&self, counter: &AtomicUsize, target: usize) {
+        let mut spins = 0u32;
+        while counter.load(Ordering::Acquire) < target {
+            if self.shared.failed.load(Ordering::Relaxed) {
                 std::panic::resume_unwind(Box::new("a team member failed"));
             }
             pause(&mut spins);
@@ -94,6 +118,11 @@ struct Shared {
     /// Bumped by the caller to start a job (and to stop the workers).
     epoch: AtomicUsize,
     job: UnsafeCell<Option<JobPtr>>,
+    /// The current job is elastic (written with `job`).
+    elastic: AtomicBool,
+    /// `epoch << 32 | CLOSED? | workers that entered` of the current job
+    /// (a worker enters every job; only an elastic one closes).
+    gate: AtomicU64,
     /// Workers that finished the current job.
     done: AtomicUsize,
     arrived: AtomicUsize,
@@ -144,7 +173,15 @@ impl Team {
     /// Run `job` on every member at once (the caller is member 0) and wait
     /// for all of them. A panic in any member is returned as an error.
     pub fn run<F: Fn(&Member<'_>) + Sync>(&self, job: F) -> CoreResult<()> {
-        self.crew.get(|| Crew::new(self.threads))?.run(job)
+        self.crew.get(|| Crew::new(self.threads))?.run(job, false)
+    }
+
+    /// Run `job` as an elastic job: the caller (member 0) and whichever
+    /// workers start it before the caller finished its part; waits for those
+    /// that started. The job must not use [`Member::barrier`] and must be
+    /// complete when member 0 alone runs it (claims, [`Member::wait_for`]).
+    pub fn run_elastic<F: Fn(&Member<'_>) + Sync>(&self, job: F) -> CoreResult<()> {
+        self.crew.get(|| Crew::new(self.threads))?.run(job, true)
     }
 }
 
@@ -163,6 +200,8 @@ impl Crew {
             threads,
             epoch: AtomicUsize::new(0),
             job: UnsafeCell::new(None),
+            elastic: AtomicBool::new(false),
+            gate: AtomicU64::new(0),
             done: AtomicUsize::new(0),
             arrived: AtomicUsize::new(0),
             gen: AtomicUsize::new(0),
@@ -188,7 +227,7 @@ impl Crew {
         Ok(team)
     }
 
-    fn run<F: Fn(&Member<'_>) + Sync>(&self, job: F) -> CoreResult<()> {
+    fn run<F: Fn(&Member<'_>) + Sync>(&self, job: F, elastic: bool) -> CoreResult<()> {
         let _one = self.lock.lock().unwrap_or_else(|e| e.into_inner());
         let s = &*self.shared;
         s.failed.store(false, Ordering::Relaxed);
@@ -204,7 +243,10 @@ impl Crew {
                 *const Job,
             >(erased)));
         }
-        s.epoch.fetch_add(1, Ordering::SeqCst);
+        s.elastic.store(elastic, Ordering::Relaxed);
+        let next = s.epoch.load(Ordering::Relaxed).wrapping_add(1);
+        s.gate.store(gate_epoch(next), Ordering::Relaxed);
+        s.epoch.store(next, Ordering::SeqCst);
         if s.parked.load(Ordering::SeqCst) > 0 {
             let _g = s.bell.lock().unwrap_or_else(|e| e.into_inner());
             s.ring.notify_all();
@@ -213,13 +255,20 @@ impl Crew {
             id: 0,
             threads: s.threads,
             shared: s,
+            elastic,
         };
         let mine = catch_unwind(AssertUnwindSafe(|| job(&me)));
         if mine.is_err() {
             s.failed.store(true, Ordering::Relaxed);
         }
+        // Workers to wait for: all, or those that entered before the close.
+        let expect = if elastic {
+            (s.gate.fetch_or(CLOSED, Ordering::AcqRel) & (CLOSED - 1)) as usize
+        } else {
+            s.threads - 1
+        };
         let mut spins = 0u32;
-        while s.done.load(Ordering::Acquire) + 1 < s.threads {
+        while s.done.load(Ordering::Acquire) < expect {
             pause(&mut spins);
         }
         // SAFETY: every worker is done with the job.
@@ -244,6 +293,28 @@ impl Drop for Crew {
         }
         for w in self.workers.drain(..) {
             let _ = w.join();
+        }
+    }
+}
+
+/// The gate of an open elastic job of epoch `epoch`.
+fn gate_epoch(epoch: usize) -> u64 {
+    (epoch as u64 & 0xffff_ffff) << 32
+}
+
+/// Enter the elastic job of epoch `epoch`, unless it closed or is over.
+fn enter(s: &Shared, epoch: usize) -> bool {
+    let mut g = s.gate.load(Ordering::Acquire);
+    loop {
+        if g & !0xffff_ffff != gate_epoch(epoch) || g & CLOSED != 0 {
+            return false;
+        }
+        match s
+            .gate
+            .compare_exchange_weak(g, g + 1, Ordering::AcqRel, Ordering::Acquire)
+        {
+            Ok(_) => return true,
+            Err(now) => g = now,
         }
     }
 }
@@ -280,6 +351,13 @@ fn worker(s: &Shared, id: usize) {
         if s.quit.load(Ordering::SeqCst) {
             return;
         }
+        if !enter(s, seen) {
+            // An elastic job the caller finished without us, or one it has
+            // moved on from: not ours.
+            continue;
+        }
+        // Entered: the job of epoch `seen` stays until we report done.
+        let elastic = s.elastic.load(Ordering::Relaxed);
         // SAFETY: the caller wrote the job before bumping the epoch we saw
         // and keeps it alive until we report done.
         let job = unsafe { *s.job.get() };
@@ -288,6 +366,7 @@ fn worker(s: &Shared, id: usize) {
                 id,
                 threads: s.threads,
                 shared: s,
+                elastic,
             };
             // SAFETY: see above.
             let r = catch_unwind(AssertUnwindSafe(|| unsafe { (*p)(&me) }));
@@ -369,5 +448,58 @@ mod tests {
         })
         .unwrap();
         assert_eq!(ran.load(Ordering::Relaxed), 2);
+    }
+
+    #[test]
+    fn elastic_jobs_hand_out_each_claim_once_between_barrier_jobs() {
+        // Alternating with barrier jobs: a worker left out of an elastic job
+        // must not run a later job twice or out of step.
+        for threads in 1..=3 {
+            let team = Team::new(threads).unwrap();
+            for round in 0..300 {
+                let (counter, done) = (AtomicUsize::new(0), AtomicUsize::new(0));
+                let hits: Vec<AtomicUsize> = (0..37).map(|_| AtomicUsize::new(0)).collect();
+                team.run_elastic(|m| {
+                    let mut mine = 0;
+                    while let Some(i) = m.claim(&counter, hits.len()) {
+                        hits[i].fetch_add(1, Ordering::Relaxed);
+                        mine += 1;
+                    }
+                    done.fetch_add(mine, Ordering::Release);
+                    m.wait_for(&done, hits.len());
+                })
+                .unwrap();
+                assert!(hits.iter().all(|h| h.load(Ordering::Relaxed) == 1));
+                if round % 3 == 0 {
+                    let ran = AtomicUsize::new(0);
+                    team.run(|m| {
+                        m.barrier();
+                        ran.fetch_add(1, Ordering::Relaxed);
+                    })
+                    .unwrap();
+                    assert_eq!(ran.load(Ordering::Relaxed), threads);
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn a_failing_member_of_an_elastic_job_releases_the_waiting_ones() {
+        let team = Team::new(2).unwrap();
+        let never = AtomicUsize::new(0);
+        let err = team.run_elastic(|m| {
+            if m.id == 0 {
+                std::thread::sleep(Duration::from_millis(2));
+                panic!("boom");
+            }
+            m.wait_for(&never, 1);
+        });
+        assert!(err.is_err());
+        let ran = AtomicUsize::new(0);
+        team.run_elastic(|_| {
+            ran.fetch_add(1, Ordering::Relaxed);
+        })
+        .unwrap();
+        assert!((1..=2).contains(&ran.load(Ordering::Relaxed)));
     }
 }

@@ -362,3 +362,69 @@ fn a_team_decode_step_gives_the_general_paths_bits_on_any_thread_count() {
         }
     }
 }
+
+#[test]
+fn a_team_decode_step_past_several_attention_spans_gives_the_general_paths_bits() {
+    // Spans of attention (attention::SPAN keys) go to different members and
+    // are combined by each; after a prefill of 2 spans and a bit, a window
+    // of 70 (a moving first key) and none.
+    use crate::engine::attention::SPAN;
+    use crate::engine::team::Team;
+    let prompt: Vec<i64> = (0..2 * SPAN as i64 + 3).map(|i| (i * 7 + 1) % 40).collect();
+    let mut windowed = tiny("mistral");
+    windowed.sliding_window = Some(SPAN + 6);
+    for cfg in [tiny("llama"), windowed] {
+        for dtype in [Dtype::F32, Dtype::F16] {
+            let plain = model(cfg.clone());
+            let mut want_cache = KvCache::new(plain.geometry(dtype), prompt.len() + 4).unwrap();
+            plain
+                .forward(
+                    &mut [Step {
+                        cache: &mut want_cache,
+                        tokens: &prompt,
+                    }],
+                    false,
+                )
+                .unwrap();
+            let want: Vec<Vec<f32>> = [3i64, 8, 13]
+                .iter()
+                .map(|t| {
+                    plain
+                        .forward(
+                            &mut [Step {
+                                cache: &mut want_cache,
+                                tokens: &[*t],
+                            }],
+                            false,
+                        )
+                        .unwrap()
+                })
+                .collect();
+            for threads in [1, 2, 3] {
+                let mut m = model(cfg.clone());
+                m.team = Some(Team::new(threads).unwrap());
+                let mut c = KvCache::new(m.geometry(dtype), prompt.len() + 4).unwrap();
+                m.forward(
+                    &mut [Step {
+                        cache: &mut c,
+                        tokens: &prompt,
+                    }],
+                    false,
+                )
+                .unwrap();
+                for (t, want) in [3i64, 8, 13].iter().zip(&want) {
+                    let got = m
+                        .forward(
+                            &mut [Step {
+                                cache: &mut c,
+                                tokens: &[*t],
+                            }],
+                            false,
+                        )
+                        .unwrap();
+                    assert_eq!(&got, want, "{} {dtype:?} {threads} threads", cfg.arch);
+                }
+            }
+        }
+    }
+}

@@ -35,6 +35,12 @@ class ServerConfig:
     * ``max_body_bytes``: largest request body accepted (413 beyond).
     * ``shutdown_timeout``: seconds in-flight requests get to finish on shutdown before
       they are cancelled.
+    * ``prefill_chunk``: prompt tokens prefilled per step while other sequences are
+      decoding. A longer prompt admitted then is prefilled in chunks, one between each
+      two decode steps of the running batch, instead of stalling the batch for its whole
+      prefill (a chunked prefill gives the same logits, bit for bit). With nothing
+      running the prompt is prefilled whole. 0 turns chunking off. Needs a runner with
+      sessions (the cached pair); others prefill whole.
     """
 
     model_name: str = "rlx-lm"
@@ -48,13 +54,20 @@ class ServerConfig:
     max_body_bytes: int = 8 * 1024 * 1024
     retry_after: int = 1
     shutdown_timeout: float = 10.0
+    prefill_chunk: int = 128
 
     def __post_init__(self) -> None:
         if not isinstance(self.model_name, str) or not self.model_name:
             raise InvalidOptionError("model_name: must be a non-empty string")
         for name in ("max_batch", "max_tokens", "max_n", "max_body_bytes"):
             _positive(name, getattr(self, name))
-        for name in ("max_queue", "max_top_logprobs", "prompt_cache_bytes", "retry_after"):
+        for name in (
+            "max_queue",
+            "max_top_logprobs",
+            "prompt_cache_bytes",
+            "retry_after",
+            "prefill_chunk",
+        ):
             _positive(name, getattr(self, name), allow_zero=True)
         if self.max_context is not None:
             _positive("max_context", self.max_context)

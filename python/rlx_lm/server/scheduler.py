@@ -5,7 +5,9 @@ loops over steps:
 
 1. drop what was cancelled (a client that went away frees its slot here);
 2. admit waiting requests while there are free slots: prefill each prompt, reusing the
-   longest prefix the shared `PromptCache` holds, and export the session;
+   longest prefix the shared `PromptCache` holds, and export the session. While other
+   sequences are decoding, a prompt longer than ``config.prefill_chunk`` is prefilled
+   one chunk per step instead (the running batch decodes between the chunks);
 3. sample one token for every running sequence from its logits, with its own
    `SamplerChain` (keyed by the request's seed, the choice index and the step, so a
    seeded request draws the same tokens whatever else is in the batch);
@@ -196,6 +198,19 @@ class Completion:
     error: str | None = None
 
 
+class _Prefill:
+    """An admitted request whose prompt is being prefilled one chunk per step."""
+
+    __slots__ = ("done", "handle", "looked_up", "reused", "snap")
+
+    def __init__(self, handle: RequestHandle) -> None:
+        self.handle = handle
+        self.done = 0  # prompt tokens the runner's session `snap` holds
+        self.snap: SessionSnapshot | None = None
+        self.reused = 0  # of those, tokens the prefix cache supplied
+        self.looked_up = False
+
+
 class _Seq:
     """One running choice."""
 
@@ -315,6 +330,7 @@ class BatchScheduler:
         self._cond = threading.Condition()
         self._waiting: deque[RequestHandle] = deque()
         self._running: list[_Seq] = []
+        self._prefilling: deque[_Prefill] = deque()  # admitted, prompt in chunks
         self._ids = itertools.count(1)
         self._thread: threading.Thread | None = None
         self._draining = False
@@ -323,6 +339,7 @@ class BatchScheduler:
         """Decode steps run so far."""
         self._last_end: float | None = None  # when the last decode ended (None: idle since)
         self._outbox: deque[tuple[RequestHandle, Event]] = deque()  # events not handed out
+        self._flush_hooks: list[Callable[[], None]] = []
         self.metrics.bind(self)
 
     # ------------------------------------------------------------------ public
@@ -359,6 +376,12 @@ class BatchScheduler:
     def running(self) -> int:
         """Sequences in the running batch."""
         return len(self._running)
+
+    def on_delivered(self, hook: Callable[[], None]) -> None:
+        """Call ``hook()`` after each hand-out of events to the sinks (on the thread that
+        handed them out, once per step when a step had events). A sink that only buffers
+        can wake its consumer there: once per step instead of once per event."""
+        self._flush_hooks.append(hook)
 
     def submit(self, request: GenerationRequest, sink: Sink) -> RequestHandle:
         """Queue ``request``; its events go to ``sink`` on the scheduler thread.
@@ -421,7 +444,7 @@ class BatchScheduler:
         with self._cond:
             self._draining = True
             self._cond.notify_all()
-            while (self._running or self._waiting) and self._thread is not None:
+            while (self._running or self._waiting or self._prefilling) and self._thread:
                 left = deadline - time.monotonic()
                 if left <= 0:
                     break
@@ -472,7 +495,8 @@ class BatchScheduler:
 
     def _has_room(self, n: int) -> bool:
         waiting = sum(h.request.n for h in self._waiting)
-        return len(self._running) + waiting + n <= self.config.max_batch
+        busy = len(self._running) + sum(p.handle.request.n for p in self._prefilling)
+        return busy + waiting + n <= self.config.max_batch
 
     def _wake(self) -> None:
         with self._cond:
@@ -483,7 +507,12 @@ class BatchScheduler:
     def _loop(self) -> None:
         while True:
             with self._cond:
-                while not self._stop and not self._running and not self._waiting:
+                while (
+                    not self._stop
+                    and not self._running
+                    and not self._waiting
+                    and not self._prefilling
+                ):
                     self._last_end = None  # an idle wait is no gap between steps
                     self._cond.notify_all()  # close() waits on the same condition
                     self._cond.wait()
@@ -500,6 +529,8 @@ class BatchScheduler:
         for seq in list(self._running):
             self._finish(seq, "cancelled", error="the server shut down")
         self._running = []
+        while self._prefilling:
+            self._cancel_handle(self._prefilling.popleft().handle, "the server shut down")
         self._deliver()
         with self._cond:
             waiting = list(self._waiting)
@@ -515,9 +546,14 @@ class BatchScheduler:
             if seq.handle.cancelled:
                 self._finish(seq, "cancelled")
         self._running = [s for s in self._running if not self._done(s)]
-        # 2. admit
+        # 2. admit; a long prompt joins while others decode: one chunk of it per step
         for handle in self._admit():
-            self._start_request(handle)
+            if self._chunked(handle):
+                self._prefilling.append(_Prefill(handle))
+            else:
+                self._start_request(handle)
+        if self._prefilling:
+            self._prefill_chunk()
         # 3. sample one token for every sequence
         for seq in self._running:
             if seq.logits is not None and not self._done(seq):
@@ -550,6 +586,7 @@ class BatchScheduler:
                     keep.append(h)
             self._waiting = keep
             slots = self.config.max_batch - len(self._running)
+            slots -= sum(p.handle.request.n for p in self._prefilling)
             while self._waiting and self._waiting[0].request.n <= slots:
                 h = self._waiting.popleft()
                 slots -= h.request.n
@@ -565,35 +602,129 @@ class BatchScheduler:
     # --------------------------------------------------------------- prefill
 
     def _start_request(self, handle: RequestHandle) -> None:
-        req = handle.request
-        prompt = list(req.prompt)
+        prompt = list(handle.request.prompt)
         try:
             t0 = time.perf_counter()
-            logits, session, reused = self._prefill(prompt, req.use_cache)
+            logits, session, reused = self._prefill(prompt, handle.request.use_cache)
             self.metrics.observe_prefill_time(time.perf_counter() - t0)
-            handle.reused_tokens = reused
-            self.metrics.observe_prefill(len(prompt), reused)
-            room = self.max_context - len(prompt)
-            limit = room if req.max_tokens is None else min(req.max_tokens, room)
-            base = req.opts
-            seqs = []
-            for i in range(req.n):
-                chain = base.into_chain(_order(req.order), sequence_id=i)
-                detok = self.tokenizer.detokenizer(prompt)
-                seqs.append(_Seq(handle, i, chain, session, logits, detok, limit))
+            seqs = self._begin(handle, logits, session, reused)
         except Exception as exc:
-            if not _client_fault(exc):
-                log.exception("request %d failed in prefill", handle.id)
-            for i in range(req.n):
-                self._emit(handle, _error_finish(i, exc, 0))
-                self.metrics.observe_finish("error")
-            handle.open = 0
+            self._prefill_failed(handle, exc)
             return
+        self._join(seqs)
+
+    def _begin(
+        self,
+        handle: RequestHandle,
+        logits: npt.NDArray[np.float32],
+        session: SessionSnapshot,
+        reused: int,
+    ) -> list[_Seq]:
+        """The request's choices, ready to sample their first token from ``logits``."""
+        req = handle.request
+        prompt = list(req.prompt)
+        handle.reused_tokens = reused
+        self.metrics.observe_prefill(len(prompt), reused)
+        room = self.max_context - len(prompt)
+        limit = room if req.max_tokens is None else min(req.max_tokens, room)
+        base = req.opts
+        seqs = []
+        for i in range(req.n):
+            chain = base.into_chain(_order(req.order), sequence_id=i)
+            detok = self.tokenizer.detokenizer(prompt)
+            seqs.append(_Seq(handle, i, chain, session, logits, detok, limit))
+        return seqs
+
+    def _join(self, seqs: list[_Seq]) -> None:
         for seq in seqs:
             if seq.limit == 0:
+                req = seq.handle.request
                 self._finish(seq, "length" if req.max_tokens == 0 else "context")
             else:
                 self._running.append(seq)
+
+    def _prefill_failed(self, handle: RequestHandle, exc: BaseException) -> None:
+        if not _client_fault(exc):
+            log.exception("request %d failed in prefill", handle.id)
+        for i in range(handle.request.n):
+            self._emit(handle, _error_finish(i, exc, 0))
+            self.metrics.observe_finish("error")
+        handle.open = 0
+
+    # ------------------------------------------------------- chunked prefill
+
+    def _chunked(self, handle: RequestHandle) -> bool:
+        """Whether ``handle``'s prompt is prefilled in chunks (others are decoding)."""
+        chunk = self.config.prefill_chunk
+        return (
+            self._sessions
+            and chunk > 0
+            and bool(self._running or self._prefilling)
+            and len(handle.request.prompt) > chunk
+        )
+
+    def _prefill_chunk(self) -> None:
+        """Prefill the next chunk of the first prompt in `_prefilling`; the last chunk
+        starts its choices (they sample their first token in this very step)."""
+        p = self._prefilling[0]
+        handle = p.handle
+        if handle.cancelled:
+            self._prefilling.popleft()
+            self._cancel_handle(handle, None)
+            return
+        prompt = list(handle.request.prompt)
+        t0 = time.perf_counter()
+        try:
+            if not p.looked_up:
+                p.looked_up = True
+                self._lookup(p, prompt)
+            # with nothing else to run, the rest of the prompt goes in one call
+            budget = self.config.prefill_chunk if self._running else len(prompt)
+            end = min(p.done + budget, len(prompt))
+            raw = self._extend(p, prompt, end)
+            seqs = None
+            if end == len(prompt):
+                assert p.snap is not None
+                if p.snap.kv is not None:
+                    self._cache_insert(p.snap)
+                seqs = self._begin(handle, as_logits(raw, self.vocab_size), p.snap, p.reused)
+        except Exception as exc:
+            self._prefilling.popleft()
+            self._prefill_failed(handle, exc)
+            return
+        finally:
+            self.metrics.observe_prefill_time(time.perf_counter() - t0)
+        if seqs is not None:
+            self._prefilling.popleft()
+            self._join(seqs)
+
+    def _lookup(self, p: _Prefill, prompt: list[int]) -> None:
+        cache = self.prompt_cache
+        if cache is None or not p.handle.request.use_cache:
+            return
+        snap, reuse = cache.lookup(prompt)
+        reuse = min(reuse, len(prompt) - 1)
+        if snap is not None and reuse > 0:
+            p.snap, p.done, p.reused = snap, reuse, reuse
+
+    def _extend(self, p: _Prefill, prompt: list[int], end: int) -> Any:
+        """Prefill ``prompt[:end]`` on top of the ``p.done`` tokens ``p.snap`` holds."""
+        raw = None
+        if p.snap is not None and p.done > 0:
+            try:
+                raw = self._adapter.prefill_logits_reusing(prompt[:end], p.snap, p.done)
+            except SnapshotMismatchError as exc:
+                if not p.reused or p.done != p.reused:
+                    raise  # our own chunk's session: not the cache's fault
+                log.warning("prompt cache: cached prefix unusable (%s); prefilling", exc)
+                p.done = p.reused = 0  # this once, the chunk is the prefix as well
+        if raw is None:
+            raw = self._driver.prefill_logits(prompt[:end])
+        session = self._adapter.export_session()
+        if session is None:
+            raise RlxError("the runner exported no session between prefill chunks")
+        p.snap, p.done = session, end
+        return raw
 
     def _prefill(
         self, prompt: list[int], use_cache: bool
@@ -739,6 +870,8 @@ class BatchScheduler:
     def _deliver(self) -> None:
         """Call the sinks of every queued event, in order (deque: safe from close())."""
         box = self._outbox
+        if not box:
+            return
         while box:
             handle, event = box.popleft()
             try:
@@ -746,6 +879,11 @@ class BatchScheduler:
             except Exception:  # a broken sink cancels its own request only
                 log.exception("the sink of request %d raised; cancelling it", handle.id)
                 handle._cancelled = True
+        for hook in self._flush_hooks:
+            try:
+                hook()
+            except Exception:  # never the step's problem
+                log.exception("an on_delivered hook raised")
 
     def _finish(self, seq: _Seq, reason: FinishReason, *, error: str | None = None) -> None:
         if seq.finished:

@@ -1,4 +1,4 @@
-//! One decode step of one sequence (one new token) as a single elastic job
+//! One decode step of one or more sequences (one new token each) as a single elastic job
 //! of the model's [`Team`]: every member takes claimed row chunks of each
 //! product and (KV head, span) tasks of attention, stage by stage (q/k/v,
 //! attention, o, gate/up, down: five a block), instead of a thread-pool
@@ -27,7 +27,7 @@ use std::sync::Mutex;
 
 use crate::engine::attention::{attend_span, combine, slice_rows, span_of, spans};
 use crate::engine::forward::{
-    head_major, rms_heads, rms_rows, rope, rope_tables, silu, window_start, Model,
+    head_major, rms_heads, rms_rows, rope, rope_tables, silu, window_start, Model, Step,
 };
 use crate::engine::linear::RowPrep;
 use crate::engine::team::{Member, Team};
@@ -134,51 +134,92 @@ impl<'m, 'a> Claims<'m, 'a> {
     }
 }
 
-/// The buffers of one step.
+/// The buffers of one step (`n` sequences, one row each).
 #[derive(Clone, Copy)]
 struct Bufs {
-    /// The residual stream (`hidden`).
+    /// The residual stream (`n x hidden`).
     x: Shared,
-    /// q, k and v of the block, back to back.
-    qkv: Shared,
-    /// Each query head's span partials of attention: `(m, l)` pairs
-    /// (`n_heads x spans x 2`) and outputs (`n_heads x spans x head_dim`).
+    /// q, k and v of the block (`n x q_width`, `n x kv_width` twice).
+    q: Shared,
+    k: Shared,
+    v: Shared,
+    /// Each sequence's query heads' span partials of attention: `(m, l)`
+    /// pairs (2 a span) and outputs (`head_dim` a span), at [`Plan::span_at`].
     parts: Shared,
     outs: Shared,
-    /// `silu(gate) * up` (`intermediate`).
+    /// `silu(gate) * up` (`n x intermediate`).
     act: Shared,
-    /// Every block's new key and value rows (after RoPE), `layers x 2 x kv_width`.
+    /// Every block's new key and value rows (after RoPE),
+    /// `layers x n x 2 x kv_width`.
     newkv: Shared,
     logits: Shared,
 }
 
+/// Where each sequence's attention lies.
+struct Plan {
+    /// Per sequence: first key position, spans, first span slot.
+    seqs: Vec<(usize, usize, usize)>,
+    /// Attention tasks: (sequence, KV head, span).
+    tasks: Vec<(usize, usize, usize)>,
+    /// Span slots in all.
+    slots: usize,
+}
+
+impl Plan {
+    fn new(cfg: &crate::engine::config::Config, starts: &[usize]) -> Self {
+        let mut seqs = Vec::with_capacity(starts.len());
+        let mut tasks = Vec::new();
+        let mut slots = 0;
+        for (si, &start) in starts.iter().enumerate() {
+            let from = window_start(cfg.sliding_window, start);
+            let n = spans(start + 1 - from);
+            seqs.push((from, n, slots));
+            slots += cfg.n_heads * n;
+            for j in 0..cfg.n_kv_heads {
+                tasks.extend((0..n).map(|sp| (si, j, sp)));
+            }
+        }
+        Self { seqs, tasks, slots }
+    }
+
+    /// The slot of span `sp` of query head `head` of sequence `si`.
+    fn span_at(&self, si: usize, head: usize, sp: usize) -> usize {
+        let (_, n, base) = self.seqs[si];
+        base + head * n + sp
+    }
+}
+
 impl Model {
-    /// One new token `token` at position `start` of `cache` (validated by
-    /// the caller), on `team`; the logits of the token.
+    /// One new token for each of `steps` (each with exactly one, validated
+    /// by the caller; `starts` their caches' lengths), on `team`; the
+    /// logits `[steps, vocab]`.
     pub(crate) fn decode_team(
         &self,
         team: &Team,
-        cache: &mut KvCache,
-        token: i64,
-        start: usize,
+        steps: &mut [Step<'_>],
+        starts: &[usize],
     ) -> CoreResult<Vec<f32>> {
         let cfg = &self.cfg;
-        let (qw, kvw) = (cfg.q_width(), cfg.kv_width());
-        let layers = cfg.n_layers;
-        let mut x = self.embed(&[token])?;
-        let mut qkv = vec![0.0f32; qw + 2 * kvw];
-        let (from, hd) = (window_start(cfg.sliding_window, start), cfg.head_dim);
-        let n_spans = spans(start + 1 - from);
-        let mut parts = vec![0.0f32; cfg.n_heads * n_spans * 2];
-        let mut outs = vec![0.0f32; cfg.n_heads * n_spans * hd];
-        let mut act = vec![0.0f32; cfg.intermediate_size];
-        let mut newkv = vec![0.0f32; layers * 2 * kvw];
-        let mut logits = vec![0.0f32; self.weights.head().rows];
+        let (qw, kvw, hd) = (cfg.q_width(), cfg.kv_width(), cfg.head_dim);
+        let (layers, n) = (cfg.n_layers, steps.len());
+        let ids: Vec<i64> = steps.iter().map(|s| s.tokens[0]).collect();
+        let mut x = self.embed(&ids)?;
+        let (mut q, mut k, mut v) = (
+            vec![0.0f32; n * qw],
+            vec![0.0f32; n * kvw],
+            vec![0.0f32; n * kvw],
+        );
+        let plan = Plan::new(cfg, starts);
+        let mut parts = vec![0.0f32; plan.slots * 2];
+        let mut outs = vec![0.0f32; plan.slots * hd];
+        let mut act = vec![0.0f32; n * cfg.intermediate_size];
+        let mut newkv = vec![0.0f32; layers * n * 2 * kvw];
+        let mut logits = vec![0.0f32; n * self.weights.head().rows];
         let qkv_chunks: usize = [qw, kvw, kvw].iter().map(|r| r.div_ceil(CHUNK)).sum();
         let mut stages = Vec::with_capacity(layers * STAGES + 1);
         for _ in 0..layers {
             stages.push(Stage::new(qkv_chunks));
-            stages.push(Stage::new(cfg.n_kv_heads * n_spans));
+            stages.push(Stage::new(plan.tasks.len()));
             stages.push(Stage::new(cfg.hidden_size.div_ceil(CHUNK)));
             stages.push(Stage::new(cfg.intermediate_size.div_ceil(CHUNK)));
             stages.push(Stage::new(cfg.hidden_size.div_ceil(CHUNK)));
@@ -186,7 +227,9 @@ impl Model {
         stages.push(Stage::new(self.weights.head().rows.div_ceil(HEAD_CHUNK)));
         let bufs = Bufs {
             x: Shared::of(&mut x),
-            qkv: Shared::of(&mut qkv),
+            q: Shared::of(&mut q),
+            k: Shared::of(&mut k),
+            v: Shared::of(&mut v),
             parts: Shared::of(&mut parts),
             outs: Shared::of(&mut outs),
             act: Shared::of(&mut act),
@@ -194,9 +237,9 @@ impl Model {
             logits: Shared::of(&mut logits),
         };
         let failure: Mutex<Option<CoreError>> = Mutex::new(None);
-        let view: &KvCache = cache;
+        let views: Vec<&KvCache> = steps.iter().map(|s| &*s.cache).collect();
         let ran = team.run_elastic(|m| {
-            if let Err(e) = self.member(m, view, start, bufs, &stages) {
+            if let Err(e) = self.member(m, &views, starts, &plan, bufs, &stages) {
                 failure
                     .lock()
                     .unwrap_or_else(|p| p.into_inner())
@@ -205,18 +248,21 @@ impl Model {
                 std::panic::resume_unwind(Box::new("a team member failed"));
             }
         });
+        drop(views);
         if let Some(e) = failure.into_inner().unwrap_or_else(|p| p.into_inner()) {
             return Err(e);
         }
         ran?;
         let nkv = cfg.n_kv_heads;
         for li in 0..layers {
-            let row = &newkv[li * 2 * kvw..(li + 1) * 2 * kvw];
-            cache.append(
-                li,
-                head_major(&row[..kvw], 0, 1, nkv, hd)?,
-                head_major(&row[kvw..], 0, 1, nkv, hd)?,
-            )?;
+            for (si, s) in steps.iter_mut().enumerate() {
+                let row = &newkv[(li * n + si) * 2 * kvw..(li * n + si + 1) * 2 * kvw];
+                s.cache.append(
+                    li,
+                    head_major(&row[..kvw], 0, 1, nkv, hd)?,
+                    head_major(&row[kvw..], 0, 1, nkv, hd)?,
+                )?;
+            }
         }
         Ok(logits)
     }
@@ -228,27 +274,30 @@ impl Model {
     fn member(
         &self,
         m: &Member<'_>,
-        cache: &KvCache,
-        start: usize,
+        caches: &[&KvCache],
+        starts: &[usize],
+        plan: &Plan,
         b: Bufs,
         stages: &[Stage],
     ) -> CoreResult<()> {
         let cfg = &self.cfg;
+        let n = starts.len();
         let (hdim, hd, nh) = (cfg.hidden_size, cfg.head_dim, cfg.n_heads);
         let (qw, kvw, inter) = (cfg.q_width(), cfg.kv_width(), cfg.intermediate_size);
         let group = cfg.group();
         let eps = cfg.rms_norm_eps;
-        let (cos, sin) = rope_tables(cfg, &[start]);
-        let f16 = cache.geometry().dtype == Dtype::F16;
+        let (cos, sin) = rope_tables(cfg, starts);
         let scale = 1.0 / (hd as f32).sqrt();
-        let from = window_start(cfg.sliding_window, start);
-        let mut h = vec![0.0f32; hdim];
-        let mut tmp = vec![0.0f32; hdim.max(qw)];
-        let (mut gate, mut up) = (vec![0.0f32; inter], vec![0.0f32; inter]);
-        let (mut q, mut k, mut v) = (vec![0.0f32; qw], vec![0.0f32; kvw], vec![0.0f32; kvw]);
-        let mut halves = vec![0u16; kvw];
-        let n_spans = spans(start + 1 - from);
-        let mut ctx = vec![0.0f32; qw];
+        let mut h = vec![0.0f32; n * hdim];
+        let mut tmp = vec![0.0f32; n * hdim];
+        let (mut gate, mut up) = (vec![0.0f32; n * inter], vec![0.0f32; n * inter]);
+        let (mut q, mut k, mut v) = (
+            vec![0.0f32; n * qw],
+            vec![0.0f32; n * kvw],
+            vec![0.0f32; n * kvw],
+        );
+        let mut halves = vec![0u16; n * kvw];
+        let mut ctx = vec![0.0f32; n * qw];
         let mut scores = Vec::with_capacity(crate::engine::attention::SPAN);
         let mut at = 0usize;
         let mut open = || {
@@ -257,7 +306,7 @@ impl Model {
         };
         for (li, lw) in self.weights.layers.iter().enumerate() {
             // q, k, v.
-            let parts: [(&Tensor, usize); 3] = [(&lw.q, 0), (&lw.k, qw), (&lw.v, qw + kvw)];
+            let parts: [(&Tensor, Shared); 3] = [(&lw.q, b.q), (&lw.k, b.k), (&lw.v, b.v)];
             let chunks: Vec<(usize, usize)> = parts
                 .iter()
                 .enumerate()
@@ -272,27 +321,26 @@ impl Model {
                 let mut c = Some(first);
                 while let Some(ci) = c {
                     let (i, c0) = chunks[ci];
-                    let (t, off) = parts[i];
+                    let (t, out) = parts[i];
                     let (lo, hi) = (c0 * CHUNK, ((c0 + 1) * CHUNK).min(t.rows));
-                    // SAFETY: rows lo..hi of this part of qkv are this member's claim.
-                    unsafe { self.rows(&mut prep, t, lo, hi, b.qkv.ptr().add(off))? };
+                    // SAFETY: columns lo..hi of this part are this member's claim.
+                    unsafe { self.rows(&mut prep, t, lo, hi, out.ptr())? };
                     c = cl.next();
                 }
             }
             cl.finish();
-            // Attention in (KV head, span) tasks: the query heads of a KV
-            // head read each span of its keys once (GQA), and the spans
-            // split a head's work evenly over the members.
+            // Attention in (sequence, KV head, span) tasks: the query heads
+            // of a KV head read each span of its keys once (GQA), and the
+            // spans split a head's work evenly over the members.
             let mut cl = open();
             if let Some(first) = cl.next() {
                 // Private copies: biases, norms, RoPE.
-                {
-                    // SAFETY: qkv is written again in the next block's first
-                    // stage only, which waits for this one.
-                    let all = unsafe { b.qkv.read() };
-                    q.copy_from_slice(&all[..qw]);
-                    k.copy_from_slice(&all[qw..qw + kvw]);
-                    v.copy_from_slice(&all[qw + kvw..]);
+                // SAFETY: q, k, v are written again in the next block's
+                // first stage only, which waits for this one.
+                unsafe {
+                    q.copy_from_slice(b.q.read());
+                    k.copy_from_slice(b.k.read());
+                    v.copy_from_slice(b.v.read());
                 }
                 for (buf, bias) in [
                     (&mut q, &lw.q_bias),
@@ -300,7 +348,9 @@ impl Model {
                     (&mut v, &lw.v_bias),
                 ] {
                     if let Some(bias) = bias {
-                        buf.iter_mut().zip(bias).for_each(|(y, &c)| *y += c);
+                        for row in buf.chunks_exact_mut(bias.len()) {
+                            row.iter_mut().zip(bias).for_each(|(y, &c)| *y += c);
+                        }
                     }
                 }
                 if let (Some(qn), Some(kn)) = (&lw.q_norm, &lw.k_norm) {
@@ -310,49 +360,51 @@ impl Model {
                 rope(cfg.rope_style, &mut q, hd, &cos, &sin);
                 rope(cfg.rope_style, &mut k, hd, &cos, &sin);
                 if first == 0 {
-                    // SAFETY: block li's rows of newkv are the taker of task 0's.
-                    let dst = unsafe { b.newkv.part(li * 2 * kvw, (li + 1) * 2 * kvw) };
-                    dst[..kvw].copy_from_slice(&k);
-                    dst[kvw..].copy_from_slice(&v);
+                    for si in 0..n {
+                        let r = li * n + si;
+                        // SAFETY: block li's rows of newkv are the taker of task 0's.
+                        let dst = unsafe { b.newkv.part(r * 2 * kvw, (r + 1) * 2 * kvw) };
+                        dst[..kvw].copy_from_slice(&k[si * kvw..(si + 1) * kvw]);
+                        dst[kvw..].copy_from_slice(&v[si * kvw..(si + 1) * kvw]);
+                    }
                 }
-                if f16 {
-                    // Attention sees the new row as the cache will store it.
-                    for buf in [&mut k, &mut v] {
-                        convert_f32_to_f16(buf, &mut halves);
-                        buf.iter_mut()
-                            .zip(&halves)
-                            .for_each(|(y, &bits)| *y = f16_to_f32(bits));
+                for (si, cache) in caches.iter().enumerate() {
+                    if cache.geometry().dtype == Dtype::F16 {
+                        // Attention sees the new row as the cache will store it.
+                        let hv = &mut halves[si * kvw..(si + 1) * kvw];
+                        for buf in [&mut k, &mut v] {
+                            let row = &mut buf[si * kvw..(si + 1) * kvw];
+                            convert_f32_to_f16(row, hv);
+                            row.iter_mut()
+                                .zip(hv.iter())
+                                .for_each(|(y, &bits)| *y = f16_to_f32(bits));
+                        }
                     }
                 }
                 let mut c = Some(first);
                 while let Some(task) = c {
-                    let (j, sp) = (task / n_spans, task % n_spans);
+                    let (si, j, sp) = plan.tasks[task];
+                    let (from, start) = (plan.seqs[si].0, starts[si]);
+                    let cache = caches[si];
                     let (kc, vc) = (
                         slice_rows(cache.head_rows(li, Half::Keys, j)?, from, start, hd),
                         slice_rows(cache.head_rows(li, Half::Values, j)?, from, start, hd),
                     );
-                    let own = (
-                        Rows::F32(&k[j * hd..(j + 1) * hd]),
-                        Rows::F32(&v[j * hd..(j + 1) * hd]),
-                    );
+                    let (ko, vo) = (si * kvw + j * hd, si * kvw + (j + 1) * hd);
+                    let own = (Rows::F32(&k[ko..vo]), Rows::F32(&v[ko..vo]));
                     let span = span_of(&[(kc, vc), own], sp, hd);
                     for head in j * group..(j + 1) * group {
-                        let at = head * n_spans + sp;
-                        // SAFETY: span `sp` of head `head` is this member's claim.
+                        let at = plan.span_at(si, head, sp);
+                        // SAFETY: this span of this head is this member's claim.
                         let (pair, dst) = unsafe {
                             (
                                 b.parts.part(at * 2, at * 2 + 2),
                                 b.outs.part(at * hd, (at + 1) * hd),
                             )
                         };
-                        let (mx, l) = attend_span(
-                            &q[head * hd..(head + 1) * hd],
-                            span.get(),
-                            hd,
-                            scale,
-                            &mut scores,
-                            dst,
-                        );
+                        let qo = si * qw + head * hd;
+                        let (mx, l) =
+                            attend_span(&q[qo..qo + hd], span.get(), hd, scale, &mut scores, dst);
                         pair[0] = mx;
                         pair[1] = l;
                     }
@@ -367,17 +419,21 @@ impl Model {
                 // SAFETY: parts and outs are written again in the next
                 // block's attention only, after this stage.
                 let (parts, outs) = unsafe { (b.parts.read(), b.outs.read()) };
-                for head in 0..nh {
-                    let base = head * n_spans;
-                    combine(
-                        &parts[base * 2..(base + n_spans) * 2],
-                        &outs[base * hd..(base + n_spans) * hd],
-                        hd,
-                        &mut ctx[head * hd..(head + 1) * hd],
-                    );
+                for si in 0..n {
+                    let spans = plan.seqs[si].1;
+                    for head in 0..nh {
+                        let base = plan.span_at(si, head, 0);
+                        let o = si * qw + head * hd;
+                        combine(
+                            &parts[base * 2..(base + spans) * 2],
+                            &outs[base * hd..(base + spans) * hd],
+                            hd,
+                            &mut ctx[o..o + hd],
+                        );
+                    }
                 }
                 let mut prep = RowPrep::new(self.activations, &ctx);
-                self.residual(&mut cl, first, &mut prep, &lw.o, &mut tmp, b.x)?;
+                self.residual(&mut cl, first, &mut prep, &lw.o, &mut tmp, b.x, n)?;
             }
             cl.finish();
             // gate and up, then silu(gate) * up.
@@ -389,15 +445,18 @@ impl Model {
                 let mut c = Some(first);
                 while let Some(ci) = c {
                     let (lo, hi) = (ci * CHUNK, ((ci + 1) * CHUNK).min(inter));
-                    // SAFETY: private buffers of `inter` floats.
+                    // SAFETY: private buffers of `n x inter` floats.
                     unsafe {
                         self.rows(&mut prep, &lw.gate, lo, hi, gate.as_mut_ptr())?;
                         self.rows(&mut prep, &lw.up, lo, hi, up.as_mut_ptr())?;
                     }
-                    // SAFETY: rows lo..hi of act are this member's claim.
-                    let dst = unsafe { b.act.part(lo, hi) };
-                    for ((d, &g), &u) in dst.iter_mut().zip(&gate[lo..hi]).zip(&up[lo..hi]) {
-                        *d = silu(g) * u;
+                    for r in 0..n {
+                        let (a, z) = (r * inter + lo, r * inter + hi);
+                        // SAFETY: columns lo..hi of act are this member's claim.
+                        let dst = unsafe { b.act.part(a, z) };
+                        for ((d, &g), &u) in dst.iter_mut().zip(&gate[a..z]).zip(&up[a..z]) {
+                            *d = silu(g) * u;
+                        }
                     }
                     c = cl.next();
                 }
@@ -409,7 +468,7 @@ impl Model {
                 // SAFETY: act is written again in the next block's gate/up
                 // stage only, after this one.
                 let mut prep = RowPrep::new(self.activations, unsafe { b.act.read() });
-                self.residual(&mut cl, first, &mut prep, &lw.down, &mut tmp, b.x)?;
+                self.residual(&mut cl, first, &mut prep, &lw.down, &mut tmp, b.x, n)?;
             }
             cl.finish();
         }
@@ -423,7 +482,7 @@ impl Model {
             let mut c = Some(first);
             while let Some(ci) = c {
                 let (lo, hi) = (ci * HEAD_CHUNK, ((ci + 1) * HEAD_CHUNK).min(head.rows));
-                // SAFETY: rows lo..hi of the logits are this member's claim.
+                // SAFETY: columns lo..hi of the logits are this member's claim.
                 unsafe { self.rows(&mut prep, head, lo, hi, b.logits.ptr())? };
                 c = cl.next();
             }
@@ -432,7 +491,9 @@ impl Model {
         Ok(())
     }
 
-    /// Chunk `first` and the further claims of `cl` of `x += prep @ t.T`.
+    /// Chunk `first` and the further claims of `cl` of `x += prep @ t.T`
+    /// (`n` rows).
+    #[allow(clippy::too_many_arguments)]
     fn residual(
         &self,
         cl: &mut Claims<'_, '_>,
@@ -441,16 +502,20 @@ impl Model {
         t: &Tensor,
         tmp: &mut [f32],
         x: Shared,
+        n: usize,
     ) -> CoreResult<()> {
         let mut c = Some(first);
         while let Some(ci) = c {
             let (lo, hi) = (ci * CHUNK, ((ci + 1) * CHUNK).min(t.rows));
-            // SAFETY: tmp holds t.rows floats and is private.
+            // SAFETY: tmp holds n x t.rows floats and is private.
             unsafe { self.rows(prep, t, lo, hi, tmp.as_mut_ptr())? };
-            // SAFETY: rows lo..hi of x are this member's claim; nobody reads x
-            // in this stage.
-            let dst = unsafe { x.part(lo, hi) };
-            dst.iter_mut().zip(&tmp[lo..hi]).for_each(|(a, b)| *a += b);
+            for r in 0..n {
+                let (a, z) = (r * t.rows + lo, r * t.rows + hi);
+                // SAFETY: columns lo..hi of x are this member's claim; nobody
+                // reads x in this stage.
+                let dst = unsafe { x.part(a, z) };
+                dst.iter_mut().zip(&tmp[a..z]).for_each(|(a, b)| *a += b);
+            }
             c = cl.next();
         }
         Ok(())

@@ -171,9 +171,9 @@ impl Model {
             }
             starts.push(len);
         }
-        let out = match (&self.team, &mut *steps) {
-            (Some(team), [one]) if one.tokens.len() == 1 && !all_logits => {
-                self.decode_team(team, one.cache, one.tokens[0], starts[0])
+        let out = match &self.team {
+            Some(team) if !all_logits && steps.iter().all(|s| s.tokens.len() == 1) => {
+                self.decode_team(team, steps, &starts)
             }
             _ => self.run(steps, &starts, all_logits),
         };

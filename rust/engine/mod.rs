@@ -5,10 +5,12 @@
 //! - [`config`]: a family as its config mapping plus its block variant.
 //! - [`weights`]: memory-mapped tensors, bounds-checked, gathered by name.
 //! - [`linear`]: products with stored weights (`crate::quant`'s kernels).
-//! - `attention`: one query head over cached keys and values, read in place.
+//! - `attention`: query heads over cached keys and values, read in place, in spans.
 //! - [`forward`]: the forward pass.
-//! - `decode`: a one-token step of one sequence as one job of a [`team::Team`].
-//! - [`team`]: the engine's own threads, meeting at spin barriers.
+//! - `decode`: a one-token step of one or more sequences as one elastic job of a
+//!   [`team::Team`].
+//! - [`team`]: the engine's own threads (barrier jobs, and elastic jobs that wait
+//!   for work done).
 //!
 //! `docs/llama_runner.md` says how to add a family.
 

@@ -428,3 +428,199 @@ fn a_team_decode_step_past_several_attention_spans_gives_the_general_paths_bits(
         }
     }
 }
+
+#[test]
+fn a_team_batched_decode_step_gives_each_sequence_its_bits_alone() {
+    // One step of 3 sequences of different lengths (one past an attention
+    // span, so its spans split) on a team of 1-3 members, against each
+    // sequence decoded alone on the general path; caches alike after.
+    use crate::engine::attention::SPAN;
+    use crate::engine::team::Team;
+    use crate::engine::Activations;
+    let long: Vec<i64> = (0..SPAN as i64 + 2).map(|i| (i * 5 + 2) % 40).collect();
+    let prompts: [&[i64]; 3] = [&IDS[..3], &long, &IDS[5..6]];
+    let mut windowed = tiny("mistral");
+    windowed.sliding_window = Some(SPAN - 3);
+    let mut qwen3 = tiny("qwen3");
+    qwen3.block.qk_norm = true;
+    qwen3.block.qkv_bias = true;
+    for cfg in [tiny("llama"), windowed, qwen3] {
+        for (dtype, activations) in [
+            (Dtype::F32, Activations::Exact),
+            (Dtype::F16, Activations::Q8),
+        ] {
+            let mut plain = model(cfg.clone());
+            plain.activations = activations;
+            let prefilled = |m: &Model| -> Vec<KvCache> {
+                prompts
+                    .iter()
+                    .map(|p| {
+                        let mut c = KvCache::new(m.geometry(dtype), 2 * SPAN).unwrap();
+                        m.forward(
+                            &mut [Step {
+                                cache: &mut c,
+                                tokens: p,
+                            }],
+                            false,
+                        )
+                        .unwrap();
+                        c
+                    })
+                    .collect()
+            };
+            let mut want_caches = prefilled(&plain);
+            let want: Vec<Vec<f32>> = want_caches
+                .iter_mut()
+                .map(|c| {
+                    plain
+                        .forward(
+                            &mut [Step {
+                                cache: c,
+                                tokens: &[13],
+                            }],
+                            false,
+                        )
+                        .unwrap()
+                })
+                .collect();
+            for threads in [1, 2, 3] {
+                let mut m = model(cfg.clone());
+                m.activations = activations;
+                m.team = Some(Team::new(threads).unwrap());
+                let mut caches = prefilled(&m);
+                let mut steps: Vec<Step<'_>> = caches
+                    .iter_mut()
+                    .map(|c| Step {
+                        cache: c,
+                        tokens: &[13],
+                    })
+                    .collect();
+                let batch = m.forward(&mut steps, false).unwrap();
+                let v = m.cfg.vocab_size;
+                for (i, want) in want.iter().enumerate() {
+                    assert_eq!(
+                        &batch[i * v..(i + 1) * v],
+                        &want[..],
+                        "{} {dtype:?} {threads} threads, row {i}",
+                        cfg.arch
+                    );
+                }
+                for (c, w) in caches.iter().zip(&want_caches) {
+                    assert_eq!(c.len(), w.len());
+                    for layer in 0..m.cfg.n_layers {
+                        for head in 0..m.cfg.n_kv_heads {
+                            let (a, b) = (
+                                c.head_rows(layer, crate::kv::Half::Values, head).unwrap(),
+                                w.head_rows(layer, crate::kv::Half::Values, head).unwrap(),
+                            );
+                            assert_eq!(format!("{a:?}"), format!("{b:?}"));
+                        }
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// Process CPU seconds.
+fn cpu_seconds() -> f64 {
+    let mut t = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: a valid timespec to fill.
+    unsafe { libc::clock_gettime(libc::CLOCK_PROCESS_CPUTIME_ID, &mut t) };
+    t.tv_sec as f64 + t.tv_nsec as f64 * 1e-9
+}
+
+/// Not a test: a batched step of 8 sequences on the team against the
+/// general path on a rayon pool of the same size, interleaved, on a
+/// SmolLM2-shaped float32 model of 6 blocks. Prints the median wall and CPU
+/// time of each. `BATCH=8 THREADS=2 cargo test --release -q --lib
+/// team_batch_probe -- --ignored --nocapture`
+#[test]
+#[ignore]
+fn team_batch_probe() {
+    use crate::engine::team::Team;
+    let env = |k: &str, d: usize| {
+        std::env::var(k)
+            .ok()
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(d)
+    };
+    let (batch, threads) = (env("BATCH", 8), env("THREADS", 2));
+    let mut cfg = tiny("llama");
+    cfg.vocab_size = 4096;
+    cfg.hidden_size = 576;
+    cfg.intermediate_size = 1536;
+    cfg.n_layers = 6;
+    cfg.n_heads = 9;
+    cfg.n_kv_heads = 3;
+    cfg.head_dim = 64;
+    cfg.rope_inv_freq = (0..32)
+        .map(|i| 1.0 / 10000f64.powf(2.0 * i as f64 / 64.0))
+        .collect();
+    let plain = model(cfg.clone());
+    let mut teamed = model(cfg);
+    teamed.team = Some(Team::new(threads).unwrap());
+    let pool = rayon::ThreadPoolBuilder::new()
+        .num_threads(threads)
+        .build()
+        .unwrap();
+    let prompt: Vec<i64> = (0..64).map(|i| (i * 37 + 5) % 4096).collect();
+    let mut caches: Vec<KvCache> = (0..batch)
+        .map(|_| {
+            let mut c = KvCache::new(plain.geometry(Dtype::F32), 128).unwrap();
+            plain
+                .forward(
+                    &mut [Step {
+                        cache: &mut c,
+                        tokens: &prompt,
+                    }],
+                    false,
+                )
+                .unwrap();
+            c
+        })
+        .collect();
+    let (mut times_team, mut times_pool) = (Vec::new(), Vec::new());
+    for round in 0..40 {
+        for which in [round % 2, 1 - round % 2] {
+            let mut steps: Vec<Step<'_>> = caches
+                .iter_mut()
+                .map(|c| Step {
+                    cache: c,
+                    tokens: &[7],
+                })
+                .collect();
+            let (w0, c0) = (std::time::Instant::now(), cpu_seconds());
+            if which == 0 {
+                teamed.forward(&mut steps, false).unwrap();
+            } else {
+                pool.install(|| plain.forward(&mut steps, false)).unwrap();
+            }
+            let t = (w0.elapsed().as_secs_f64(), cpu_seconds() - c0);
+            drop(steps);
+            for c in &mut caches {
+                c.truncate(64).unwrap();
+            }
+            if which == 0 {
+                times_team.push(t)
+            } else {
+                times_pool.push(t)
+            }
+        }
+    }
+    let med = |v: &mut Vec<(f64, f64)>, f: fn(&(f64, f64)) -> f64| {
+        let mut x: Vec<f64> = v.iter().map(f).collect();
+        x.sort_by(|a, b| a.partial_cmp(b).unwrap());
+        x[x.len() / 2] * 1e3
+    };
+    println!(
+        "batch {batch}, {threads} threads: team {:.2} ms wall / {:.2} ms cpu; rayon {:.2} ms wall / {:.2} ms cpu",
+        med(&mut times_team, |t| t.0),
+        med(&mut times_team, |t| t.1),
+        med(&mut times_pool, |t| t.0),
+        med(&mut times_pool, |t| t.1),
+    );
+}

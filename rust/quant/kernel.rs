@@ -2,21 +2,31 @@
 //!
 //! A band of weight rows is unpacked (a few rows at a time, into a small
 //! per-thread buffer of int8 codes and per-group scales that stays in L1),
-//! then multiplied by tiles of activation rows: each eight-code chunk is
-//! converted to floats and scaled once (`w = scale_g * code`) and fused into
-//! the accumulators of every activation row of the tile. A weight is
+//! then multiplied by tiles of activation rows. A weight is
 //! `scale_g * code - offset_g`, so a row's dot product is
-//! `sum_c w_c * x_c - sum_g offset_g * X_g` with `X_g` the activations' sum
-//! over group `g` (computed once per call).
+//! `sum_g scale_g * (sum_{c in g} code_c * x_c) - sum_g offset_g * X_g` with
+//! `X_g` the activations' sum over group `g` (computed once per call).
 //!
-//! **Fixed order** (the scale-folded order; `multirow` keeps it too).
+//! **Fixed order** (the group-sum order; `row1` and `multirow` keep it too).
 //! Every output element `(t, r)` is accumulated the same way whatever the
 //! tile, the batch size, the row's position in the batch or the thread that
-//! runs it: one eight-lane accumulator over the chunks in column order,
-//! `acc = fma(w_c, x_c, acc)` with `w_c = code_c * scale_g` rounded once,
-//! and `off += offset_g * X_g` in group order, finally `hsum(acc) - off`
-//! ([`Lanes::hsum`]). Float formats: the same with `w_c` the stored values,
-//! then the columns past the last whole chunk one by one.
+//! runs it: per group in column order a fresh eight-lane dot of the codes
+//! (as floats, exact) and the activations, `s = q_0 * x_0`, then
+//! `s = fma(q_c, x_c, s)` chunk by chunk ([`dot_step`]), scaled once into
+//! the row's one accumulator, `acc = fma(scale_g, s, acc)`;
+//! `off += offset_g * X_g` in group order; finally `hsum(acc) - off`
+//! ([`Lanes::hsum`]).
+//! Float formats: one accumulator `acc = fma(w_c, x_c, acc)` over the
+//! chunks with `w_c` the stored values, then the columns past the last whole
+//! chunk one by one.
+//!
+//! (Until 2026-12-02 the block formats used the scale-folded order, `w_c =
+//! code_c * scale_g` then `acc = fma(w_c, x_c, acc)`: one multiply per
+//! eight weights more in the one-row path. Both are within the same
+//! float32 bound: gguf's weight `code * scale` is exact in float32 for
+//! every format, at most 11 + 7 + 5 significant bits, so the only roundings
+//! are the sums', `G/8 + K/G + 4` for a value at most, never more than the
+//! old `K/8 + 5`; see `tests::bound`.)
 
 use super::format::QuantType;
 use super::simd::Lanes;
@@ -208,10 +218,19 @@ unsafe fn tile<S: Lanes>(
                     } => {
                         let layout = (stride, gstride, groups, group);
                         let xs = (x, xsum, k);
-                        if offsets {
-                            codes_tile::<S, $r, $n, true>(codes, scale, offset, layout, xs)
-                        } else {
-                            codes_tile::<S, $r, $n, false>(codes, scale, offset, layout, xs)
+                        match (offsets, group) {
+                            (true, 32) => {
+                                codes_tile::<S, $r, $n, true, 4>(codes, scale, offset, layout, xs)
+                            }
+                            (true, _) => {
+                                codes_tile::<S, $r, $n, true, 2>(codes, scale, offset, layout, xs)
+                            }
+                            (false, 32) => {
+                                codes_tile::<S, $r, $n, false, 4>(codes, scale, offset, layout, xs)
+                            }
+                            (false, _) => {
+                                codes_tile::<S, $r, $n, false, 2>(codes, scale, offset, layout, xs)
+                            }
                         }
                     }
                     Src::Float { raw, stride } => match qtype {
@@ -243,7 +262,13 @@ unsafe fn tile<S: Lanes>(
 /// `R` unpacked weight rows times `N` activation rows (`x`, `k` apart,
 /// with their group sums `xsum`, `groups` apart, for formats with offsets).
 #[inline(always)]
-unsafe fn codes_tile<S: Lanes, const R: usize, const N: usize, const OFFSETS: bool>(
+unsafe fn codes_tile<
+    S: Lanes,
+    const R: usize,
+    const N: usize,
+    const OFFSETS: bool,
+    const C: usize,
+>(
     codes: *const i8,
     scale: *const f32,
     offset: *const f32,
@@ -258,15 +283,18 @@ unsafe fn codes_tile<S: Lanes, const R: usize, const N: usize, const OFFSETS: bo
         for g in 0..groups {
             for i in 0..R {
                 let a = S::splat(*scale.add(i * groups + g));
-                let mut j = 0;
-                while j < group {
-                    // gguf's weight (before the offset): code times scale.
-                    let w = S::mul(S::codes(codes.add(i * stride + g * gstride + j)), a);
-                    let c = g * group + j;
-                    for (t, acc) in acc[i].iter_mut().enumerate() {
-                        *acc = S::fma(w, S::load(x.add(t * k + c)), *acc);
+                // The group's dot of codes and activations, a fresh chain.
+                let mut s = [S::zero(); N];
+                for j in 0..C {
+                    let q = S::codes(codes.add(i * stride + g * gstride + 8 * j));
+                    let c = g * group + 8 * j;
+                    for (t, s) in s.iter_mut().enumerate() {
+                        *s = dot_step::<S>(j == 0, q, S::load(x.add(t * k + c)), *s);
                     }
-                    j += 8;
+                }
+                // Scaled once per group into the row's accumulator.
+                for (acc, &s) in acc[i].iter_mut().zip(&s) {
+                    *acc = S::fma(a, s, *acc);
                 }
                 if OFFSETS {
                     let b = *offset.add(i * groups + g);
@@ -283,6 +311,21 @@ unsafe fn codes_tile<S: Lanes, const R: usize, const N: usize, const OFFSETS: bo
             }
         }
         res
+    }
+}
+
+/// One step of a group's dot: `q * x` for its first chunk (`first`),
+/// `fma(q, x, s)` after. Every path (this module's tiles, [`row1`],
+/// `multirow`) forms a group sum with exactly these operations.
+#[inline(always)]
+pub(crate) unsafe fn dot_step<S: Lanes>(first: bool, q: S::V, x: S::V, s: S::V) -> S::V {
+    // SAFETY: S is usable (caller).
+    unsafe {
+        if first {
+            S::mul(q, x)
+        } else {
+            S::fma(q, x, s)
+        }
     }
 }
 
@@ -339,14 +382,13 @@ unsafe fn float_tile<S: Lanes, const R: usize, const N: usize, const KIND: u8>(
 /// registers where they lie: no scratch, no unpacking pass.
 ///
 /// **The same bits as [`run_rows`].** Each output is computed by the same
-/// operations in the same order: per eight-code chunk in column order
-/// `w = float(code) * scale` rounded once, `acc = fma(w, x, acc)` in the
-/// row's one accumulator, `off += offset * X_g` block by block, then
-/// `hsum(acc) - off`. Only where the codes come from changes (the same
-/// int8 codes `unpack.rs` writes), and how many rows share a pass: one
-/// accumulator is a chain of dependent multiply-adds, so a tile of
-/// [`Block::ROWS`] rows keeps that many chains in flight (the fused
-/// multiply-add's latency, not its throughput, bounded the old 4-row tile).
+/// operations in the same order: per block a fresh dot of its four
+/// eight-code chunks with the activations ([`dot_step`]: `q_0 * x_0`, then
+/// fused multiply-adds), `acc = fma(scale, s, acc)` in the row's one
+/// accumulator, `off += offset * X_g` block by block, then `hsum(acc) -
+/// off`. Only where the codes come from changes (the same int8 codes
+/// `unpack.rs` writes), and how many rows share a pass: a tile of
+/// [`Block::ROWS`] rows keeps that many accumulator chains in flight.
 #[cfg(target_arch = "x86_64")]
 pub(crate) mod row1 {
     use super::Job;
@@ -428,11 +470,13 @@ pub(crate) mod row1 {
                             // Two passes ahead: a decode step's weights come from memory.
                             _mm_prefetch::<_MM_HINT_T0>(b.wrapping_add(2 * WIDE * rb).cast());
                             let q = L::chunks(b);
-                            let a = _mm256_set1_ps(L::scale(b));
-                            for (j, &q) in q.iter().enumerate() {
-                                let w = _mm256_mul_ps(q, a);
-                                acc[i] = _mm256_fmadd_ps(w, _mm256_loadu_ps(xp.add(8 * j)), acc[i]);
+                            // The block's dot (`dot_step`'s operations), then
+                            // scaled once into the row's accumulator.
+                            let mut s = _mm256_mul_ps(q[0], _mm256_loadu_ps(xp));
+                            for (j, &q) in q.iter().enumerate().skip(1) {
+                                s = _mm256_fmadd_ps(q, _mm256_loadu_ps(xp.add(8 * j)), s);
                             }
+                            acc[i] = _mm256_fmadd_ps(_mm256_set1_ps(L::scale(b)), s, acc[i]);
                             if L::OFFSET {
                                 off[i] += L::offset(b) * *xsum.add(c);
                             }

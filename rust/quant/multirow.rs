@@ -1,40 +1,43 @@
 //! Matrix-matrix products (batched decode, prefill): each weight row is
-//! unpacked and dequantised to float32 **once per call** (`w = scale_g *
-//! code`, the offset kept apart), then multiplied into every activation row
-//! in register-blocked tiles of [`R_TILE`] weight rows x [`N_TILE`]
-//! activation rows: one fused multiply-add per eight weights per activation
-//! row, so the cost of dequantising is shared by the whole batch and each
-//! activation chunk is loaded once for four weight rows.
+//! unpacked **once per call** into float32 (block formats: its codes as
+//! floats, exact, with its group scales; float formats: its values), then
+//! multiplied into every activation row in register-blocked tiles, so the
+//! unpacking is shared by the whole batch.
 //!
 //! **The same bits as the matrix-vector path.** Every output element `(t, r)`
-//! is accumulated by exactly the operations of `kernel`'s (scale-folded)
-//! order: one eight-lane accumulator over the chunks in column order,
-//! `acc = fma(w_c, x_c, acc)` with `w_c = code_c * scale_g` (the same
-//! rounded product whether it is formed here once or there per call), then
-//! `hsum(acc) - off` with `off = sum_g offset_g * X_g` in group order; float
-//! formats `acc = fma(w_c, x_c, acc)`, `hsum`, then the tail columns one by
-//! one. So a row gives the same bits alone (matrix-vector) or in any batch,
-//! and the tests check it.
+//! is accumulated by exactly the operations of `kernel`'s (group-sum) order:
+//! per group a fresh dot of the codes with the activations
+//! (`kernel::dot_step`), `acc = fma(scale_g, s, acc)` in one eight-lane
+//! accumulator, then `hsum(acc) - off` with `off = sum_g offset_g * X_g` in
+//! group order; float formats `acc = fma(w_c, x_c, acc)`, `hsum`, then the
+//! tail columns one by one. So a row gives the same bits alone
+//! (matrix-vector) or in any batch, and the tests check it.
+//!
+//! Block formats: tiles of [`CR`] weight rows x [`CN`] activation rows
+//! (`codes_dot`): a group's dots for the whole tile live in registers (one
+//! per output element, plus its accumulator), each chunk of codes is loaded
+//! once for the tile's activation rows and each activation chunk once for
+//! its weight rows. Float formats: tiles of [`R_TILE`] x [`N_TILE`], one
+//! FMA per eight weights per activation row.
 //!
 //! The offset terms `sum_g offset_g * X_g` (formats with offsets) are
 //! summed outside the tiles, per band, vectorised over the activation rows
 //! (the same per-element operations), and subtracted as each tile is written.
 //!
 //! Loop nest, per chunk of weight rows a thread owns: bands of [`R_TILE`]
-//! rows are dequantised into a per-thread buffer (in L1), then for each
-//! [`N_TILE`] activation rows one tile over the whole row.
+//! rows are unpacked into a per-thread buffer (in L1), then tiles over the
+//! whole row.
 
 use std::cell::RefCell;
 
 use super::format::QuantType;
-use super::kernel::Job;
+use super::kernel::{dot_step, Job};
 use super::simd::Lanes;
 use super::unpack::{float_at, q8_0_scales, unpack_row};
 
-/// Register tile: weight rows x activation rows. Each output element holds
-/// one accumulator, so 4 x 3 of them, plus three activation chunks and a
-/// weight chunk, fill AVX2's sixteen registers; each weight chunk feeds
-/// three activation rows and each activation chunk four weight rows.
+/// Register tile of the float formats: weight rows x activation rows. Each
+/// output element holds one accumulator, so 4 x 3 of them, plus three
+/// activation chunks and a weight chunk, fill AVX2's sixteen registers.
 const R_TILE: usize = 4;
 const N_TILE: usize = 3;
 
@@ -126,9 +129,10 @@ pub(crate) unsafe fn rows_portable(
     unsafe { run_rows::<super::simd::Portable>(job, lo, hi, out, s) }
 }
 
-/// Weight row `row` of `job` dequantised into `w` (`cols` floats): float
-/// formats their values, block formats `code * scale_g` (the offsets
-/// `offset_g` into `offset`, applied outside the tiles).
+/// Weight row `row` of `job` into `w` (`cols` floats): float formats their
+/// values, block formats their codes as floats (exact), the group scales
+/// into `scale` and the offsets `offset_g` into `offset` (applied outside
+/// the tiles).
 #[inline(always)]
 fn unpack_float<S: Store>(
     job: &Job<'_>,
@@ -165,33 +169,23 @@ fn unpack_float<S: Store>(
         QuantType::Q8_0 => {
             q8_0_scales::<S>(raw, scale);
             let (blocks, _) = raw.as_chunks::<34>();
-            for ((b, w), &d) in blocks.iter().zip(w.chunks_exact_mut(32)).zip(scale.iter()) {
-                // SAFETY: S is usable (caller).
-                let a = unsafe { S::splat(d) };
+            for (b, w) in blocks.iter().zip(w.chunks_exact_mut(32)) {
                 for j in (0..32).step_by(8) {
                     // SAFETY: 8 codes at 2 + j of the block, 8 floats at w[j].
                     unsafe {
-                        let q = S::mul(S::codes(b.as_ptr().add(2 + j).cast()), a);
-                        S::store(w.as_mut_ptr().add(j), q);
-                    }
+                        S::store(
+                            w.as_mut_ptr().add(j),
+                            S::codes(b.as_ptr().add(2 + j).cast()),
+                        )
+                    };
                 }
             }
         }
         qtype => {
             unpack_row::<S>(qtype, raw, codes, scale, offset);
-            let group = qtype.group_values();
-            for (g, &d) in scale[..k / group].iter().enumerate() {
-                // SAFETY: S is usable (caller).
-                let a = unsafe { S::splat(d) };
-                let mut c = g * group;
-                while c < (g + 1) * group {
-                    // SAFETY: groups are whole 8-code chunks (16 or 32 values).
-                    unsafe {
-                        let q = S::mul(S::codes(codes.as_ptr().add(c)), a);
-                        S::store(w.as_mut_ptr().add(c), q);
-                    }
-                    c += 8;
-                }
+            for c in (0..k).step_by(8) {
+                // SAFETY: rows are whole 8-code chunks; 8 floats at w[c].
+                unsafe { S::store(w.as_mut_ptr().add(c), S::codes(codes.as_ptr().add(c))) };
             }
         }
     }
@@ -286,29 +280,49 @@ pub(crate) unsafe fn run_rows<S: Store>(
                 }
             }
         }
-        let mut t = 0;
-        while t < n {
-            let nt = (n - t).min(N_TILE);
-            // SAFETY: rows 0..rt of the band are dequantised; x holds rows
-            // t..t + nt; out is n x rows (caller).
-            unsafe {
-                let x = job.x.as_ptr().add(t * k);
-                let o = out.add(t * job.rows + r);
-                let sub = offsets.then(|| (offs.as_ptr().add(t), n));
-                tile::<S>(sub, w.as_ptr(), rt, nt, (x, k), o, job.rows);
+        if groups == 0 {
+            let mut t = 0;
+            while t < n {
+                let nt = (n - t).min(N_TILE);
+                // SAFETY: rows 0..rt of the band are unpacked; x holds rows
+                // t..t + nt; out is n x rows (caller).
+                unsafe {
+                    let x = job.x.as_ptr().add(t * k);
+                    let o = out.add(t * job.rows + r);
+                    tile::<S>(w.as_ptr(), rt, nt, (x, k), o, job.rows);
+                }
+                t += nt;
             }
-            t += nt;
+        } else {
+            let chunks = qtype.group_values() / 8;
+            let mut i = 0;
+            while i < rt {
+                let ri = if rt - i >= CR { CR } else { 1 };
+                let mut t = 0;
+                while t < n {
+                    let nt = (n - t).min(CN);
+                    // SAFETY: rows i..i + ri of the band are unpacked (codes,
+                    // scales); x holds rows t..t + nt; out is n x rows (caller).
+                    unsafe {
+                        let x = job.x.as_ptr().add(t * k);
+                        let o = out.add(t * job.rows + r + i);
+                        let sub = offsets.then(|| (offs.as_ptr().add(i * n + t), n));
+                        let row = (w.as_ptr().add(i * k), scale.as_ptr().add(i * groups));
+                        codes_tile::<S>((chunks, ri, nt), row, groups, (x, k), sub, o, job.rows);
+                    }
+                    t += nt;
+                }
+                i += ri;
+            }
         }
         r += rt;
     }
 }
 
-/// One `rt` x `nt` tile (weight rows `k` apart at `w`, activation rows),
-/// written to `out`, less the offset terms `sub` (row `i`, activation `t` at
-/// `i * stride + t`).
+/// One `rt` x `nt` tile of a float format (weight rows `k` apart at `w`,
+/// activation rows), written to `out`.
 #[inline(always)]
 unsafe fn tile<S: Lanes>(
-    sub: Option<(*const f32, usize)>,
     w: *const f32,
     rt: usize,
     nt: usize,
@@ -322,14 +336,8 @@ unsafe fn tile<S: Lanes>(
             let res: [[f32; $n]; $r] = unsafe { dot_tile::<S, $r, $n>(w, x, k) };
             for (i, row) in res.iter().enumerate() {
                 for (t, &v) in row.iter().enumerate() {
-                    // SAFETY: (t, i) inside the output and the offset terms (caller).
-                    unsafe {
-                        let v = match sub {
-                            Some((offs, stride)) => v - *offs.add(i * stride + t),
-                            None => v,
-                        };
-                        *out.add(t * out_stride + i) = v
-                    };
+                    // SAFETY: (t, i) inside the output (caller).
+                    unsafe { *out.add(t * out_stride + i) = v };
                 }
             }
         }};
@@ -350,9 +358,111 @@ unsafe fn tile<S: Lanes>(
     }
 }
 
-/// `R` dequantised rows (`k` apart) times `N` activation rows, in `kernel`'s
-/// order, before the offset terms (the caller subtracts them). For block
-/// formats `k` is a whole number of chunks and the tail loop is empty.
+/// `rt` weight rows of codes as floats (`w`, `k` apart, with their
+/// `groups` group scales a row at `scale`) times `nt` activation rows (`k`
+/// apart at `x`), less the offset terms `sub` (row `i`, activation `t` at
+/// `i * stride + t`), written to `out` (`out_stride` apart).
+#[inline(always)]
+#[allow(clippy::too_many_arguments)]
+unsafe fn codes_tile<S: Lanes>(
+    (chunks, rt, nt): (usize, usize, usize),
+    (w, scale): (*const f32, *const f32),
+    groups: usize,
+    (x, k): (*const f32, usize),
+    sub: Option<(*const f32, usize)>,
+    out: *mut f32,
+    out_stride: usize,
+) {
+    macro_rules! go {
+        ($r:literal, $c:literal, $n:literal) => {{
+            // SAFETY: forwarded from the caller.
+            let res = unsafe { codes_dot::<S, $r, $c, $n>(w, scale, groups, x, k) };
+            for (i, row) in res.iter().enumerate() {
+                for (t, &v) in row.iter().enumerate() {
+                    // SAFETY: (t, i) inside the output and the offset terms (caller).
+                    unsafe {
+                        let v = match sub {
+                            Some((offs, stride)) => v - *offs.add(i * stride + t),
+                            None => v,
+                        };
+                        *out.add(t * out_stride + i) = v;
+                    }
+                }
+            }
+        }};
+    }
+    macro_rules! shapes {
+        ($c:literal) => {
+            match (rt, nt) {
+                (CR, CN) => go!(2, $c, 3),
+                (CR, 2) => go!(2, $c, 2),
+                (CR, _) => go!(2, $c, 1),
+                (_, CN) => go!(1, $c, 3),
+                (_, 2) => go!(1, $c, 2),
+                _ => go!(1, $c, 1),
+            }
+        };
+    }
+    if chunks == 4 {
+        shapes!(4)
+    } else {
+        shapes!(2)
+    }
+}
+
+/// The codes tile: weight rows x activation rows (see `codes_dot`): 2 x 3
+/// dots and accumulators, three activation chunks and a code chunk fill
+/// AVX2's sixteen registers. Measured against 3 x 2 and 2 x 2 (`perf_probe`,
+/// 8 and 16 rows, 2026-12-02, load 6-7): 2 x 3 was the fastest of the three.
+const CR: usize = 2;
+const CN: usize = 3;
+
+/// `R` rows of codes as floats (`k` apart at `w`; groups of `C` chunks,
+/// `groups` scales a row at `scale`) times `N` activation rows, in
+/// `kernel`'s order: per group a fresh dot (`kernel::dot_step`), `acc =
+/// fma(scale_g, dot, acc)`, then `hsum`. Each chunk of codes and of
+/// activations is loaded once for the whole tile.
+#[inline(always)]
+unsafe fn codes_dot<S: Lanes, const R: usize, const C: usize, const N: usize>(
+    w: *const f32,
+    scale: *const f32,
+    groups: usize,
+    x: *const f32,
+    k: usize,
+) -> [[f32; N]; R] {
+    // SAFETY (whole body): R rows of `groups * C * 8` floats at w (`k`
+    // apart), `groups` scales a row at scale, N rows of k at x (caller); S
+    // is usable (caller).
+    unsafe {
+        let mut acc = [[S::zero(); N]; R];
+        for g in 0..groups {
+            let c = g * C * 8;
+            let mut s = [[S::zero(); N]; R];
+            for j in 0..C {
+                let mut xv = [S::zero(); N];
+                for (t, xv) in xv.iter_mut().enumerate() {
+                    *xv = S::load(x.add(t * k + c + 8 * j));
+                }
+                for (i, s) in s.iter_mut().enumerate() {
+                    let q = S::load(w.add(i * k + c + 8 * j));
+                    for (s, &xv) in s.iter_mut().zip(&xv) {
+                        *s = dot_step::<S>(j == 0, q, xv, *s);
+                    }
+                }
+            }
+            for (i, (acc, s)) in acc.iter_mut().zip(&s).enumerate() {
+                let a = S::splat(*scale.add(i * groups + g));
+                for (acc, &s) in acc.iter_mut().zip(s) {
+                    *acc = S::fma(a, s, *acc);
+                }
+            }
+        }
+        acc.map(|r| r.map(|v| S::hsum(v)))
+    }
+}
+
+/// `R` float-format rows (`k` apart) times `N` activation rows, in `kernel`'s
+/// order (`acc = fma(w, x, acc)`, `hsum`, the tail columns one by one).
 #[inline(always)]
 unsafe fn dot_tile<S: Lanes, const R: usize, const N: usize>(
     w: *const f32,

@@ -148,9 +148,11 @@ fn offsets(qtype: QuantType, raw: &[u8], rows: usize, cols: usize) -> Vec<f32> {
 /// `c2` the sums of the activations over each group too.
 pub(crate) fn bound(qtype: QuantType, k: usize, abs_w: f64, abs_off: f64) -> f64 {
     let g = qtype.group_values().max(8);
-    // The scale-folded order: a weight's rounding, k / 8 multiply-adds a
-    // lane, the lanes' sum, the offset's subtraction (float formats: no
-    // weight rounding, the tail columns one by one).
+    // k / 8 multiply-adds a lane, the lanes' sum, the offset's subtraction
+    // and one more (float formats: the tail columns one by one). The
+    // group-sum order (see `kernel`) rounds a value at most G / 8 + k / G +
+    // 4 times (gguf's weights `code * scale` are exact in float32), which
+    // is never more than k / 8 + 5 for G >= 8.
     let c1 = if qtype.is_float() {
         k / 8 + 4 + k % 8
     } else {

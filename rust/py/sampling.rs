@@ -509,7 +509,14 @@ impl PySamplerChain {
     ) -> PyResult<Bound<'py, PyArray1<i64>>> {
         catch_panics(|| {
             let mut job = borrow_chain(slf)?.handle.start_batch();
-            let arr: PyReadonlyArray2<'py, f32> = batch_rows(logits)?;
+            // Pinned before numpy's borrow is taken and unpinned only after it
+            // is released: numpy keys the borrow by the buffer's address, so a
+            // resize in a window between the two (another thread, whenever this
+            // one runs Python code) made the release miss its key and panic
+            // inside a destructor, an abort.
+            let checked = batch_rows(logits)?;
+            let pinned = pin(logits)?;
+            let arr: PyReadonlyArray2<'py, f32> = checked.readonly();
             let shape = arr.shape().to_vec();
             let (rows, vocab) = (shape[0], shape[1]);
             let data = arr.as_slice()?;
@@ -547,8 +554,8 @@ impl PySamplerChain {
                 sequences: &seqs,
                 uniforms: uniforms.as_deref(),
             };
-            let pinned = pin(logits)?;
             let result = detached(py, &[&pinned], || job.run(&batch));
+            drop(arr);
             drop(pinned);
             let out = borrow_chain(slf)?
                 .handle
@@ -667,7 +674,7 @@ pub fn _sampler_chain_from_state(state: &[u8]) -> PyResult<PySamplerChain> {
 }
 
 /// Borrow a 2-D C-contiguous float32 array (one row of logits per sequence).
-fn batch_rows<'py>(obj: &Bound<'py, PyAny>) -> PyResult<PyReadonlyArray2<'py, f32>> {
+fn batch_rows<'py>(obj: &Bound<'py, PyAny>) -> PyResult<Bound<'py, PyArray2<f32>>> {
     let Ok(untyped) = obj.cast::<PyUntypedArray>() else {
         return Err(dtype_err(
             "logits must be a 2-D numpy float32 array; convert with np.asarray(x, dtype=np.float32)",
@@ -690,7 +697,7 @@ fn batch_rows<'py>(obj: &Bound<'py, PyAny>) -> PyResult<PyReadonlyArray2<'py, f3
             "logits must be C-contiguous; convert with np.ascontiguousarray(x)",
         ));
     }
-    Ok(arr.readonly())
+    Ok(arr.clone())
 }
 
 /// Check options as a chain would (every knob through the core's table)

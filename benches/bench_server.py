@@ -36,9 +36,10 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import numpy.typing as npt
 
 import rlx_lm
-from rlx_lm import SampleOpts
+from rlx_lm import SampleOpts, SamplerChain
 from rlx_lm.server import BatchScheduler, Chunk, GenerationRequest
 
 
@@ -341,15 +342,22 @@ def overhead(
     return out
 
 
+def _greedy_start(
+    runner: Any, prompt: list[int], tokens: int
+) -> tuple[SamplerChain, npt.NDArray[np.int64], npt.NDArray[np.float32]]:
+    """A greedy chain, a history with room for ``tokens`` more, and the prompt's logits."""
+    chain = SampleOpts().into_chain()
+    history = np.empty(len(prompt) + tokens, dtype=np.int64)
+    history[: len(prompt)] = prompt
+    return chain, history, runner.prefill_logits(prompt)
+
+
 def direct_round(runner: Any, prompt: list[int], tokens: int) -> dict[str, float]:
     """The runner driven directly, as `rlx_lm.generate` does: sample, ``decode_logits``.
 
     Per token: ``step`` wall seconds, ``decode`` wall seconds inside ``decode_logits``,
     ``cpu`` CPU seconds of this process (every thread)."""
-    chain = SampleOpts().into_chain()
-    history = np.empty(len(prompt) + tokens, dtype=np.int64)
-    history[: len(prompt)] = prompt
-    logits = runner.prefill_logits(prompt)
+    chain, history, logits = _greedy_start(runner, prompt, tokens)
     decode = 0.0
     c0, t0 = time.process_time(), time.perf_counter()
     for i in range(tokens):
@@ -365,10 +373,7 @@ def direct_round(runner: Any, prompt: list[int], tokens: int) -> dict[str, float
 def batch_round(runner: Any, prompt: list[int], tokens: int) -> dict[str, float]:
     """`direct_round` through ``decode_batch([session], [token])``, the scheduler's call."""
     adapter = rlx_lm.with_defaults(runner)
-    chain = SampleOpts().into_chain()
-    history = np.empty(len(prompt) + tokens, dtype=np.int64)
-    history[: len(prompt)] = prompt
-    logits = runner.prefill_logits(prompt)
+    chain, history, logits = _greedy_start(runner, prompt, tokens)
     session = adapter.export_session()
     assert session is not None, "batch_round needs a runner with sessions"
     decode = 0.0

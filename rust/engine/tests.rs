@@ -62,6 +62,25 @@ fn cache(m: &Model, max_seq: usize) -> KvCache {
     KvCache::new(m.geometry(Dtype::F32), max_seq).unwrap()
 }
 
+/// The logits of `ids` decoded one token at a time on `model`'s plain
+/// (team-less) path, appending to `cache`: the reference the team tests
+/// compare against.
+fn one_by_one(model: &Model, cache: &mut KvCache, ids: &[i64]) -> Vec<Vec<f32>> {
+    ids.iter()
+        .map(|t| {
+            model
+                .forward(
+                    &mut [Step {
+                        cache,
+                        tokens: &[*t],
+                    }],
+                    false,
+                )
+                .unwrap()
+        })
+        .collect()
+}
+
 fn variants() -> Vec<Config> {
     let mut out = vec![tiny("llama")];
     let mut c = tiny("mistral");
@@ -295,20 +314,7 @@ fn a_team_decode_step_gives_the_general_paths_bits_on_any_thread_count() {
                 let mut plain = model(cfg.clone());
                 plain.activations = activations;
                 let mut want_cache = KvCache::new(plain.geometry(dtype), 16).unwrap();
-                let want: Vec<Vec<f32>> = IDS
-                    .iter()
-                    .map(|t| {
-                        plain
-                            .forward(
-                                &mut [Step {
-                                    cache: &mut want_cache,
-                                    tokens: &[*t],
-                                }],
-                                false,
-                            )
-                            .unwrap()
-                    })
-                    .collect();
+                let want = one_by_one(&plain, &mut want_cache, &IDS);
                 for threads in [1, 2, 3] {
                     let mut m = model(cfg.clone());
                     m.activations = activations;
@@ -386,20 +392,7 @@ fn a_team_decode_step_past_several_attention_spans_gives_the_general_paths_bits(
                     false,
                 )
                 .unwrap();
-            let want: Vec<Vec<f32>> = [3i64, 8, 13]
-                .iter()
-                .map(|t| {
-                    plain
-                        .forward(
-                            &mut [Step {
-                                cache: &mut want_cache,
-                                tokens: &[*t],
-                            }],
-                            false,
-                        )
-                        .unwrap()
-                })
-                .collect();
+            let want = one_by_one(&plain, &mut want_cache, &[3, 8, 13]);
             for threads in [1, 2, 3] {
                 let mut m = model(cfg.clone());
                 m.team = Some(Team::new(threads).unwrap());

@@ -109,13 +109,22 @@ impl Store for super::simd::Neon {
 #[target_feature(enable = "avx2,fma,f16c")]
 pub(crate) unsafe fn rows_avx2(job: &Job<'_>, lo: usize, hi: usize, out: *mut f32, s: &mut Wide) {
     // SAFETY: forwarded; AVX2, FMA and F16C were checked by the caller.
-    unsafe { run_rows::<super::simd::Avx2>(job, lo, hi, out, s) }
+    unsafe { run_rows::<super::simd::Avx2, false>(job, lo, hi, out, s) }
+}
+
+/// The AVX-512 build: its own sixteen-lane tiles for the formats
+/// `avx512::covers` takes (its order), the AVX2 code for everything else.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl")]
+pub(crate) unsafe fn rows_avx512(job: &Job<'_>, lo: usize, hi: usize, out: *mut f32, s: &mut Wide) {
+    // SAFETY: forwarded; AVX-512 F/BW/VL, AVX2, FMA and F16C checked by the caller.
+    unsafe { run_rows::<super::simd::Avx2, true>(job, lo, hi, out, s) }
 }
 
 #[cfg(target_arch = "aarch64")]
 pub(crate) unsafe fn rows_neon(job: &Job<'_>, lo: usize, hi: usize, out: *mut f32, s: &mut Wide) {
     // SAFETY: forwarded; NEON is part of aarch64.
-    unsafe { run_rows::<super::simd::Neon>(job, lo, hi, out, s) }
+    unsafe { run_rows::<super::simd::Neon, false>(job, lo, hi, out, s) }
 }
 
 pub(crate) unsafe fn rows_portable(
@@ -126,7 +135,7 @@ pub(crate) unsafe fn rows_portable(
     s: &mut Wide,
 ) {
     // SAFETY: forwarded.
-    unsafe { run_rows::<super::simd::Portable>(job, lo, hi, out, s) }
+    unsafe { run_rows::<super::simd::Portable, false>(job, lo, hi, out, s) }
 }
 
 /// Weight row `row` of `job` into `w` (`cols` floats): float formats their
@@ -191,14 +200,15 @@ fn unpack_float<S: Store>(
     }
 }
 
-/// Rows `lo..hi` of `job` into `out` (`n` x `rows`, row-major).
+/// Rows `lo..hi` of `job` into `out` (`n` x `rows`, row-major); `AVX512`:
+/// the AVX-512 build (its own tiles for the formats it covers).
 ///
 /// # Safety
 /// `out` must be valid for writes of `job.n * job.rows` floats, and no
 /// other thread may write the columns `lo..hi` meanwhile. `S` must be
-/// usable on this CPU.
+/// usable on this CPU, and AVX-512 F/BW/VL too when `AVX512`.
 #[inline(always)]
-pub(crate) unsafe fn run_rows<S: Store>(
+pub(crate) unsafe fn run_rows<S: Store, const AVX512: bool>(
     job: &Job<'_>,
     lo: usize,
     hi: usize,
@@ -295,12 +305,14 @@ pub(crate) unsafe fn run_rows<S: Store>(
             }
         } else {
             let chunks = qtype.group_values() / 8;
+            let wide = AVX512 && avx512_covers(qtype);
+            let (cr, cn) = if wide { AVX512_TILE } else { (CR, CN) };
             let mut i = 0;
             while i < rt {
-                let ri = if rt - i >= CR { CR } else { 1 };
+                let ri = if rt - i >= cr { cr } else { 1 };
                 let mut t = 0;
                 while t < n {
-                    let nt = (n - t).min(CN);
+                    let nt = (n - t).min(cn);
                     // SAFETY: rows i..i + ri of the band are unpacked (codes,
                     // scales); x holds rows t..t + nt; out is n x rows (caller).
                     unsafe {
@@ -308,7 +320,28 @@ pub(crate) unsafe fn run_rows<S: Store>(
                         let o = out.add(t * job.rows + r + i);
                         let sub = offsets.then(|| (offs.as_ptr().add(i * n + t), n));
                         let row = (w.as_ptr().add(i * k), scale.as_ptr().add(i * groups));
-                        codes_tile::<S>((chunks, ri, nt), row, groups, (x, k), sub, o, job.rows);
+                        if wide {
+                            #[cfg(target_arch = "x86_64")]
+                            super::avx512::codes_tile(
+                                (ri, nt),
+                                row,
+                                groups,
+                                (x, k),
+                                sub,
+                                o,
+                                job.rows,
+                            );
+                        } else {
+                            codes_tile::<S>(
+                                (chunks, ri, nt),
+                                row,
+                                groups,
+                                (x, k),
+                                sub,
+                                o,
+                                job.rows,
+                            );
+                        }
                     }
                     t += nt;
                 }
@@ -416,6 +449,23 @@ unsafe fn codes_tile<S: Lanes>(
 /// 8 and 16 rows, 2026-12-02, load 6-7): 2 x 3 was the fastest of the three.
 const CR: usize = 2;
 const CN: usize = 3;
+
+/// The AVX-512 build's codes tile, for the formats it covers.
+#[cfg(target_arch = "x86_64")]
+const AVX512_TILE: (usize, usize) = (super::avx512::CR, super::avx512::CN);
+#[cfg(not(target_arch = "x86_64"))]
+const AVX512_TILE: (usize, usize) = (CR, CN);
+
+/// Whether the AVX-512 build takes `qtype` with its own tiles.
+fn avx512_covers(qtype: QuantType) -> bool {
+    #[cfg(target_arch = "x86_64")]
+    return super::avx512::covers(qtype);
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        let _ = qtype;
+        false
+    }
+}
 
 /// `R` rows of codes as floats (`k` apart at `w`; groups of `C` chunks,
 /// `groups` scales a row at `scale`) times `N` activation rows, in

@@ -116,7 +116,7 @@ def assert_within_f32_accumulation(
     """|got - x @ w.T| <= 2^-24 (c1 |x| @ (|w| + |off|).T + c2 |x| @ |off|.T): the float32
     bound of the kernels' sums (rust/quant/kernel.rs: a weight's scaling, k/8 multiply-adds a
     lane, the lanes' sum, the offset; float formats k/8 steps, the lanes and the tail). The
-    AVX-512 build's sixteen-lane order for the 32-value nibble formats (rust/quant/avx512.rs)
+    AVX-512 build's sixteen-lane order for the 32-value-block formats (rust/quant/avx512.rs)
     rounds a value at most 2 + k/32 + 4 + 1 times, within c1 = k/8 + 5 for k >= 32."""
     x64, w64 = x.astype(np.float64), w.astype(np.float64)
     want = x64 @ w64.T
@@ -232,10 +232,10 @@ def test_the_kernels_use_simd_where_the_cpu_has_it() -> None:
 
 
 def test_rlx_simd_avx2_runs_the_avx2_build_with_its_own_bits(tmp_path: Path) -> None:
-    # The AVX-512 build has its own summation order for the 32-value nibble formats (16 lanes,
+    # The AVX-512 build has its own summation order for the 32-value-block formats (16 lanes,
     # rust/quant/avx512.rs) and runs the AVX2 kernels for every other format, so under
-    # RLX_SIMD=avx2 the nibble formats may differ in the last bits (each within the float32
-    # bound) and every other format gives the same bits.
+    # RLX_SIMD=avx2 those may differ in the last bits (each within the float32 bound) and
+    # every other format gives the same bits.
     if not {"avx2", "fma", "f16c"} <= cpu_flags():
         pytest.skip("no AVX2 on this CPU")
     cases = {}
@@ -260,7 +260,7 @@ def test_rlx_simd_avx2_runs_the_avx2_build_with_its_own_bits(tmp_path: Path) -> 
     )
     env = {**os.environ, "RLX_SIMD": "avx2"}
     subprocess.run([sys.executable, "-c", child, str(tmp_path)], env=env, check=True)
-    nibble = (T.Q4_0, T.Q5_0, T.Q4_1)
+    own_order = (T.Q4_0, T.Q5_0, T.Q4_1, T.Q8_0)
     for qtype, (raw, x) in cases.items():
         rows, cols = raw.shape[0], x.shape[1]
         one, batch = (np.load(tmp_path / f"{qtype.name}_{s}.npy") for s in ("one", "all"))
@@ -273,7 +273,7 @@ def test_rlx_simd_avx2_runs_the_avx2_build_with_its_own_bits(tmp_path: Path) -> 
             qtype,
         )
         ours = quant_matmul(raw, int(qtype), cols, x)
-        if quant_simd() == "avx512" and qtype in nibble:
+        if quant_simd() == "avx512" and qtype in own_order:
             continue
         np.testing.assert_array_equal(ours.view(np.uint32), batch.view(np.uint32))
 

@@ -6,7 +6,11 @@
 //! - `unpack`: each block layout as int8 codes and per-group scales;
 //! - `simd`: eight float lanes as AVX2+FMA (chosen at run time), NEON or
 //!   portable Rust;
-//! - `kernel`: the fused dequantise-and-dot tiles.
+//! - `kernel`: the fused dequantise-and-dot tiles;
+//! - `multirow`: the same with several activation rows (batched decode,
+//!   prefill);
+//! - `avx512`: the AVX-512 build's sixteen-lane kernels for the 32-value
+//!   block formats (its own order, one row and batched alike).
 //!
 //! **Exact.** Activations stay float32 and the kernels use gguf's own
 //! float32 scales and offsets (`gguf.quants.dequantize`'s weights are

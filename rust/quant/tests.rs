@@ -86,19 +86,18 @@ fn shapes(qtype: QuantType) -> Vec<usize> {
 /// Every build this CPU runs, widest first (the AVX-512 one where the CPU
 /// has it, whatever `RLX_SIMD` says).
 fn builds() -> Vec<Build> {
-    let mut all = Vec::new();
+    let mut all = vec![Build::Portable];
     #[cfg(target_arch = "x86_64")]
     {
-        if has_avx512() {
-            all.push(Build::Avx512);
-        }
         if has_avx2() {
-            all.push(Build::Avx2);
+            all.insert(0, Build::Avx2);
+        }
+        if has_avx512() {
+            all.insert(0, Build::Avx512);
         }
     }
     #[cfg(target_arch = "aarch64")]
-    all.push(Build::Neon);
-    all.push(Build::Portable);
+    all.insert(0, Build::Neon);
     all
 }
 

@@ -317,6 +317,37 @@ unsafe fn go<L: Block, const WIDE: usize, const AHEAD: usize>(
     }
 }
 
+/// One weight row of Q4_0, Q5_0 or IQ4_NL as its codes in float32, `cols` floats at `w`:
+/// the same exact values the int8 unpacking gives, decoded as [`rows`]
+/// decodes them, without the int8 scratch row in between.
+///
+/// # Safety
+/// AVX-512 F/BW/VL, AVX2, FMA and F16C present; `raw` whole blocks of
+/// `qtype`, `w` room for their values.
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl")]
+pub(crate) unsafe fn codes_as_floats(qtype: QuantType, raw: &[u8], w: *mut f32) {
+    #[inline(always)]
+    unsafe fn each<L: Block>(raw: &[u8], w: *mut f32) {
+        // SAFETY: whole blocks in `raw`, 32 floats of `w` a block (caller).
+        unsafe {
+            for c in 0..raw.len() / L::BYTES {
+                let [q0, q1] = L::chunks(raw.as_ptr().add(c * L::BYTES));
+                _mm512_storeu_ps(w.add(32 * c), q0);
+                _mm512_storeu_ps(w.add(32 * c + 16), q1);
+            }
+        }
+    }
+    // SAFETY: forwarded.
+    unsafe {
+        match qtype {
+            QuantType::Q4_0 => each::<Q4_0>(raw, w),
+            QuantType::Q5_0 => each::<Q5_0>(raw, w),
+            QuantType::IQ4NL => each::<Iq4Nl>(raw, w),
+            other => unreachable!("{} is not unpacked here", other.name()),
+        }
+    }
+}
+
 /// Weight rows of a batched tile ([`codes_tile`]): with 32 registers, 4 x 3
 /// dots and accumulators, three activation chunks and a code chunk.
 pub(crate) const CR: usize = 4;

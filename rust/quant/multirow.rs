@@ -142,8 +142,12 @@ pub(crate) unsafe fn rows_portable(
 /// values, block formats their codes as floats (exact), the group scales
 /// into `scale` and the offsets `offset_g` into `offset` (applied outside
 /// the tiles).
+///
+/// # Safety
+/// With `avx512`, AVX-512 F/BW/VL must be present.
 #[inline(always)]
-fn unpack_float<S: Store>(
+unsafe fn unpack_float<S: Store>(
+    avx512: bool,
     job: &Job<'_>,
     row: usize,
     codes: &mut [i8],
@@ -151,6 +155,8 @@ fn unpack_float<S: Store>(
     scale: &mut [f32],
     offset: &mut [f32],
 ) {
+    #[cfg(not(target_arch = "x86_64"))]
+    let _ = avx512;
     let k = job.cols;
     let raw = &job.raw[row * job.row_bytes..(row + 1) * job.row_bytes];
     let whole = k / 8 * 8;
@@ -189,6 +195,16 @@ fn unpack_float<S: Store>(
                     };
                 }
             }
+        }
+        #[cfg(target_arch = "x86_64")]
+        qtype if avx512 && super::avx512::covers(qtype) && !qtype.has_offsets() => {
+            // The AVX-512 build decodes the codes straight into floats (Q4_0,
+            // Q5_0, IQ4_NL: 1.2-1.3x for 2 rows, 1.02-1.06x for 8; Q4_1 measured
+            // 0.8x this way and keeps the int8 unpacking, as does Q5_1).
+            super::unpack::scales_only::<S>(qtype, raw, scale, offset);
+            // SAFETY: AVX-512 present (caller); `raw` is one whole row, `w`
+            // holds `cols` floats.
+            unsafe { super::avx512::codes_as_floats(qtype, raw, w.as_mut_ptr()) };
         }
         qtype => {
             unpack_row::<S>(qtype, raw, codes, scale, offset);
@@ -248,14 +264,18 @@ pub(crate) unsafe fn run_rows<S: Store, const AVX512: bool>(
     while r < hi {
         let rt = (hi - r).min(R_TILE);
         for i in 0..rt {
-            unpack_float::<S>(
-                job,
-                r + i,
-                codes,
-                &mut w[i * k..(i + 1) * k],
-                &mut scale[i * groups..(i + 1) * groups],
-                &mut offset[i * groups..(i + 1) * groups],
-            );
+            // SAFETY: AVX-512 present when AVX512 (caller).
+            unsafe {
+                unpack_float::<S>(
+                    AVX512,
+                    job,
+                    r + i,
+                    codes,
+                    &mut w[i * k..(i + 1) * k],
+                    &mut scale[i * groups..(i + 1) * groups],
+                    &mut offset[i * groups..(i + 1) * groups],
+                );
+            }
         }
         if offsets {
             // The offset terms out of the tiles' loop, vectorised over the

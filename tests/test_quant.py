@@ -8,6 +8,11 @@ row's result must not depend on the batch it is in, its place there, or the thre
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+from pathlib import Path
+
 import gguf
 import numpy as np
 import pytest
@@ -110,7 +115,9 @@ def assert_within_f32_accumulation(
 ) -> None:
     """|got - x @ w.T| <= 2^-24 (c1 |x| @ (|w| + |off|).T + c2 |x| @ |off|.T): the float32
     bound of the kernels' sums (rust/quant/kernel.rs: a weight's scaling, k/8 multiply-adds a
-    lane, the lanes' sum, the offset; float formats k/8 steps, the lanes and the tail)."""
+    lane, the lanes' sum, the offset; float formats k/8 steps, the lanes and the tail). The
+    AVX-512 build's sixteen-lane order for the 32-value-block formats (rust/quant/avx512.rs)
+    rounds a value at most 2 + k/32 + 4 + 1 times, within c1 = k/8 + 5 for k >= 32."""
     x64, w64 = x.astype(np.float64), w.astype(np.float64)
     want = x64 @ w64.T
     k = w.shape[1]
@@ -205,8 +212,70 @@ def test_quantised_by_gguf_round_trips_through_the_kernels() -> None:
         np.testing.assert_array_equal(got, gguf_weight(raw, qtype, 16, 256))
 
 
+def cpu_flags() -> set[str]:
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("flags"):
+                    return set(line.split(":", 1)[1].split())
+    except OSError:
+        pass
+    return set()
+
+
 def test_the_kernels_use_simd_where_the_cpu_has_it() -> None:
-    assert quant_simd() in ("avx2", "neon", "portable")
+    assert quant_simd() in ("avx512", "avx2", "neon", "portable")
+    flags = cpu_flags()
+    wide = {"avx512f", "avx512bw", "avx512vl", "avx2", "fma", "f16c"}
+    if "RLX_SIMD" not in os.environ and wide <= flags:
+        assert quant_simd() == "avx512"
+
+
+def test_rlx_simd_avx2_runs_the_avx2_build_with_its_own_bits(tmp_path: Path) -> None:
+    # The AVX-512 build has its own summation order for the 32-value-block formats (16 lanes,
+    # rust/quant/avx512.rs) and runs the AVX2 kernels for every other format, so under
+    # RLX_SIMD=avx2 those may differ in the last bits (each within the float32 bound) and
+    # every other format gives the same bits.
+    if not {"avx2", "fma", "f16c"} <= cpu_flags():
+        pytest.skip("no AVX2 on this CPU")
+    cases = {}
+    for qtype in (T.Q4_0, T.Q5_0, T.Q4_1, T.Q8_0, T.Q6_K, T.F16):
+        values = gguf.GGML_QUANT_SIZES[qtype][0]
+        cols = 4 * values if values > 1 else 100
+        raw = random_blocks(qtype, 29, cols, seed=cols)
+        x = np.random.default_rng(cols).standard_normal((5, cols)).astype(np.float32)
+        cases[qtype] = (raw, x)
+        np.save(tmp_path / f"{qtype.name}_raw.npy", raw)
+        np.save(tmp_path / f"{qtype.name}_x.npy", x)
+    child = (
+        "import sys, numpy as np\n"
+        "from rlx_lm._core import quant_matmul, quant_simd\n"
+        "d = sys.argv[1]\n"
+        "assert quant_simd() == 'avx2', quant_simd()\n"
+        "for name, ggml in (" + ", ".join(f"({t.name!r}, {int(t)})" for t in cases) + "):\n"
+        "    raw, x = np.load(f'{d}/{name}_raw.npy'), np.load(f'{d}/{name}_x.npy')\n"
+        "    out = [quant_matmul(raw, ggml, x.shape[1], x[t : t + 1])[0] for t in range(len(x))]\n"
+        "    np.save(f'{d}/{name}_one.npy', np.stack(out))\n"
+        "    np.save(f'{d}/{name}_all.npy', quant_matmul(raw, ggml, x.shape[1], x))\n"
+    )
+    env = {**os.environ, "RLX_SIMD": "avx2"}
+    subprocess.run([sys.executable, "-c", child, str(tmp_path)], env=env, check=True)
+    own_order = (T.Q4_0, T.Q5_0, T.Q4_1, T.Q8_0)
+    for qtype, (raw, x) in cases.items():
+        rows, cols = raw.shape[0], x.shape[1]
+        one, batch = (np.load(tmp_path / f"{qtype.name}_{s}.npy") for s in ("one", "all"))
+        np.testing.assert_array_equal(one.view(np.uint32), batch.view(np.uint32))
+        assert_within_f32_accumulation(
+            batch,
+            x,
+            gguf_weight(raw, qtype, rows, cols),
+            weight_offsets(raw, qtype, rows, cols),
+            qtype,
+        )
+        ours = quant_matmul(raw, int(qtype), cols, x)
+        if quant_simd() == "avx512" and qtype in own_order:
+            continue
+        np.testing.assert_array_equal(ours.view(np.uint32), batch.view(np.uint32))
 
 
 def test_bad_input_raises_typed_errors() -> None:

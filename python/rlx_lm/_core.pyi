@@ -82,7 +82,8 @@ def quant_rows(
     """The dequantised rows ``ids`` of a GGUF block-quantised ``W``."""
 
 def quant_simd() -> str:
-    """The kernel build this CPU runs: ``"avx2"``, ``"neon"`` or ``"portable"``."""
+    """The kernel build this process runs: ``"avx512"``, ``"avx2"``, ``"neon"`` or ``"portable"``
+    (the widest the CPU has, or a narrower one named by ``RLX_SIMD``)."""
 
 # --- sampler chain (rust/py/sampling.rs) ------------------------------------
 

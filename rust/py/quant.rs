@@ -164,7 +164,8 @@ pub fn quant_rows<'py>(
     })
 }
 
-/// The kernel build this CPU runs: `"avx2"`, `"neon"` or `"portable"`.
+/// The kernel build this process runs: `"avx512"`, `"avx2"`, `"neon"` or
+/// `"portable"` (the widest the CPU has, or a narrower one named by `RLX_SIMD`).
 #[pyfunction]
 pub fn quant_simd() -> &'static str {
     quant::simd_name()

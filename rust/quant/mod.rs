@@ -6,7 +6,11 @@
 //! - `unpack`: each block layout as int8 codes and per-group scales;
 //! - `simd`: eight float lanes as AVX2+FMA (chosen at run time), NEON or
 //!   portable Rust;
-//! - `kernel`: the fused dequantise-and-dot tiles.
+//! - `kernel`: the fused dequantise-and-dot tiles;
+//! - `multirow`: the same with several activation rows (batched decode,
+//!   prefill);
+//! - `avx512`: the AVX-512 build's sixteen-lane kernels for the 32-value
+//!   block formats (its own order, one row and batched alike).
 //!
 //! **Exact.** Activations stay float32 and the kernels use gguf's own
 //! float32 scales and offsets (`gguf.quants.dequantize`'s weights are
@@ -20,6 +24,8 @@
 //! Threads: the work runs in the rayon pool the caller is in (the engine
 //! installs its own, sized by its `threads` setting).
 
+#[cfg(target_arch = "x86_64")]
+mod avx512;
 pub mod format;
 mod kernel;
 mod multirow;
@@ -52,6 +58,10 @@ thread_local! {
 /// A build of the kernels.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) enum Build {
+    /// AVX-512 F/BW/VL (+ AVX2, FMA, F16C): its own sixteen-lane order for
+    /// the formats `avx512::covers` takes, the AVX2 kernels for the rest.
+    #[cfg(target_arch = "x86_64")]
+    Avx512,
     #[cfg(target_arch = "x86_64")]
     Avx2,
     #[cfg(target_arch = "aarch64")]
@@ -59,10 +69,29 @@ pub(crate) enum Build {
     Portable,
 }
 
-/// The widest build this CPU runs.
+/// The build every product of this process runs: the widest this CPU
+/// has, or a narrower one named by `RLX_SIMD` (`avx2` or `portable`; for
+/// A/B measurements and tests), read once.
 pub(crate) fn best_build() -> Build {
+    static BUILD: std::sync::OnceLock<Build> = std::sync::OnceLock::new();
+    *BUILD.get_or_init(|| {
+        let widest = widest_build();
+        match std::env::var("RLX_SIMD").as_deref() {
+            #[cfg(target_arch = "x86_64")]
+            Ok("avx2") if has_avx2() => Build::Avx2,
+            Ok("portable") => Build::Portable,
+            _ => widest,
+        }
+    })
+}
+
+/// The widest build this CPU runs.
+pub(crate) fn widest_build() -> Build {
     #[cfg(target_arch = "x86_64")]
     {
+        if has_avx512() {
+            return Build::Avx512;
+        }
         if has_avx2() {
             return Build::Avx2;
         }
@@ -75,9 +104,12 @@ pub(crate) fn best_build() -> Build {
     Build::Portable
 }
 
-/// Which kernel build runs on this CPU: `"avx2"`, `"neon"` or `"portable"`.
+/// Which kernel build runs on this CPU: `"avx512"`, `"avx2"`, `"neon"` or
+/// `"portable"`.
 pub fn simd_name() -> &'static str {
     match best_build() {
+        #[cfg(target_arch = "x86_64")]
+        Build::Avx512 => "avx512",
         #[cfg(target_arch = "x86_64")]
         Build::Avx2 => "avx2",
         #[cfg(target_arch = "aarch64")]
@@ -91,6 +123,30 @@ fn has_avx2() -> bool {
     std::arch::is_x86_feature_detected!("avx2")
         && std::arch::is_x86_feature_detected!("fma")
         && std::arch::is_x86_feature_detected!("f16c")
+}
+
+/// AVX-512 F, BW and VL with AVX2, FMA and F16C.
+#[cfg(target_arch = "x86_64")]
+pub(crate) fn has_avx512() -> bool {
+    has_avx2()
+        && std::arch::is_x86_feature_detected!("avx512f")
+        && std::arch::is_x86_feature_detected!("avx512bw")
+        && std::arch::is_x86_feature_detected!("avx512vl")
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl")]
+unsafe fn rows_avx512(job: &Job<'_>, lo: usize, hi: usize, out: *mut f32, s: &mut Scratch) {
+    // SAFETY: forwarded; the features were checked by the caller.
+    unsafe {
+        if job.n == 1 && avx512::covers(job.qtype) {
+            // This build's own order: one activation row takes its one-row
+            // kernel, several its tiles (`multirow`); the general tiles never
+            // see these formats in this build.
+            return avx512::rows(job, lo, hi, out);
+        }
+        rows_avx2(job, lo, hi, out, s)
+    }
 }
 
 #[cfg(target_arch = "x86_64")]
@@ -130,6 +186,8 @@ unsafe fn run(build: Build, job: &Job<'_>, lo: usize, hi: usize, out: *mut f32) 
             unsafe {
                 match build {
                     #[cfg(target_arch = "x86_64")]
+                    Build::Avx512 => multirow::rows_avx512(job, lo, hi, out, s),
+                    #[cfg(target_arch = "x86_64")]
                     Build::Avx2 => multirow::rows_avx2(job, lo, hi, out, s),
                     #[cfg(target_arch = "aarch64")]
                     Build::Neon => multirow::rows_neon(job, lo, hi, out, s),
@@ -142,6 +200,8 @@ unsafe fn run(build: Build, job: &Job<'_>, lo: usize, hi: usize, out: *mut f32) 
         // SAFETY: forwarded; each build only where best_build found it.
         unsafe {
             match build {
+                #[cfg(target_arch = "x86_64")]
+                Build::Avx512 => rows_avx512(job, lo, hi, out, s),
                 #[cfg(target_arch = "x86_64")]
                 Build::Avx2 => rows_avx2(job, lo, hi, out, s),
                 #[cfg(target_arch = "aarch64")]

@@ -381,7 +381,7 @@ unsafe fn run(build: Build, job: &Job<'_>, lo: usize, hi: usize, out: *mut f32) 
         unsafe {
             match build {
                 #[cfg(target_arch = "x86_64")]
-                Build::Avx2 => rows_avx2(job, lo, hi, out, s),
+                Build::Avx2 | Build::Avx512 => rows_avx2(job, lo, hi, out, s),
                 #[cfg(target_arch = "aarch64")]
                 Build::Neon => rows::<Portable>(job, lo, hi, out, s),
                 Build::Portable => rows::<Portable>(job, lo, hi, out, s),

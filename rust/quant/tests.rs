@@ -83,6 +83,24 @@ fn shapes(qtype: QuantType) -> Vec<usize> {
     }
 }
 
+/// Every build this CPU runs, widest first (the AVX-512 one where the CPU
+/// has it, whatever `RLX_SIMD` says).
+fn builds() -> Vec<Build> {
+    let mut all = vec![Build::Portable];
+    #[cfg(target_arch = "x86_64")]
+    {
+        if has_avx2() {
+            all.insert(0, Build::Avx2);
+        }
+        if has_avx512() {
+            all.insert(0, Build::Avx512);
+        }
+    }
+    #[cfg(target_arch = "aarch64")]
+    all.insert(0, Build::Neon);
+    all
+}
+
 #[test]
 fn q8_0_and_q4_0_blocks_decode_by_hand() {
     // d = 0.5 (f16 0x3800).
@@ -194,7 +212,7 @@ fn check_matmul(build: Build, qtype: QuantType, rows: usize, cols: usize, n: usi
 #[test]
 fn matmul_is_x_times_the_dequantised_weight_in_every_format() {
     let mut rng = Rng(9);
-    for build in [best_build(), Build::Portable] {
+    for build in builds() {
         for qtype in ALL {
             for cols in shapes(qtype) {
                 for (rows, n) in [(1, 1), (7, 3), (13, 9), (5, 17)] {
@@ -208,8 +226,17 @@ fn matmul_is_x_times_the_dequantised_weight_in_every_format() {
 #[test]
 fn threaded_matmul_matches_the_bound_too() {
     let mut rng = Rng(3);
-    for qtype in [QuantType::Q4K, QuantType::Q8_0, QuantType::F16] {
-        check_matmul(best_build(), qtype, 301, 512, 2, &mut rng);
+    for build in builds() {
+        for qtype in [
+            QuantType::Q4K,
+            QuantType::Q8_0,
+            QuantType::F16,
+            QuantType::Q4_0,
+        ] {
+            for n in [1, 2] {
+                check_matmul(build, qtype, 301, 512, n, &mut rng);
+            }
+        }
     }
 }
 
@@ -269,7 +296,7 @@ fn one_row_gives_the_same_bits_alone_in_a_batch_and_on_any_thread_count() {
 fn batches_of_1_to_9_rows_give_each_row_its_single_row_bits_in_every_build() {
     // Two or more activation rows go through `multirow`, one through `kernel`.
     let mut rng = Rng(21);
-    for build in [best_build(), Build::Portable] {
+    for build in builds() {
         for qtype in ALL {
             let cols = if qtype.is_float() {
                 45
@@ -351,7 +378,7 @@ fn bad_shapes_and_ids_are_errors() {
 #[test]
 fn the_f16c_half_is_the_portable_half() {
     use super::simd::{Avx2, Lanes, Portable};
-    if best_build() != Build::Avx2 {
+    if !has_avx2() {
         return;
     }
     for h in 0..=u16::MAX {
@@ -844,7 +871,7 @@ unsafe fn avx2_tiles(job: &Job<'_>, lo: usize, hi: usize, out: *mut f32) {
 #[cfg(target_arch = "x86_64")]
 #[test]
 fn the_one_row_kernel_gives_the_general_tiles_bits() {
-    if best_build() != Build::Avx2 {
+    if !has_avx2() {
         return;
     }
     let mut rng = Rng(31);
@@ -945,21 +972,23 @@ fn exact_cold_probe() {
                 match route {
                     0 => avx2_tiles(&job, 0, rows, out.as_mut_ptr()),
                     1 => run(best_build(), &job, 0, rows, out.as_mut_ptr()),
+                    2 => run(Build::Avx2, &job, 0, rows, out.as_mut_ptr()),
                     w => kernel::row1::rows_by(&job, 0, rows, out.as_mut_ptr(), w),
                 }
             }
         };
-        if best_build() != Build::Avx2 {
+        if !has_avx2() {
             return;
         }
-        // Routes: the general tiles, matmul's, and (covered formats) passes
-        // of 8 and of 4 rows.
+        // Routes: the general tiles, matmul's (the build RLX_SIMD names, the
+        // widest by default), the AVX2 build's matmul, and (covered formats)
+        // the AVX2 one-row kernel's passes of 8 and of 4 rows.
         let routes: &[usize] = if kernel::row1::implements(qtype) {
-            &[0, 1, 8, 4]
+            &[0, 1, 2, 8, 4]
         } else {
-            &[0, 1]
+            &[0, 1, 2]
         };
-        let (mut hot, mut cold_t) = ([f64::MAX; 4], [f64::MAX; 4]);
+        let (mut hot, mut cold_t) = ([f64::MAX; 5], [f64::MAX; 5]);
         for round in 0..10 {
             for (k, &route) in routes.iter().enumerate() {
                 for _ in 0..40 {
@@ -974,15 +1003,25 @@ fn exact_cold_probe() {
                 }
             }
         }
-        if routes.len() == 4 {
+        if routes.len() == 5 {
             println!(
                 "{name:6} one-row passes of 8: hot {:6.1} us cold {:6.1} us; of 4: hot {:6.1} us cold {:6.1} us",
-                hot[2] * 1e6,
-                cold_t[2] * 1e6,
                 hot[3] * 1e6,
-                cold_t[3] * 1e6
+                cold_t[3] * 1e6,
+                hot[4] * 1e6,
+                cold_t[4] * 1e6
             );
         }
+        println!(
+            "{name:6} exact n=1  {:?} matmul hot {:6.1} us cold {:6.1} us  |  Avx2 matmul hot {:6.1} us cold {:6.1} us  |  x{:.2} hot, x{:.2} cold",
+            best_build(),
+            hot[1] * 1e6,
+            cold_t[1] * 1e6,
+            hot[2] * 1e6,
+            cold_t[2] * 1e6,
+            hot[2] / hot[1],
+            cold_t[2] / cold_t[1],
+        );
         println!(
             "{name:6} exact n=1  tiles hot {:6.1} us cold {:6.1} us  |  matmul hot {:6.1} us cold {:6.1} us ({:5.2} GB/s)  |  x{:.2} hot, x{:.2} cold",
             hot[0] * 1e6,
@@ -993,5 +1032,118 @@ fn exact_cold_probe() {
             hot[0] / hot[1],
             cold_t[0] / cold_t[1],
         );
+    }
+}
+
+/// The AVX-512 build leaves the formats it does not cover to the AVX2
+/// kernels: the same bits as the AVX2 build, for 1 to 9 activation rows.
+#[cfg(target_arch = "x86_64")]
+#[test]
+fn the_avx512_build_gives_the_avx2_bits_in_the_formats_it_leaves_alone() {
+    if !has_avx512() {
+        return;
+    }
+    let mut rng = Rng(41);
+    for qtype in ALL.into_iter().filter(|&t| !avx512::covers(t)) {
+        let cols = if qtype.is_float() {
+            45
+        } else {
+            2 * qtype.block_values()
+        };
+        let rows = 13;
+        let raw = random_rows(qtype, rows, cols, &mut rng);
+        for n in 1..=9 {
+            let x: Vec<f32> = (0..n * cols).map(|_| rng.unit()).collect();
+            let mut a = vec![f32::NAN; n * rows];
+            let mut b = vec![f32::NAN; n * rows];
+            matmul_with(Build::Avx512, false, qtype, &raw, rows, cols, &x, &mut a).unwrap();
+            matmul_with(Build::Avx2, false, qtype, &raw, rows, cols, &x, &mut b).unwrap();
+            assert!(
+                a.iter().zip(&b).all(|(a, b)| a.to_bits() == b.to_bits()),
+                "{} n={n}",
+                qtype.name()
+            );
+        }
+    }
+}
+
+/// The AVX-512 one-row kernel gives, on every row range (so every mix of
+/// four-row passes and single rows), the bits the same build's batched
+/// tiles give that activation row in a batch of three (in the middle).
+#[cfg(target_arch = "x86_64")]
+#[test]
+fn the_avx512_one_row_kernel_gives_its_batched_tiles_bits_on_every_row_range() {
+    if !has_avx512() {
+        return;
+    }
+    let mut rng = Rng(43);
+    for qtype in ALL.into_iter().filter(|&t| avx512::covers(t)) {
+        for (rows, cols) in [(1, 32), (3, 64), (13, 96), (37, 160), (4, 32), (9, 576)] {
+            let raw = random_rows(qtype, rows, cols, &mut rng);
+            let x3: Vec<f32> = (0..3 * cols).map(|_| rng.unit() * 2.0).collect();
+            let mut batch = vec![f32::NAN; 3 * rows];
+            matmul_with(
+                Build::Avx512,
+                false,
+                qtype,
+                &raw,
+                rows,
+                cols,
+                &x3,
+                &mut batch,
+            )
+            .unwrap();
+            let x = &x3[cols..2 * cols];
+            let xsum = if qtype.has_offsets() {
+                kernel::group_sums(x, qtype.group_values())
+            } else {
+                Vec::new()
+            };
+            let job = Job {
+                qtype,
+                raw: &raw,
+                row_bytes: qtype.row_bytes(cols).unwrap(),
+                rows,
+                cols,
+                x,
+                n: 1,
+                xsum: &xsum,
+            };
+            for lo in 0..rows {
+                for hi in lo + 1..=rows {
+                    let mut got = vec![f32::NAN; rows];
+                    // SAFETY: AVX-512 checked; out holds `rows` floats.
+                    unsafe { avx512::rows(&job, lo, hi, got.as_mut_ptr()) };
+                    for r in lo..hi {
+                        assert_eq!(
+                            got[r].to_bits(),
+                            batch[rows + r].to_bits(),
+                            "{} {rows}x{cols} rows {lo}..{hi}: row {r}",
+                            qtype.name()
+                        );
+                    }
+                    assert!(got[..lo].iter().chain(&got[hi..]).all(|v| v.is_nan()));
+                }
+            }
+        }
+    }
+}
+
+/// `RLX_SIMD` names the build, so an A/B of the AVX-512 and AVX2 kernels
+/// runs the same binary: `simd_name` says which one runs.
+#[test]
+fn simd_name_is_the_build_that_runs() {
+    let want = match best_build() {
+        #[cfg(target_arch = "x86_64")]
+        Build::Avx512 => "avx512",
+        #[cfg(target_arch = "x86_64")]
+        Build::Avx2 => "avx2",
+        #[cfg(target_arch = "aarch64")]
+        Build::Neon => "neon",
+        Build::Portable => "portable",
+    };
+    assert_eq!(simd_name(), want);
+    if std::env::var("RLX_SIMD").is_err() {
+        assert_eq!(best_build(), widest_build());
     }
 }

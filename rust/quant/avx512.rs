@@ -1,0 +1,451 @@
+//! The AVX-512 build's kernels for the 32-value-block formats (Q8_0, Q4_0,
+//! Q4_1, Q5_0, Q5_1, IQ4_NL): sixteen float lanes, in **this build's own
+//! order**, shared by its one-row kernel ([`rows`]) and its batched tiles
+//! ([`codes_tile`], called from `multirow`). Every other format runs the
+//! AVX2 kernels (and so the AVX2 order) under this build too; the order
+//! is per format and per build, the same on every path of both.
+//!
+//! **Order (16 lanes).** Per 32-value group `g` in column order: a fresh
+//! sixteen-lane dot of its codes as floats (exact) with the activations,
+//! `s = q[0..16] * x[0..16]`, then `s = fma(q[16..32], x[16..32], s)`;
+//! scaled once into the row's one sixteen-lane accumulator, `acc =
+//! fma(scale_g, s, acc)`; `off += offset_g * X_g` in group order (formats
+//! with offsets); finally [`hsum16`]`(acc) - off`. A value is rounded at
+//! most `2 + K/32 + 4 + 1` times (the group's chain, the accumulator, four
+//! levels of the lanes' sum, the offset), within the kernels' tested bound
+//! of `K/8 + 5` for `K >= 32` (see `tests::bound`).
+//!
+//! **Why.** Codes become floats in one table look-up: `vpermps` with a
+//! sixteen-entry float table reads only the low four bits of each index,
+//! so a low nibble is one `vpermps` of the zero-extended byte, a high
+//! nibble a shift and one `vpermps` (the table holds `code - bias`, or
+//! IQ4_NL's code book); Q5's fifth bits are a masked add of 16, the mask
+//! read straight from the block. Against the AVX2 kernel's eight lanes
+//! (mask, bias, sign extension, conversion, four-deep chains) the
+//! one-row Q4_0 product is about 1.2-1.3x faster on Zen 4 (measured,
+//! docs/kernels.md); keeping the AVX2 order with the same decoding gained
+//! only 1.05x. Q8_0 gains nothing in registers, but one row at a time
+//! (which its shorter sixteen-lane chains allow) reads its weights from
+//! memory 1.6-1.8x faster than the AVX2 kernel's passes of eight.
+//!
+//! Requires AVX-512 F, BW, VL, with AVX2, FMA and F16C (`mod.rs` checks).
+
+use super::format::QuantType;
+use super::kernel::Job;
+use super::simd::{Avx2, Lanes};
+use std::arch::x86_64::*;
+
+/// Whether this build takes `qtype` (its own order) rather than the AVX2
+/// kernels.
+pub(crate) fn covers(qtype: QuantType) -> bool {
+    matches!(
+        qtype,
+        QuantType::Q8_0
+            | QuantType::Q4_0
+            | QuantType::Q4_1
+            | QuantType::Q5_0
+            | QuantType::Q5_1
+            | QuantType::IQ4NL
+    )
+}
+
+/// The sum of the sixteen lanes: `v[i] + v[i + 8]`, then the AVX2 build's
+/// eight-lane sum (`Lanes::hsum`). Every path of this build ends so.
+#[inline(always)]
+pub(crate) unsafe fn hsum16(v: __m512) -> f32 {
+    // SAFETY: AVX-512 F present (caller).
+    unsafe {
+        let h = _mm256_add_ps(_mm512_castps512_ps256(v), _mm512_extractf32x8_ps::<1>(v));
+        Avx2::hsum(h)
+    }
+}
+
+/// A 32-value block format: its codes as two sixteen-lane float chunks,
+/// its scale and offset, as `unpack.rs` gives them.
+trait Block {
+    const BYTES: usize;
+    /// Whether blocks have an offset (`weight = scale * code - offset`).
+    const OFFSET: bool = false;
+    /// Values 0..16 and 16..32 of the block at `b`, as floats.
+    ///
+    /// # Safety
+    /// AVX-512 F/VL/BW present; `BYTES` readable bytes at `b`.
+    unsafe fn chunks(b: *const u8) -> [__m512; 2];
+    /// # Safety
+    /// As [`Block::chunks`].
+    #[inline(always)]
+    unsafe fn scale(b: *const u8) -> f32 {
+        // SAFETY: forwarded; `d` first.
+        unsafe { half(b) }
+    }
+    /// # Safety
+    /// As [`Block::chunks`].
+    #[inline(always)]
+    unsafe fn offset(_: *const u8) -> f32 {
+        0.0
+    }
+}
+
+/// The float16 at `p`, exactly (F16C).
+#[inline(always)]
+unsafe fn half(p: *const u8) -> f32 {
+    // SAFETY: 2 readable bytes at p; F16C present (caller).
+    unsafe { Avx2::half(p.cast::<u16>().read_unaligned()) }
+}
+
+/// `code - bias` for the sixteen nibble values.
+const fn biased(bias: i32) -> [f32; 16] {
+    let mut t = [0.0f32; 16];
+    let mut i = 0;
+    while i < 16 {
+        t[i] = (i as i32 - bias) as f32;
+        i += 1;
+    }
+    t
+}
+
+/// IQ4_NL's code book as floats.
+const fn book() -> [f32; 16] {
+    let mut t = [0.0f32; 16];
+    let mut i = 0;
+    while i < 16 {
+        t[i] = super::unpack::IQ4_VALUES[i] as f32;
+        i += 1;
+    }
+    t
+}
+
+static MINUS_8: [f32; 16] = biased(8);
+static MINUS_16: [f32; 16] = biased(16);
+static PLAIN: [f32; 16] = biased(0);
+static IQ4: [f32; 16] = book();
+
+/// The 16 bytes of nibbles at `qs` through the table `t`: values 0..16
+/// (the low nibbles), then 16..32 (the high ones).
+#[inline(always)]
+unsafe fn nibbles(qs: *const u8, t: &[f32; 16]) -> [__m512; 2] {
+    // SAFETY: 16 readable bytes at qs (caller); AVX-512 F present (caller).
+    unsafe {
+        let t = _mm512_loadu_ps(t.as_ptr());
+        let i = _mm512_cvtepu8_epi32(_mm_loadu_si128(qs.cast()));
+        // `vpermps` reads the low four bits of each index only.
+        [
+            _mm512_permutexvar_ps(i, t),
+            _mm512_permutexvar_ps(_mm512_srli_epi32::<4>(i), t),
+        ]
+    }
+}
+
+/// [`nibbles`] plus 16 where the fifth bit (bit `j` of the u32 at `qh`
+/// for value `j`) is set.
+#[inline(always)]
+unsafe fn fifth(qh: *const u8, qs: *const u8, t: &[f32; 16]) -> [__m512; 2] {
+    // SAFETY: 4 readable bytes at qh and 16 at qs (caller).
+    unsafe {
+        let [l, h] = nibbles(qs, t);
+        let bits = qh.cast::<u32>().read_unaligned();
+        let sixteen = _mm512_set1_ps(16.0);
+        [
+            _mm512_mask_add_ps(l, bits as u16, l, sixteen),
+            _mm512_mask_add_ps(h, (bits >> 16) as u16, h, sixteen),
+        ]
+    }
+}
+
+struct Q4_0;
+impl Block for Q4_0 {
+    const BYTES: usize = 18;
+    #[inline(always)]
+    unsafe fn chunks(b: *const u8) -> [__m512; 2] {
+        // SAFETY: forwarded; nibbles after `d`.
+        unsafe { nibbles(b.add(2), &MINUS_8) }
+    }
+}
+
+struct Q4_1;
+impl Block for Q4_1 {
+    const BYTES: usize = 20;
+    const OFFSET: bool = true;
+    #[inline(always)]
+    unsafe fn chunks(b: *const u8) -> [__m512; 2] {
+        // SAFETY: forwarded; nibbles after `d`, `m`.
+        unsafe { nibbles(b.add(4), &PLAIN) }
+    }
+    #[inline(always)]
+    unsafe fn offset(b: *const u8) -> f32 {
+        // SAFETY: forwarded; gguf adds `m`, we subtract `-m`.
+        -unsafe { half(b.add(2)) }
+    }
+}
+
+struct Q5_0;
+impl Block for Q5_0 {
+    const BYTES: usize = 22;
+    #[inline(always)]
+    unsafe fn chunks(b: *const u8) -> [__m512; 2] {
+        // SAFETY: forwarded; `d`, qh, nibbles.
+        unsafe { fifth(b.add(2), b.add(6), &MINUS_16) }
+    }
+}
+
+struct Q5_1;
+impl Block for Q5_1 {
+    const BYTES: usize = 24;
+    const OFFSET: bool = true;
+    #[inline(always)]
+    unsafe fn chunks(b: *const u8) -> [__m512; 2] {
+        // SAFETY: forwarded; `d`, `m`, qh, nibbles.
+        unsafe { fifth(b.add(4), b.add(8), &PLAIN) }
+    }
+    #[inline(always)]
+    unsafe fn offset(b: *const u8) -> f32 {
+        // SAFETY: forwarded.
+        -unsafe { half(b.add(2)) }
+    }
+}
+
+struct Q8_0;
+impl Block for Q8_0 {
+    const BYTES: usize = 34;
+    #[inline(always)]
+    unsafe fn chunks(b: *const u8) -> [__m512; 2] {
+        // SAFETY: forwarded; 32 int8 codes after `d`.
+        unsafe {
+            [
+                _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(b.add(2).cast()))),
+                _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(b.add(18).cast()))),
+            ]
+        }
+    }
+}
+
+struct Iq4Nl;
+impl Block for Iq4Nl {
+    const BYTES: usize = 18;
+    #[inline(always)]
+    unsafe fn chunks(b: *const u8) -> [__m512; 2] {
+        // SAFETY: forwarded; nibbles after `d` index the code book.
+        unsafe { nibbles(b.add(2), &IQ4) }
+    }
+}
+
+/// Rows `lo..hi` of `job` (one activation row, a format [`covers`] takes)
+/// into `out[lo..hi]`: each block's codes decoded into registers where
+/// they lie, passes of four rows (four accumulator chains in flight; Q8_0
+/// one row, see below).
+///
+/// # Safety
+/// AVX-512 F/BW/VL, AVX2, FMA and F16C present; `job.n == 1`; `out` holds
+/// `job.rows` floats and nobody else writes `out[lo..hi]` meanwhile.
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl")]
+pub(crate) unsafe fn rows(job: &Job<'_>, lo: usize, hi: usize, out: *mut f32) {
+    // SAFETY: forwarded.
+    unsafe {
+        match job.qtype {
+            // Q8_0 one row at a time: its weights come from memory at about
+            // 1.8x the rate of passes of 2-8 rows (hot 0.86-0.9x; measured).
+            QuantType::Q8_0 => go::<Q8_0, 1, 8>(job, lo, hi, out),
+            QuantType::Q4_0 => go::<Q4_0, 4, 8>(job, lo, hi, out),
+            QuantType::Q4_1 => go::<Q4_1, 4, 8>(job, lo, hi, out),
+            QuantType::Q5_0 => go::<Q5_0, 4, 8>(job, lo, hi, out),
+            QuantType::Q5_1 => go::<Q5_1, 4, 8>(job, lo, hi, out),
+            QuantType::IQ4NL => go::<Iq4Nl, 4, 8>(job, lo, hi, out),
+            other => unreachable!("{} has no AVX-512 kernel", other.name()),
+        }
+    }
+}
+
+/// Rows `lo..hi` in passes of `WIDE` rows (8, 4, 2 or 1; then narrower
+/// passes for the rest), each block prefetched `AHEAD` rows ahead. A pass
+/// keeps `WIDE` accumulator chains in flight; a row's bits do not depend on
+/// the pass it falls in.
+#[inline(always)]
+unsafe fn go<L: Block, const WIDE: usize, const AHEAD: usize>(
+    job: &Job<'_>,
+    lo: usize,
+    hi: usize,
+    out: *mut f32,
+) {
+    let blocks = job.cols / 32;
+    let rb = job.row_bytes;
+    let (x, xsum) = (job.x.as_ptr(), job.xsum.as_ptr());
+    let mut r = lo;
+    // SAFETY (whole body): rows lo..hi of `raw` hold `blocks` blocks of
+    // L::BYTES; `x` one row of `cols` floats and `xsum` (offsets only) one
+    // sum per block; `out[lo..hi]` is ours (caller).
+    unsafe {
+        macro_rules! tile {
+            ($rt:literal) => {{
+                let base = job.raw.as_ptr().add(r * rb);
+                let mut acc = [_mm512_setzero_ps(); $rt];
+                let mut off = [0.0f32; $rt];
+                for c in 0..blocks {
+                    let (x0, x1) = (
+                        _mm512_loadu_ps(x.add(c * 32)),
+                        _mm512_loadu_ps(x.add(c * 32 + 16)),
+                    );
+                    for i in 0..$rt {
+                        let b = base.add(i * rb + c * L::BYTES);
+                        // A decode step's weights come from memory.
+                        _mm_prefetch::<_MM_HINT_T0>(b.wrapping_add(AHEAD * rb).cast());
+                        let [q0, q1] = L::chunks(b);
+                        let s = _mm512_fmadd_ps(q1, x1, _mm512_mul_ps(q0, x0));
+                        acc[i] = _mm512_fmadd_ps(_mm512_set1_ps(L::scale(b)), s, acc[i]);
+                        if L::OFFSET {
+                            off[i] += L::offset(b) * *xsum.add(c);
+                        }
+                    }
+                }
+                for i in 0..$rt {
+                    *out.add(r + i) = hsum16(acc[i]) - off[i];
+                }
+                r += $rt;
+            }};
+        }
+        while WIDE == 8 && hi - r >= 8 {
+            tile!(8);
+        }
+        while WIDE >= 4 && hi - r >= 4 {
+            tile!(4);
+        }
+        while WIDE >= 2 && hi - r >= 2 {
+            tile!(2);
+        }
+        while r < hi {
+            tile!(1);
+        }
+    }
+}
+
+/// One weight row of Q4_0, Q5_0 or IQ4_NL as its codes in float32, `cols` floats at `w`:
+/// the same exact values the int8 unpacking gives, decoded as [`rows`]
+/// decodes them, without the int8 scratch row in between.
+///
+/// # Safety
+/// AVX-512 F/BW/VL, AVX2, FMA and F16C present; `raw` whole blocks of
+/// `qtype`, `w` room for their values.
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl")]
+pub(crate) unsafe fn codes_as_floats(qtype: QuantType, raw: &[u8], w: *mut f32) {
+    #[inline(always)]
+    unsafe fn each<L: Block>(raw: &[u8], w: *mut f32) {
+        // SAFETY: whole blocks in `raw`, 32 floats of `w` a block (caller).
+        unsafe {
+            for c in 0..raw.len() / L::BYTES {
+                let [q0, q1] = L::chunks(raw.as_ptr().add(c * L::BYTES));
+                _mm512_storeu_ps(w.add(32 * c), q0);
+                _mm512_storeu_ps(w.add(32 * c + 16), q1);
+            }
+        }
+    }
+    // SAFETY: forwarded.
+    unsafe {
+        match qtype {
+            QuantType::Q4_0 => each::<Q4_0>(raw, w),
+            QuantType::Q5_0 => each::<Q5_0>(raw, w),
+            QuantType::IQ4NL => each::<Iq4Nl>(raw, w),
+            other => unreachable!("{} is not unpacked here", other.name()),
+        }
+    }
+}
+
+/// Weight rows of a batched tile ([`codes_tile`]): with 32 registers, 4 x 3
+/// dots and accumulators, three activation chunks and a code chunk.
+pub(crate) const CR: usize = 4;
+/// Activation rows of a batched tile.
+pub(crate) const CN: usize = 3;
+
+/// `multirow`'s codes tile in this build's order, for the formats
+/// [`covers`] takes: `rt` rows of codes as floats (`k` apart at `w`, one
+/// scale a 32-value group at `scale`, `groups` a row) times `nt`
+/// activation rows (`k` apart at `x`), less the offset terms `sub` (row
+/// `i`, activation `t` at `i * stride + t`), into `out` (`out_stride`
+/// apart). `rt` is [`CR`] or 1, `nt` at most [`CN`].
+///
+/// # Safety
+/// AVX-512 F/BW/VL, AVX2, FMA and F16C present; the rows, scales,
+/// activations, offset terms and outputs in bounds.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl")]
+#[allow(clippy::too_many_arguments)]
+pub(crate) unsafe fn codes_tile(
+    (rt, nt): (usize, usize),
+    (w, scale): (*const f32, *const f32),
+    groups: usize,
+    (x, k): (*const f32, usize),
+    sub: Option<(*const f32, usize)>,
+    out: *mut f32,
+    out_stride: usize,
+) {
+    macro_rules! go {
+        ($r:literal, $n:literal) => {{
+            // SAFETY: forwarded from the caller.
+            let res = unsafe { codes_dot::<$r, $n>(w, scale, groups, x, k) };
+            for (i, row) in res.iter().enumerate() {
+                for (t, &v) in row.iter().enumerate() {
+                    // SAFETY: (t, i) inside the output and the offset terms (caller).
+                    unsafe {
+                        let v = match sub {
+                            Some((offs, stride)) => v - *offs.add(i * stride + t),
+                            None => v,
+                        };
+                        *out.add(t * out_stride + i) = v;
+                    }
+                }
+            }
+        }};
+    }
+    match (rt, nt) {
+        (CR, CN) => go!(4, 3),
+        (CR, 2) => go!(4, 2),
+        (CR, _) => go!(4, 1),
+        (_, CN) => go!(1, 3),
+        (_, 2) => go!(1, 2),
+        _ => go!(1, 1),
+    }
+}
+
+/// `R` rows of codes as floats times `N` activation rows, in this build's
+/// order (see the module): per group two sixteen-lane chunks, `s = q0 *
+/// x0`, `s = fma(q1, x1, s)`, `acc = fma(scale_g, s, acc)`, then
+/// [`hsum16`]. Each chunk of codes and of activations is loaded once a tile.
+#[inline(always)]
+unsafe fn codes_dot<const R: usize, const N: usize>(
+    w: *const f32,
+    scale: *const f32,
+    groups: usize,
+    x: *const f32,
+    k: usize,
+) -> [[f32; N]; R] {
+    // SAFETY (whole body): R rows of `groups * 32` floats at w (`k`
+    // apart), `groups` scales a row at scale, N rows of k at x (caller).
+    unsafe {
+        let mut acc = [[_mm512_setzero_ps(); N]; R];
+        for g in 0..groups {
+            let c = g * 32;
+            let mut s = [[_mm512_setzero_ps(); N]; R];
+            for j in 0..2 {
+                let mut xv = [_mm512_setzero_ps(); N];
+                for (t, xv) in xv.iter_mut().enumerate() {
+                    *xv = _mm512_loadu_ps(x.add(t * k + c + 16 * j));
+                }
+                for (i, s) in s.iter_mut().enumerate() {
+                    let q = _mm512_loadu_ps(w.add(i * k + c + 16 * j));
+                    for (s, &xv) in s.iter_mut().zip(&xv) {
+                        *s = if j == 0 {
+                            _mm512_mul_ps(q, xv)
+                        } else {
+                            _mm512_fmadd_ps(q, xv, *s)
+                        };
+                    }
+                }
+            }
+            for (i, (acc, s)) in acc.iter_mut().zip(&s).enumerate() {
+                let a = _mm512_set1_ps(*scale.add(i * groups + g));
+                for (acc, &s) in acc.iter_mut().zip(s) {
+                    *acc = _mm512_fmadd_ps(a, s, *acc);
+                }
+            }
+        }
+        acc.map(|r| r.map(|v| hsum16(v)))
+    }
+}

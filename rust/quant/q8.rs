@@ -158,6 +158,15 @@ struct Scratch {
     codes: Vec<i8>,
     scale: Vec<f32>,
     offset: Vec<f32>,
+    /// VNNI tiles: the activation codes chunk-major, with their init lanes.
+    #[cfg(target_arch = "x86_64")]
+    lines: Vec<vnni::Line>,
+    /// VNNI tiles: the activation block scales transposed.
+    dt: Vec<f32>,
+    /// VNNI tiles: `scale_g * d_b` of a tile's rows, chunk by chunk.
+    coef: Vec<f32>,
+    /// VNNI tiles, formats with offsets: `qsum` transposed, group by group.
+    qsum_t: Vec<f32>,
 }
 
 thread_local! {
@@ -178,6 +187,25 @@ struct Job<'a> {
     acts: &'a QActs,
     /// Formats with offsets: `d_b * sum q` over each weight group, `n x groups`.
     qsum: &'a [f32],
+    /// Whether the AVX-512 VNNI kernels may run (x86 with AVX2 only; the
+    /// same bits as without).
+    vnni: bool,
+}
+
+/// Whether this CPU has `vpdpbusd` on 256-bit registers (AVX-512 VNNI and
+/// VL), the fast mode's VNNI kernels.
+pub fn has_vnni() -> bool {
+    #[cfg(target_arch = "x86_64")]
+    {
+        std::arch::is_x86_feature_detected!("avx512f")
+            && std::arch::is_x86_feature_detected!("avx512bw")
+            && std::arch::is_x86_feature_detected!("avx512vl")
+            && std::arch::is_x86_feature_detected!("avx512vnni")
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        false
+    }
 }
 
 /// `x @ W.T` as [`super::matmul`], with the activations quantised (see the
@@ -243,6 +271,50 @@ pub(crate) fn matmul_quantized(
     acts: &QActs,
     out: &mut [f32],
 ) -> CoreResult<()> {
+    matmul_quantized_as(build, has_vnni(), parallel, qtype, raw, rows, acts, out)
+}
+
+/// [`matmul_with`], the VNNI kernels allowed only if `vnni` (tests: the
+/// same bits either way).
+#[cfg(test)]
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn matmul_with_vnni(
+    build: Build,
+    vnni: bool,
+    parallel: bool,
+    qtype: QuantType,
+    raw: &[u8],
+    rows: usize,
+    cols: usize,
+    x: &[f32],
+    out: &mut [f32],
+) -> CoreResult<()> {
+    let block = act_block(qtype).expect("a block format");
+    let acts = quantize(x, cols, block)?;
+    matmul_quantized_as(
+        build,
+        vnni && has_vnni(),
+        parallel,
+        qtype,
+        raw,
+        rows,
+        &acts,
+        out,
+    )
+}
+
+/// [`matmul_quantized`], the VNNI kernels allowed only if `vnni`.
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn matmul_quantized_as(
+    build: Build,
+    vnni: bool,
+    parallel: bool,
+    qtype: QuantType,
+    raw: &[u8],
+    rows: usize,
+    acts: &QActs,
+    out: &mut [f32],
+) -> CoreResult<()> {
     let cols = acts.cols;
     let rb = check(qtype, raw, rows, cols)?;
     if act_block(qtype) != Some(acts.block) {
@@ -277,6 +349,7 @@ pub(crate) fn matmul_quantized(
         n,
         acts,
         qsum: &qsum,
+        vnni,
     };
     let ptr = OutPtr(out.as_mut_ptr());
     let threads = rayon::current_num_threads();
@@ -353,6 +426,7 @@ pub(crate) unsafe fn rows_into(
         n,
         acts,
         qsum,
+        vnni: has_vnni(),
     };
     // SAFETY: forwarded (`out` is n x rows).
     unsafe { run(best_build(), &job, lo, hi, out) };
@@ -397,8 +471,327 @@ unsafe fn run(build: Build, job: &Job<'_>, lo: usize, hi: usize, out: *mut f32) 
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2,fma,f16c")]
 unsafe fn rows_avx2(job: &Job<'_>, lo: usize, hi: usize, out: *mut f32, s: &mut Scratch) {
+    if job.vnni && job.n >= vnni::MIN_ROWS {
+        // SAFETY: forwarded; `job.vnni` only where `has_vnni` found VNNI.
+        return unsafe { vnni::rows(job, lo, hi, out, s) };
+    }
     // SAFETY: forwarded; AVX2, FMA and F16C were checked by the caller.
     unsafe { rows::<Avx2>(job, lo, hi, out, s) }
+}
+
+/// The VNNI build of several activation rows: each band of weight rows is
+/// unpacked once (as [`rows`] does) and multiplied in register tiles of
+/// 4 weight rows x up to 4 activation rows with `vpdpbusd`, which sums
+/// four byte products into each int32 lane: the general route's lane
+/// integers exactly (see [`vnni::rows`]), so the same bits.
+#[cfg(target_arch = "x86_64")]
+mod vnni {
+    use std::arch::x86_64::*;
+
+    use super::{Job, QuantType, Scratch, ROW_TILE};
+    use crate::quant::simd::{Avx2, Lanes};
+    use crate::quant::unpack::{scales_only, unpack_row};
+
+    /// Activation rows from which the VNNI tiles run.
+    pub(super) const MIN_ROWS: usize = 3;
+
+    /// One activation row's chunk of 32 codes and its `-128 * sum q` lanes
+    /// (the sum over each lane's four codes), one cache line.
+    #[derive(Clone, Copy)]
+    #[repr(C, align(64))]
+    pub(super) struct Line {
+        x: [i8; 32],
+        init: [i32; 8],
+    }
+
+    impl Default for Line {
+        fn default() -> Self {
+            Line {
+                x: [0; 32],
+                init: [0; 8],
+            }
+        }
+    }
+
+    /// Rows `lo..hi` of `job` (`n >= MIN_ROWS` activation rows).
+    ///
+    /// Every int32 lane is `sum_j code_j * q_j` over its four bytes, as in
+    /// [`super::rows`]: there the pairs of `maddubs` never saturate (at most
+    /// 2 * 128 * 127), here `vpdpbusd` takes the codes offset to unsigned
+    /// bytes, `code + 128`, and starts from `-128 * sum_j q_j`, with no
+    /// intermediate rounding or saturation at all. The float operations
+    /// per output are [`super::rows`]'s in the same order:
+    /// `acc = fma(scale_g * d_b, float(lane), acc)` chunk by chunk from
+    /// zero, `hsum(acc)`, minus `sum_g offset_g * qsum_g` summed group by
+    /// group from zero (multiply, then add).
+    ///
+    /// # Safety
+    /// AVX2, FMA, F16C, AVX-512 F/BW/VL/VNNI present; `out` holds `n * rows`
+    /// floats and nobody else writes rows `lo..hi` of any activation row.
+    #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+    pub(super) unsafe fn rows(job: &Job<'_>, lo: usize, hi: usize, out: *mut f32, s: &mut Scratch) {
+        let (k, qtype, n) = (job.cols, job.qtype, job.n);
+        let group = qtype.group_values();
+        let groups = k / group;
+        let chunks = k / 32;
+        let nb = job.acts.scales.len() / n;
+        let in_place = qtype == QuantType::Q8_0;
+        // Once per call: the activation codes chunk-major (chunk c of row
+        // t at c * n + t) with their init lanes; the block scales and the
+        // offsets' qsum transposed (row t at ... * ns + t, zeros past n).
+        let ns = n + 8;
+        s.lines.resize(n * chunks, Line::default());
+        // SAFETY: n x k activation codes; lines holds n * chunks lines.
+        unsafe {
+            let xq = job.acts.codes.as_ptr();
+            let top = _mm256_set1_epi8(-128);
+            for t in 0..n {
+                for c in 0..chunks {
+                    let xv = _mm256_loadu_si256(xq.add(t * k + c * 32).cast());
+                    // (-128 as u8 = 128) * q summed by four, then negated.
+                    let p = _mm256_dpbusd_epi32(_mm256_setzero_si256(), top, xv);
+                    let p = _mm256_sub_epi32(_mm256_setzero_si256(), p);
+                    let line = s.lines.as_mut_ptr().add(c * n + t);
+                    _mm256_store_si256((&raw mut (*line).x).cast(), xv);
+                    _mm256_store_si256((&raw mut (*line).init).cast(), p);
+                }
+            }
+        }
+        s.dt.clear();
+        s.dt.resize(nb * ns, 0.0);
+        for t in 0..n {
+            for b in 0..nb {
+                s.dt[b * ns + t] = job.acts.scales[t * nb + b];
+            }
+        }
+        if qtype.has_offsets() {
+            s.qsum_t.clear();
+            s.qsum_t.resize(groups * ns, 0.0);
+            for t in 0..n {
+                for g in 0..groups {
+                    s.qsum_t[g * ns + t] = job.qsum[t * groups + g];
+                }
+            }
+        }
+        s.codes.resize(if in_place { 0 } else { ROW_TILE * k }, 0);
+        s.scale.resize(ROW_TILE * groups, 0.0);
+        s.offset.resize(ROW_TILE * groups, 0.0);
+        s.coef.resize(chunks * ROW_TILE * 8, 0.0);
+        let mut r = lo;
+        while r < hi {
+            let rt = if hi - r >= ROW_TILE { ROW_TILE } else { 1 };
+            for i in 0..rt {
+                let row = &job.raw[(r + i) * job.row_bytes..(r + i + 1) * job.row_bytes];
+                let (sc, of) = (
+                    &mut s.scale[i * groups..(i + 1) * groups],
+                    &mut s.offset[i * groups..(i + 1) * groups],
+                );
+                if in_place {
+                    scales_only::<Avx2>(qtype, row, sc, of);
+                } else {
+                    unpack_row::<Avx2>(qtype, row, &mut s.codes[i * k..(i + 1) * k], sc, of);
+                }
+            }
+            // Row i, chunk c's 32 codes at codes + i * stride + c * cstride.
+            let (codes, stride, cstride) = if in_place {
+                // SAFETY: row r's first block's codes, after its scale.
+                let p = unsafe { job.raw.as_ptr().add(r * job.row_bytes + 2) };
+                (p.cast::<i8>(), job.row_bytes, 34)
+            } else {
+                (s.codes.as_ptr(), k, 32)
+            };
+            let band = Band {
+                codes,
+                stride,
+                cstride,
+                groups,
+                ns,
+            };
+            let mut t = 0;
+            while t < n {
+                let nt = (n - t).min(4);
+                macro_rules! go {
+                    ($r:literal, $n:literal) => {
+                        // SAFETY: rows r..r + $r, activation rows t..t + $n.
+                        unsafe {
+                            if group == 16 {
+                                tile::<$r, $n, true>(job, &band, s, r, t, out)
+                            } else {
+                                tile::<$r, $n, false>(job, &band, s, r, t, out)
+                            }
+                        }
+                    };
+                }
+                match (rt, nt) {
+                    (4, 4) => go!(4, 4),
+                    (4, 3) => go!(4, 3),
+                    (4, 2) => go!(4, 2),
+                    (4, _) => go!(4, 1),
+                    (_, 4) => go!(1, 4),
+                    (_, 3) => go!(1, 3),
+                    (_, 2) => go!(1, 2),
+                    _ => go!(1, 1),
+                }
+                t += nt;
+            }
+            r += rt;
+        }
+    }
+
+    /// Where a band's codes lie (its scales and offsets are in the scratch).
+    struct Band {
+        codes: *const i8,
+        stride: usize,
+        cstride: usize,
+        groups: usize,
+        /// Row stride of the transposed tables (`n + 8`).
+        ns: usize,
+    }
+
+    /// Weight rows `r..r + R` (band rows `0..R`) times activation rows
+    /// `t..t + N`, into `out`.
+    ///
+    /// # Safety
+    /// As [`rows`]; the band holds `R` unpacked rows, the scratch's tables
+    /// are filled for every activation row.
+    #[inline(always)]
+    unsafe fn tile<const R: usize, const N: usize, const G16: bool>(
+        job: &Job<'_>,
+        band: &Band,
+        s: &mut Scratch,
+        r: usize,
+        t: usize,
+        out: *mut f32,
+    ) {
+        let n = job.n;
+        let chunks = job.cols / 32;
+        let shift = if job.acts.block == 256 { 3 } else { 0 };
+        let (groups, ns) = (band.groups, band.ns);
+        // SAFETY (whole body): row i < R of the band has `chunks` chunks of
+        // codes and `groups` scales (offsets); the tables hold every
+        // activation row's chunks, block scales (and qsums) with 8 floats
+        // of room past row t; coef holds chunks * ROW_TILE * 8 floats; out
+        // is n x rows.
+        unsafe {
+            let scale = s.scale.as_ptr();
+            let dt = s.dt.as_ptr().add(t);
+            let coef = s.coef.as_mut_ptr();
+            if !G16 {
+                // scale_g * d_b of (chunk c, row i, activation row t + u) at
+                // (c * R + i) * 8 + u: the products the one-row route forms.
+                for c in 0..chunks {
+                    let dv = _mm256_loadu_ps(dt.add((c >> shift) * ns));
+                    for i in 0..R {
+                        let sv = _mm256_set1_ps(*scale.add(i * groups + c));
+                        _mm256_storeu_ps(coef.add((c * R + i) * 8), _mm256_mul_ps(sv, dv));
+                    }
+                }
+            }
+            let flip = _mm256_set1_epi8(-128);
+            let mut acc = [[_mm256_setzero_ps(); N]; R];
+            let mut w = [band.codes; R];
+            for (i, w) in w.iter_mut().enumerate() {
+                *w = band.codes.add(i * band.stride);
+            }
+            let mut line = s.lines.as_ptr().add(t);
+            for c in 0..chunks {
+                let mut xv = [_mm256_setzero_si256(); N];
+                let mut p0 = [_mm256_setzero_si256(); N];
+                for u in 0..N {
+                    xv[u] = _mm256_load_si256((&raw const (*line.add(u)).x).cast());
+                    p0[u] = _mm256_load_si256((&raw const (*line.add(u)).init).cast());
+                }
+                line = line.add(n);
+                let cp = coef.add(c * R * 8);
+                let dp = dt.add((c >> shift) * ns);
+                // One weight row's chunk times the N activation rows: an
+                // inlined call per row, so the accumulators stay in registers.
+                macro_rules! step {
+                    ($i:literal) => {
+                        if R > $i {
+                            let wv = _mm256_loadu_si256(w[$i].cast());
+                            w[$i] = w[$i].add(band.cstride);
+                            let sp = scale.add($i * groups + if G16 { 2 * c } else { c });
+                            step::<N, G16>(
+                                &mut acc[$i],
+                                _mm256_xor_si256(wv, flip),
+                                &xv,
+                                &p0,
+                                sp,
+                                dp,
+                                cp.add($i * 8),
+                            );
+                        }
+                    };
+                }
+                step!(0);
+                step!(1);
+                step!(2);
+                step!(3);
+            }
+            let rows = job.rows;
+            for (i, acc) in acc.iter().enumerate() {
+                let mut off = [0.0f32; 8];
+                if job.qtype.has_offsets() {
+                    // sum_g offset_g * qsum_g for the N activation rows in
+                    // lanes, group by group from zero: the one-row order.
+                    let op = s.offset.as_ptr().add(i * groups);
+                    let qt = s.qsum_t.as_ptr().add(t);
+                    let mut o = _mm256_setzero_ps();
+                    for g in 0..groups {
+                        let m = _mm256_mul_ps(
+                            _mm256_set1_ps(*op.add(g)),
+                            _mm256_loadu_ps(qt.add(g * ns)),
+                        );
+                        o = _mm256_add_ps(o, m);
+                    }
+                    _mm256_storeu_ps(off.as_mut_ptr(), o);
+                }
+                for (u, &a) in acc.iter().enumerate() {
+                    let v = Avx2::hsum(a);
+                    *out.add((t + u) * rows + r + i) = v - off[u];
+                }
+            }
+        }
+    }
+
+    /// One weight row's chunk (`wu`: codes + 128) times the chunk of `N`
+    /// activation rows `xv` into the row's accumulators: `p = init + sum
+    /// wu * q` (the lane integers), `acc = fma(scale_g * d_b, float(p), acc)`.
+    /// `sp`: the row's scales of the chunk (groups of 16: two); `dp`: the
+    /// block scales of the `N` rows, in a row; `cp`: `scale_g * d_b` of the
+    /// `N` rows, in a row (groups of 32).
+    ///
+    /// # Safety
+    /// AVX-512 VL and VNNI present; the pointers as described, in bounds.
+    #[inline(always)]
+    unsafe fn step<const N: usize, const G16: bool>(
+        acc: &mut [__m256; N],
+        wu: __m256i,
+        xv: &[__m256i; N],
+        p0: &[__m256i; N],
+        sp: *const f32,
+        dp: *const f32,
+        cp: *const f32,
+    ) {
+        // SAFETY: as documented (caller).
+        unsafe {
+            let sv = if G16 {
+                _mm256_set_m128(_mm_set1_ps(*sp.add(1)), _mm_set1_ps(*sp))
+            } else {
+                _mm256_setzero_ps()
+            };
+            for u in 0..N {
+                let p = _mm256_dpbusd_epi32(p0[u], wu, xv[u]);
+                let cf = if G16 {
+                    _mm256_mul_ps(sv, _mm256_set1_ps(*dp.add(u)))
+                } else {
+                    _mm256_set1_ps(*cp.add(u))
+                };
+                acc[u] = _mm256_fmadd_ps(cf, _mm256_cvtepi32_ps(p), acc[u]);
+            }
+        }
+    }
 }
 
 /// How a band's codes are read.

@@ -493,7 +493,7 @@ mod vnni {
     use crate::quant::unpack::{scales_only, unpack_row};
 
     /// Activation rows from which the VNNI tiles run.
-    pub(super) const MIN_ROWS: usize = 3;
+    pub(super) const MIN_ROWS: usize = 2;
 
     /// One activation row's chunk of 32 codes and its `-128 * sum q` lanes
     /// (the sum over each lane's four codes), one cache line.

@@ -162,10 +162,13 @@ struct Scratch {
     #[cfg(target_arch = "x86_64")]
     lines: Vec<vnni::Line>,
     /// VNNI tiles: the activation block scales transposed.
+    #[cfg(target_arch = "x86_64")]
     dt: Vec<f32>,
-    /// VNNI tiles: `scale_g * d_b` of a tile's rows, chunk by chunk.
+    /// VNNI tiles: `scale_g * d_b` of a band's rows, chunk by chunk.
+    #[cfg(target_arch = "x86_64")]
     coef: Vec<f32>,
     /// VNNI tiles, formats with offsets: `qsum` transposed, group by group.
+    #[cfg(target_arch = "x86_64")]
     qsum_t: Vec<f32>,
 }
 
@@ -189,6 +192,7 @@ struct Job<'a> {
     qsum: &'a [f32],
     /// Whether the AVX-512 VNNI kernels may run (x86 with AVX2 only; the
     /// same bits as without).
+    #[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
     vnni: bool,
 }
 
@@ -276,7 +280,7 @@ pub(crate) fn matmul_quantized(
 
 /// [`matmul_with`], the VNNI kernels allowed only if `vnni` (tests: the
 /// same bits either way).
-#[cfg(test)]
+#[cfg(all(test, target_arch = "x86_64"))]
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn matmul_with_vnni(
     build: Build,
@@ -497,20 +501,11 @@ mod vnni {
 
     /// One activation row's chunk of 32 codes and its `-128 * sum q` lanes
     /// (the sum over each lane's four codes), one cache line.
-    #[derive(Clone, Copy)]
+    #[derive(Clone, Copy, Default)]
     #[repr(C, align(64))]
     pub(super) struct Line {
         x: [i8; 32],
         init: [i32; 8],
-    }
-
-    impl Default for Line {
-        fn default() -> Self {
-            Line {
-                x: [0; 32],
-                init: [0; 8],
-            }
-        }
     }
 
     /// Rows `lo..hi` of `job` (`n >= MIN_ROWS` activation rows).

@@ -29,6 +29,15 @@
 //! rounding. As in the exact mode, an element's operations do not depend
 //! on the batch, its place in it or the threads.
 //!
+//! On CPUs with AVX-512 VNNI and VL (chosen at run time, [`has_vnni`]) the
+//! same lanes come from `vpdpbusd` (four byte products summed in 32 bits,
+//! never saturating): two or more activation rows run register tiles of
+//! 4 weight rows x up to 4 activation rows on codes unpacked once per band
+//! (`vnni`), one row the one-row kernels with `vpdpbusd` in place of
+//! `maddubs` + `madd` (not Q8_0 and Q6_K, which measured slower). The float
+//! operations and their order are unchanged, so the bits are the AVX2
+//! build's.
+//!
 //! Float formats (F32, F16, BF16) have no codes and run the exact kernels.
 
 use std::cell::RefCell;

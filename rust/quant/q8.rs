@@ -93,6 +93,28 @@ pub fn quantize(x: &[f32], cols: usize, block: usize) -> CoreResult<QActs> {
     }
     let mut codes = vec![0i8; x.len()];
     let mut scales = vec![0.0f32; x.len() / block];
+    #[cfg(target_arch = "x86_64")]
+    if best_build() == Build::Avx2 {
+        // SAFETY: AVX2 present (best_build checked it); whole blocks.
+        unsafe { quantize_avx2(x, &mut codes, &mut scales, block) };
+        return Ok(QActs {
+            block,
+            cols,
+            codes,
+            scales,
+        });
+    }
+    quantize_blocks(x, &mut codes, &mut scales, block);
+    Ok(QActs {
+        block,
+        cols,
+        codes,
+        scales,
+    })
+}
+
+/// The portable quantisers over whole blocks of `x`.
+pub(crate) fn quantize_blocks(x: &[f32], codes: &mut [i8], scales: &mut [f32], block: usize) {
     for ((xb, qb), d) in x
         .chunks_exact(block)
         .zip(codes.chunks_exact_mut(block))
@@ -104,12 +126,89 @@ pub fn quantize(x: &[f32], cols: usize, block: usize) -> CoreResult<QActs> {
             quantize_q8_k(xb, qb)
         };
     }
-    Ok(QActs {
-        block,
-        cols,
-        codes,
-        scales,
-    })
+}
+
+/// [`quantize_blocks`] with AVX2, the same codes and scales bit for bit:
+/// the same float operations (`|x|` maximum ignoring NaN, `amax / 127`,
+/// `1 / d`, `x * id`, `-127 / max`), the same roundings (halves away from
+/// zero by truncation and the fraction; halves to even), and the codes
+/// truncated to their low byte as `as i8` does (only NaN gives a value out
+/// of range: 0 both ways).
+///
+/// # Safety
+/// AVX2 present; `x`, `codes` whole blocks of `block`, `scales` one per block.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2")]
+unsafe fn quantize_avx2(x: &[f32], codes: &mut [i8], scales: &mut [f32], block: usize) {
+    use std::arch::x86_64::*;
+    // SAFETY (whole body): every block of `block` values lies in `x` and
+    // `codes`, its scale in `scales`.
+    unsafe {
+        let abs = _mm256_castsi256_ps(_mm256_set1_epi32(0x7fff_ffff));
+        let order = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7);
+        let low = _mm256_set1_epi32(0xff);
+        for (b, d) in scales.iter_mut().enumerate() {
+            let xp = x.as_ptr().add(b * block);
+            let qp = codes.as_mut_ptr().add(b * block);
+            // max |x|, NaN ignored: `max_ps(a, m)` is m when a is NaN.
+            let mut m = _mm256_setzero_ps();
+            for j in (0..block).step_by(8) {
+                m = _mm256_max_ps(_mm256_and_ps(_mm256_loadu_ps(xp.add(j)), abs), m);
+            }
+            let mut lanes = [0.0f32; 8];
+            _mm256_storeu_ps(lanes.as_mut_ptr(), m);
+            let amax = lanes.iter().fold(0.0f32, |a, &v| a.max(v));
+            // The multiplier and the rounding of each block kind.
+            let (mul, even) = if block == 32 {
+                *d = amax / 127.0;
+                (if *d != 0.0 { 1.0 / *d } else { 0.0 }, false)
+            } else {
+                if amax == 0.0 {
+                    std::ptr::write_bytes(qp, 0, block);
+                    *d = 0.0;
+                    continue;
+                }
+                // The first value of largest magnitude, as the scalar loop finds it.
+                let xs = std::slice::from_raw_parts(xp, block);
+                let max = xs[xs.iter().position(|v| v.abs() == amax).unwrap_or(0)];
+                let iscale = -127.0 / max;
+                *d = 1.0 / iscale;
+                (iscale, true)
+            };
+            let mv = _mm256_set1_ps(mul);
+            for j in (0..block).step_by(32) {
+                let mut q = [_mm256_setzero_si256(); 4];
+                for (k, q) in q.iter_mut().enumerate() {
+                    let v = _mm256_mul_ps(_mm256_loadu_ps(xp.add(j + 8 * k)), mv);
+                    let r = if even {
+                        // Halves to even (explicitly, whatever MXCSR says), at most 127.
+                        let r = _mm256_cvttps_epi32(_mm256_round_ps::<
+                            { _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC },
+                        >(v));
+                        _mm256_min_epi32(r, _mm256_set1_epi32(127))
+                    } else {
+                        // Halves away from zero: t + (f >= 0.5) - (f <= -0.5).
+                        let t = _mm256_cvttps_epi32(v);
+                        let f = _mm256_sub_ps(v, _mm256_cvtepi32_ps(t));
+                        let up = _mm256_castps_si256(_mm256_cmp_ps::<_CMP_GE_OQ>(
+                            f,
+                            _mm256_set1_ps(0.5),
+                        ));
+                        let down = _mm256_castps_si256(_mm256_cmp_ps::<_CMP_LE_OQ>(
+                            f,
+                            _mm256_set1_ps(-0.5),
+                        ));
+                        _mm256_add_epi32(_mm256_sub_epi32(t, up), down)
+                    };
+                    *q = _mm256_and_si256(r, low);
+                }
+                let ab = _mm256_packus_epi32(q[0], q[1]);
+                let cd = _mm256_packus_epi32(q[2], q[3]);
+                let bytes = _mm256_permutevar8x32_epi32(_mm256_packus_epi16(ab, cd), order);
+                _mm256_storeu_si256(qp.add(j).cast(), bytes);
+            }
+        }
+    }
 }
 
 /// ggml's `quantize_row_q8_0_ref` for one block (scale kept float32).

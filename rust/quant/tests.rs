@@ -733,6 +733,54 @@ fn q8_perf_probe() {
 }
 
 #[test]
+fn q8_quantize_gives_the_portable_codes_and_scales_bit_for_bit() {
+    let mut rng = Rng(41);
+    let mut x: Vec<f32> = (0..64 * 256).map(|_| rng.unit() * 5.0).collect();
+    // Ties of both roundings, zeros, a repeated largest magnitude of either
+    // sign, tiny and huge values, infinities and NaN, in some blocks.
+    for (i, v) in x[..256].iter_mut().enumerate() {
+        *v = (i as f32 - 128.0) * 0.5;
+    }
+    x[256..512].fill(0.0);
+    x[512..768]
+        .iter_mut()
+        .enumerate()
+        .for_each(|(i, v)| *v = if i % 2 == 0 { 3.0 } else { -3.0 });
+    x[768..800].fill(-0.0);
+    x[800] = f32::INFINITY;
+    x[1024] = f32::NAN;
+    x[1280 + 7] = f32::NEG_INFINITY;
+    x[1536] = 1e-40;
+    x[1537] = -1e30;
+    x[1800..1832]
+        .iter_mut()
+        .enumerate()
+        .for_each(|(i, v)| *v = 127.0 / 254.0 * i as f32);
+    // Exact ties: Q8_0 with d = 1 (max 127), Q8_K with iscale = 1 (max -127).
+    for (i, v) in x[1824..1856].iter_mut().enumerate() {
+        *v = i as f32 * 0.5 - 8.0;
+    }
+    x[1855] = 127.0;
+    for (i, v) in x[2048..2304].iter_mut().enumerate() {
+        *v = i as f32 * 0.5 - 60.0;
+    }
+    x[2048] = -127.0;
+    for block in [32, 256] {
+        let got = q8::quantize(&x, 256, block).unwrap();
+        let (mut codes, mut scales) = (vec![0i8; x.len()], vec![0.0f32; x.len() / block]);
+        q8::quantize_blocks(&x, &mut codes, &mut scales, block);
+        assert_eq!(got.codes, codes, "codes, blocks of {block}");
+        assert!(
+            got.scales
+                .iter()
+                .zip(&scales)
+                .all(|(a, b)| a.to_bits() == b.to_bits()),
+            "scales, blocks of {block}"
+        );
+    }
+}
+
+#[test]
 fn q8_rounding_without_libm_is_libms() {
     let mut rng = Rng(77);
     let mut values: Vec<f32> = (0..20_000).map(|_| rng.unit() * 130.0).collect();

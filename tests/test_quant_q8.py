@@ -135,6 +135,30 @@ def test_q8_rows_are_bit_identical_whatever_the_batch_and_threads(
     np.testing.assert_array_equal(alone[0].view(np.uint32), batch[t].view(np.uint32))
 
 
+@pytest.mark.parametrize("qtype", BLOCK_TYPES, ids=lambda t: t.name)
+def test_every_batch_of_1_to_9_rows_gives_each_row_its_single_row_bits(qtype: T) -> None:
+    """Every kernel this CPU runs (one row, two rows, the multi-row tiles; on AVX-512 VNNI
+    machines the ``vpdpbusd`` ones) gives a row the bits it has alone, whole and partial tiles
+    of weight rows."""
+    cols = max(columns(qtype))
+    raw = random_blocks(qtype, 13, cols, seed=int(qtype))
+    x = np.random.default_rng(int(qtype)).standard_normal((9, cols)).astype(np.float32)
+    alone = np.stack(
+        [
+            quant_matmul(raw, int(qtype), cols, x[t : t + 1].copy(), activations="q8")[0]
+            for t in range(9)
+        ]
+    )
+    for n in range(1, 10):
+        for t0 in {0, 9 - n}:
+            batch = quant_matmul(raw, int(qtype), cols, x[t0 : t0 + n].copy(), activations="q8")
+            np.testing.assert_array_equal(
+                batch.view(np.uint32),
+                alone[t0 : t0 + n].view(np.uint32),
+                err_msg=f"n={n} from {t0}",
+            )
+
+
 def test_an_unknown_mode_is_refused() -> None:
     raw = random_blocks(T.Q8_0, 4, 64)
     with pytest.raises(InvalidOptionError, match="activations"):

@@ -29,6 +29,15 @@
 //! rounding. As in the exact mode, an element's operations do not depend
 //! on the batch, its place in it or the threads.
 //!
+//! On CPUs with AVX-512 VNNI and VL (chosen at run time, [`has_vnni`]) the
+//! same lanes come from `vpdpbusd` (four byte products summed in 32 bits,
+//! never saturating): two or more activation rows run register tiles of
+//! 4 weight rows x up to 4 activation rows on codes unpacked once per band
+//! (`vnni`), one row the one-row kernels with `vpdpbusd` in place of
+//! `maddubs` + `madd` (not Q8_0 and Q6_K, which measured slower). The float
+//! operations and their order are unchanged, so the bits are the AVX2
+//! build's.
+//!
 //! Float formats (F32, F16, BF16) have no codes and run the exact kernels.
 
 use std::cell::RefCell;
@@ -84,6 +93,28 @@ pub fn quantize(x: &[f32], cols: usize, block: usize) -> CoreResult<QActs> {
     }
     let mut codes = vec![0i8; x.len()];
     let mut scales = vec![0.0f32; x.len() / block];
+    #[cfg(target_arch = "x86_64")]
+    if best_build() == Build::Avx2 {
+        // SAFETY: AVX2 present (best_build checked it); whole blocks.
+        unsafe { quantize_avx2(x, &mut codes, &mut scales, block) };
+        return Ok(QActs {
+            block,
+            cols,
+            codes,
+            scales,
+        });
+    }
+    quantize_blocks(x, &mut codes, &mut scales, block);
+    Ok(QActs {
+        block,
+        cols,
+        codes,
+        scales,
+    })
+}
+
+/// The portable quantisers over whole blocks of `x`.
+pub(crate) fn quantize_blocks(x: &[f32], codes: &mut [i8], scales: &mut [f32], block: usize) {
     for ((xb, qb), d) in x
         .chunks_exact(block)
         .zip(codes.chunks_exact_mut(block))
@@ -95,12 +126,89 @@ pub fn quantize(x: &[f32], cols: usize, block: usize) -> CoreResult<QActs> {
             quantize_q8_k(xb, qb)
         };
     }
-    Ok(QActs {
-        block,
-        cols,
-        codes,
-        scales,
-    })
+}
+
+/// [`quantize_blocks`] with AVX2, the same codes and scales bit for bit:
+/// the same float operations (`|x|` maximum ignoring NaN, `amax / 127`,
+/// `1 / d`, `x * id`, `-127 / max`), the same roundings (halves away from
+/// zero by truncation and the fraction; halves to even), and the codes
+/// truncated to their low byte as `as i8` does (only NaN gives a value out
+/// of range: 0 both ways).
+///
+/// # Safety
+/// AVX2 present; `x`, `codes` whole blocks of `block`, `scales` one per block.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2")]
+unsafe fn quantize_avx2(x: &[f32], codes: &mut [i8], scales: &mut [f32], block: usize) {
+    use std::arch::x86_64::*;
+    // SAFETY (whole body): every block of `block` values lies in `x` and
+    // `codes`, its scale in `scales`.
+    unsafe {
+        let abs = _mm256_castsi256_ps(_mm256_set1_epi32(0x7fff_ffff));
+        let order = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7);
+        let low = _mm256_set1_epi32(0xff);
+        for (b, d) in scales.iter_mut().enumerate() {
+            let xp = x.as_ptr().add(b * block);
+            let qp = codes.as_mut_ptr().add(b * block);
+            // max |x|, NaN ignored: `max_ps(a, m)` is m when a is NaN.
+            let mut m = _mm256_setzero_ps();
+            for j in (0..block).step_by(8) {
+                m = _mm256_max_ps(_mm256_and_ps(_mm256_loadu_ps(xp.add(j)), abs), m);
+            }
+            let mut lanes = [0.0f32; 8];
+            _mm256_storeu_ps(lanes.as_mut_ptr(), m);
+            let amax = lanes.iter().fold(0.0f32, |a, &v| a.max(v));
+            // The multiplier and the rounding of each block kind.
+            let (mul, even) = if block == 32 {
+                *d = amax / 127.0;
+                (if *d != 0.0 { 1.0 / *d } else { 0.0 }, false)
+            } else {
+                if amax == 0.0 {
+                    std::ptr::write_bytes(qp, 0, block);
+                    *d = 0.0;
+                    continue;
+                }
+                // The first value of largest magnitude, as the scalar loop finds it.
+                let xs = std::slice::from_raw_parts(xp, block);
+                let max = xs[xs.iter().position(|v| v.abs() == amax).unwrap_or(0)];
+                let iscale = -127.0 / max;
+                *d = 1.0 / iscale;
+                (iscale, true)
+            };
+            let mv = _mm256_set1_ps(mul);
+            for j in (0..block).step_by(32) {
+                let mut q = [_mm256_setzero_si256(); 4];
+                for (k, q) in q.iter_mut().enumerate() {
+                    let v = _mm256_mul_ps(_mm256_loadu_ps(xp.add(j + 8 * k)), mv);
+                    let r = if even {
+                        // Halves to even (explicitly, whatever MXCSR says), at most 127.
+                        let r = _mm256_cvttps_epi32(_mm256_round_ps::<
+                            { _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC },
+                        >(v));
+                        _mm256_min_epi32(r, _mm256_set1_epi32(127))
+                    } else {
+                        // Halves away from zero: t + (f >= 0.5) - (f <= -0.5).
+                        let t = _mm256_cvttps_epi32(v);
+                        let f = _mm256_sub_ps(v, _mm256_cvtepi32_ps(t));
+                        let up = _mm256_castps_si256(_mm256_cmp_ps::<_CMP_GE_OQ>(
+                            f,
+                            _mm256_set1_ps(0.5),
+                        ));
+                        let down = _mm256_castps_si256(_mm256_cmp_ps::<_CMP_LE_OQ>(
+                            f,
+                            _mm256_set1_ps(-0.5),
+                        ));
+                        _mm256_add_epi32(_mm256_sub_epi32(t, up), down)
+                    };
+                    *q = _mm256_and_si256(r, low);
+                }
+                let ab = _mm256_packus_epi32(q[0], q[1]);
+                let cd = _mm256_packus_epi32(q[2], q[3]);
+                let bytes = _mm256_permutevar8x32_epi32(_mm256_packus_epi16(ab, cd), order);
+                _mm256_storeu_si256(qp.add(j).cast(), bytes);
+            }
+        }
+    }
 }
 
 /// ggml's `quantize_row_q8_0_ref` for one block (scale kept float32).
@@ -158,6 +266,18 @@ struct Scratch {
     codes: Vec<i8>,
     scale: Vec<f32>,
     offset: Vec<f32>,
+    /// VNNI tiles: the activation codes chunk-major, with their init lanes.
+    #[cfg(target_arch = "x86_64")]
+    lines: Vec<vnni::Line>,
+    /// VNNI tiles: the activation block scales transposed.
+    #[cfg(target_arch = "x86_64")]
+    dt: Vec<f32>,
+    /// VNNI tiles: `scale_g * d_b` of a band's rows, chunk by chunk.
+    #[cfg(target_arch = "x86_64")]
+    coef: Vec<f32>,
+    /// VNNI tiles, formats with offsets: `qsum` transposed, group by group.
+    #[cfg(target_arch = "x86_64")]
+    qsum_t: Vec<f32>,
 }
 
 thread_local! {
@@ -178,6 +298,26 @@ struct Job<'a> {
     acts: &'a QActs,
     /// Formats with offsets: `d_b * sum q` over each weight group, `n x groups`.
     qsum: &'a [f32],
+    /// Whether the AVX-512 VNNI kernels may run (x86 with AVX2 only; the
+    /// same bits as without).
+    #[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
+    vnni: bool,
+}
+
+/// Whether this CPU has `vpdpbusd` on 256-bit registers (AVX-512 VNNI and
+/// VL), the fast mode's VNNI kernels.
+pub fn has_vnni() -> bool {
+    #[cfg(target_arch = "x86_64")]
+    {
+        std::arch::is_x86_feature_detected!("avx512f")
+            && std::arch::is_x86_feature_detected!("avx512bw")
+            && std::arch::is_x86_feature_detected!("avx512vl")
+            && std::arch::is_x86_feature_detected!("avx512vnni")
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        false
+    }
 }
 
 /// `x @ W.T` as [`super::matmul`], with the activations quantised (see the
@@ -243,6 +383,50 @@ pub(crate) fn matmul_quantized(
     acts: &QActs,
     out: &mut [f32],
 ) -> CoreResult<()> {
+    matmul_quantized_as(build, has_vnni(), parallel, qtype, raw, rows, acts, out)
+}
+
+/// [`matmul_with`], the VNNI kernels allowed only if `vnni` (tests: the
+/// same bits either way).
+#[cfg(all(test, target_arch = "x86_64"))]
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn matmul_with_vnni(
+    build: Build,
+    vnni: bool,
+    parallel: bool,
+    qtype: QuantType,
+    raw: &[u8],
+    rows: usize,
+    cols: usize,
+    x: &[f32],
+    out: &mut [f32],
+) -> CoreResult<()> {
+    let block = act_block(qtype).expect("a block format");
+    let acts = quantize(x, cols, block)?;
+    matmul_quantized_as(
+        build,
+        vnni && has_vnni(),
+        parallel,
+        qtype,
+        raw,
+        rows,
+        &acts,
+        out,
+    )
+}
+
+/// [`matmul_quantized`], the VNNI kernels allowed only if `vnni`.
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn matmul_quantized_as(
+    build: Build,
+    vnni: bool,
+    parallel: bool,
+    qtype: QuantType,
+    raw: &[u8],
+    rows: usize,
+    acts: &QActs,
+    out: &mut [f32],
+) -> CoreResult<()> {
     let cols = acts.cols;
     let rb = check(qtype, raw, rows, cols)?;
     if act_block(qtype) != Some(acts.block) {
@@ -277,6 +461,7 @@ pub(crate) fn matmul_quantized(
         n,
         acts,
         qsum: &qsum,
+        vnni,
     };
     let ptr = OutPtr(out.as_mut_ptr());
     let threads = rayon::current_num_threads();
@@ -353,6 +538,7 @@ pub(crate) unsafe fn rows_into(
         n,
         acts,
         qsum,
+        vnni: has_vnni(),
     };
     // SAFETY: forwarded (`out` is n x rows).
     unsafe { run(best_build(), &job, lo, hi, out) };
@@ -397,8 +583,329 @@ unsafe fn run(build: Build, job: &Job<'_>, lo: usize, hi: usize, out: *mut f32) 
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2,fma,f16c")]
 unsafe fn rows_avx2(job: &Job<'_>, lo: usize, hi: usize, out: *mut f32, s: &mut Scratch) {
+    if job.vnni && job.n >= vnni::MIN_ROWS {
+        // SAFETY: forwarded; `job.vnni` only where `has_vnni` found VNNI.
+        return unsafe { vnni::rows(job, lo, hi, out, s) };
+    }
     // SAFETY: forwarded; AVX2, FMA and F16C were checked by the caller.
     unsafe { rows::<Avx2>(job, lo, hi, out, s) }
+}
+
+/// The VNNI build of several activation rows: each band of weight rows is
+/// unpacked once (as [`rows`] does) and multiplied in register tiles of
+/// 4 weight rows x up to 4 activation rows with `vpdpbusd`, which sums
+/// four byte products into each int32 lane: the general route's lane
+/// integers exactly (see [`vnni::rows`]), so the same bits.
+#[cfg(target_arch = "x86_64")]
+mod vnni {
+    use std::arch::x86_64::*;
+
+    use super::{Job, QuantType, Scratch, ROW_TILE};
+    use crate::quant::simd::{Avx2, Lanes};
+    use crate::quant::unpack::{scales_only, unpack_row};
+
+    /// Activation rows from which the VNNI tiles run.
+    pub(super) const MIN_ROWS: usize = 2;
+
+    /// One activation row's chunk of 32 codes and its `-128 * sum q` lanes
+    /// (the sum over each lane's four codes), one cache line.
+    #[derive(Clone, Copy, Default)]
+    #[repr(C, align(64))]
+    pub(super) struct Line {
+        x: [i8; 32],
+        init: [i32; 8],
+    }
+
+    /// Rows `lo..hi` of `job` (`n >= MIN_ROWS` activation rows).
+    ///
+    /// Every int32 lane is `sum_j code_j * q_j` over its four bytes, as in
+    /// [`super::rows`]: there the pairs of `maddubs` never saturate (at most
+    /// 2 * 128 * 127), here `vpdpbusd` takes the codes offset to unsigned
+    /// bytes, `code + 128`, and starts from `-128 * sum_j q_j`, with no
+    /// intermediate rounding or saturation at all. The float operations
+    /// per output are [`super::rows`]'s in the same order:
+    /// `acc = fma(scale_g * d_b, float(lane), acc)` chunk by chunk from
+    /// zero, `hsum(acc)`, minus `sum_g offset_g * qsum_g` summed group by
+    /// group from zero (multiply, then add).
+    ///
+    /// # Safety
+    /// AVX2, FMA, F16C, AVX-512 F/BW/VL/VNNI present; `out` holds `n * rows`
+    /// floats and nobody else writes rows `lo..hi` of any activation row.
+    #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+    pub(super) unsafe fn rows(job: &Job<'_>, lo: usize, hi: usize, out: *mut f32, s: &mut Scratch) {
+        let (k, qtype, n) = (job.cols, job.qtype, job.n);
+        let group = qtype.group_values();
+        let groups = k / group;
+        let chunks = k / 32;
+        let nb = job.acts.scales.len() / n;
+        let in_place = qtype == QuantType::Q8_0;
+        // Once per call: the activation codes chunk-major (chunk c of row
+        // t at c * n + t) with their init lanes; the block scales and the
+        // offsets' qsum transposed (row t at ... * ns + t, zeros past n).
+        let ns = n + 8;
+        s.lines.resize(n * chunks, Line::default());
+        // SAFETY: n x k activation codes; lines holds n * chunks lines.
+        unsafe {
+            let xq = job.acts.codes.as_ptr();
+            let top = _mm256_set1_epi8(-128);
+            for t in 0..n {
+                for c in 0..chunks {
+                    let xv = _mm256_loadu_si256(xq.add(t * k + c * 32).cast());
+                    // (-128 as u8 = 128) * q summed by four, then negated.
+                    let p = _mm256_dpbusd_epi32(_mm256_setzero_si256(), top, xv);
+                    let p = _mm256_sub_epi32(_mm256_setzero_si256(), p);
+                    let line = s.lines.as_mut_ptr().add(c * n + t);
+                    _mm256_store_si256((&raw mut (*line).x).cast(), xv);
+                    _mm256_store_si256((&raw mut (*line).init).cast(), p);
+                }
+            }
+        }
+        s.dt.clear();
+        s.dt.resize(nb * ns, 0.0);
+        for t in 0..n {
+            for b in 0..nb {
+                s.dt[b * ns + t] = job.acts.scales[t * nb + b];
+            }
+        }
+        if qtype.has_offsets() {
+            s.qsum_t.clear();
+            s.qsum_t.resize(groups * ns, 0.0);
+            for t in 0..n {
+                for g in 0..groups {
+                    s.qsum_t[g * ns + t] = job.qsum[t * groups + g];
+                }
+            }
+        }
+        s.codes.resize(if in_place { 0 } else { ROW_TILE * k }, 0);
+        s.scale.resize(ROW_TILE * groups, 0.0);
+        s.offset.resize(ROW_TILE * groups, 0.0);
+        let tbs = n.div_ceil(8);
+        s.coef.resize(tbs * chunks * ROW_TILE * 8, 0.0);
+        let mut r = lo;
+        while r < hi {
+            let rt = if hi - r >= ROW_TILE { ROW_TILE } else { 1 };
+            for i in 0..rt {
+                let row = &job.raw[(r + i) * job.row_bytes..(r + i + 1) * job.row_bytes];
+                let (sc, of) = (
+                    &mut s.scale[i * groups..(i + 1) * groups],
+                    &mut s.offset[i * groups..(i + 1) * groups],
+                );
+                if in_place {
+                    scales_only::<Avx2>(qtype, row, sc, of);
+                } else {
+                    unpack_row::<Avx2>(qtype, row, &mut s.codes[i * k..(i + 1) * k], sc, of);
+                }
+            }
+            if group != 16 {
+                // scale_g * d_b of (activation rows 8b.., chunk c, row i) at
+                // ((b * chunks + c) * rt + i) * 8: the products the one-row
+                // route forms, for every activation row at once.
+                let shift = if job.acts.block == 256 { 3 } else { 0 };
+                // SAFETY: dt holds nb * ns floats, ns >= 8 * tbs; coef
+                // tbs * chunks * ROW_TILE * 8; scale rt * groups.
+                unsafe {
+                    let (dt, sc, cf) = (s.dt.as_ptr(), s.scale.as_ptr(), s.coef.as_mut_ptr());
+                    for b in 0..tbs {
+                        for c in 0..chunks {
+                            let dv = _mm256_loadu_ps(dt.add((c >> shift) * ns + 8 * b));
+                            for i in 0..rt {
+                                let sv = _mm256_set1_ps(*sc.add(i * groups + c));
+                                let at = ((b * chunks + c) * rt + i) * 8;
+                                _mm256_storeu_ps(cf.add(at), _mm256_mul_ps(sv, dv));
+                            }
+                        }
+                    }
+                }
+            }
+            // Row i, chunk c's 32 codes at codes + i * stride + c * cstride.
+            let (codes, stride, cstride) = if in_place {
+                // SAFETY: row r's first block's codes, after its scale.
+                let p = unsafe { job.raw.as_ptr().add(r * job.row_bytes + 2) };
+                (p.cast::<i8>(), job.row_bytes, 34)
+            } else {
+                (s.codes.as_ptr(), k, 32)
+            };
+            let band = Band {
+                codes,
+                stride,
+                cstride,
+                groups,
+                ns,
+            };
+            let mut t = 0;
+            while t < n {
+                let nt = (n - t).min(4);
+                macro_rules! go {
+                    ($r:literal, $n:literal) => {
+                        // SAFETY: rows r..r + $r, activation rows t..t + $n.
+                        unsafe {
+                            if group == 16 {
+                                tile::<$r, $n, true>(job, &band, s, r, t, out)
+                            } else {
+                                tile::<$r, $n, false>(job, &band, s, r, t, out)
+                            }
+                        }
+                    };
+                }
+                match (rt, nt) {
+                    (4, 4) => go!(4, 4),
+                    (4, 3) => go!(4, 3),
+                    (4, 2) => go!(4, 2),
+                    (4, _) => go!(4, 1),
+                    (_, 4) => go!(1, 4),
+                    (_, 3) => go!(1, 3),
+                    (_, 2) => go!(1, 2),
+                    _ => go!(1, 1),
+                }
+                t += nt;
+            }
+            r += rt;
+        }
+    }
+
+    /// Where a band's codes lie (its scales and offsets are in the scratch).
+    struct Band {
+        codes: *const i8,
+        stride: usize,
+        cstride: usize,
+        groups: usize,
+        /// Row stride of the transposed tables (`n + 8`).
+        ns: usize,
+    }
+
+    /// Weight rows `r..r + R` (band rows `0..R`) times activation rows
+    /// `t..t + N`, into `out`.
+    ///
+    /// # Safety
+    /// As [`rows`]; the band holds `R` unpacked rows, the scratch's tables
+    /// are filled for every activation row.
+    #[inline(always)]
+    unsafe fn tile<const R: usize, const N: usize, const G16: bool>(
+        job: &Job<'_>,
+        band: &Band,
+        s: &mut Scratch,
+        r: usize,
+        t: usize,
+        out: *mut f32,
+    ) {
+        let n = job.n;
+        let chunks = job.cols / 32;
+        let shift = if job.acts.block == 256 { 3 } else { 0 };
+        let (groups, ns) = (band.groups, band.ns);
+        // SAFETY (whole body): row i < R of the band has `chunks` chunks of
+        // codes and `groups` scales (offsets); the tables hold every
+        // activation row's chunks, block scales (and qsums) with 8 floats
+        // of room past row t; coef holds chunks * ROW_TILE * 8 floats; out
+        // is n x rows.
+        unsafe {
+            let scale = s.scale.as_ptr();
+            let dt = s.dt.as_ptr().add(t);
+            let coef = s.coef.as_ptr();
+            let flip = _mm256_set1_epi8(-128);
+            let mut acc = [[_mm256_setzero_ps(); N]; R];
+            let mut w = [band.codes; R];
+            for (i, w) in w.iter_mut().enumerate() {
+                *w = band.codes.add(i * band.stride);
+            }
+            let mut line = s.lines.as_ptr().add(t);
+            for c in 0..chunks {
+                let mut xv = [_mm256_setzero_si256(); N];
+                let mut p0 = [_mm256_setzero_si256(); N];
+                for u in 0..N {
+                    xv[u] = _mm256_load_si256((&raw const (*line.add(u)).x).cast());
+                    p0[u] = _mm256_load_si256((&raw const (*line.add(u)).init).cast());
+                }
+                line = line.add(n);
+                let cp = coef.add(((t / 8) * chunks + c) * R * 8 + t % 8);
+                let dp = dt.add((c >> shift) * ns);
+                // One weight row's chunk times the N activation rows: an
+                // inlined call per row, so the accumulators stay in registers.
+                macro_rules! step {
+                    ($i:literal) => {
+                        if R > $i {
+                            let wv = _mm256_loadu_si256(w[$i].cast());
+                            w[$i] = w[$i].add(band.cstride);
+                            let sp = scale.add($i * groups + if G16 { 2 * c } else { c });
+                            step::<N, G16>(
+                                &mut acc[$i],
+                                _mm256_xor_si256(wv, flip),
+                                &xv,
+                                &p0,
+                                sp,
+                                dp,
+                                cp.add($i * 8),
+                            );
+                        }
+                    };
+                }
+                step!(0);
+                step!(1);
+                step!(2);
+                step!(3);
+            }
+            let rows = job.rows;
+            for (i, acc) in acc.iter().enumerate() {
+                let mut off = [0.0f32; 8];
+                if job.qtype.has_offsets() {
+                    // sum_g offset_g * qsum_g for the N activation rows in
+                    // lanes, group by group from zero: the one-row order.
+                    let op = s.offset.as_ptr().add(i * groups);
+                    let qt = s.qsum_t.as_ptr().add(t);
+                    let mut o = _mm256_setzero_ps();
+                    for g in 0..groups {
+                        let m = _mm256_mul_ps(
+                            _mm256_set1_ps(*op.add(g)),
+                            _mm256_loadu_ps(qt.add(g * ns)),
+                        );
+                        o = _mm256_add_ps(o, m);
+                    }
+                    _mm256_storeu_ps(off.as_mut_ptr(), o);
+                }
+                for (u, &a) in acc.iter().enumerate() {
+                    let v = Avx2::hsum(a);
+                    *out.add((t + u) * rows + r + i) = v - off[u];
+                }
+            }
+        }
+    }
+
+    /// One weight row's chunk (`wu`: codes + 128) times the chunk of `N`
+    /// activation rows `xv` into the row's accumulators: `p = init + sum
+    /// wu * q` (the lane integers), `acc = fma(scale_g * d_b, float(p), acc)`.
+    /// `sp`: the row's scales of the chunk (groups of 16: two); `dp`: the
+    /// block scales of the `N` rows, in a row; `cp`: `scale_g * d_b` of the
+    /// `N` rows, in a row (groups of 32).
+    ///
+    /// # Safety
+    /// AVX-512 VL and VNNI present; the pointers as described, in bounds.
+    #[inline(always)]
+    unsafe fn step<const N: usize, const G16: bool>(
+        acc: &mut [__m256; N],
+        wu: __m256i,
+        xv: &[__m256i; N],
+        p0: &[__m256i; N],
+        sp: *const f32,
+        dp: *const f32,
+        cp: *const f32,
+    ) {
+        // SAFETY: as documented (caller).
+        unsafe {
+            let sv = if G16 {
+                _mm256_set_m128(_mm_set1_ps(*sp.add(1)), _mm_set1_ps(*sp))
+            } else {
+                _mm256_setzero_ps()
+            };
+            for u in 0..N {
+                let p = _mm256_dpbusd_epi32(p0[u], wu, xv[u]);
+                let cf = if G16 {
+                    _mm256_mul_ps(sv, _mm256_set1_ps(*dp.add(u)))
+                } else {
+                    _mm256_set1_ps(*cp.add(u))
+                };
+                acc[u] = _mm256_fmadd_ps(cf, _mm256_cvtepi32_ps(p), acc[u]);
+            }
+        }
+    }
 }
 
 /// How a band's codes are read.
@@ -644,22 +1151,16 @@ impl Dot for Avx2 {
 
     #[inline(always)]
     unsafe fn row1(job: &Job<'_>, lo: usize, hi: usize, out: *mut f32) -> bool {
-        use x86::*;
-        // SAFETY: forwarded from the caller.
-        unsafe {
-            match job.qtype {
-                QuantType::Q8_0 => row1_avx2::<Q8_0>(job, lo, hi, out),
-                QuantType::Q4_0 => row1_avx2::<Q4_0>(job, lo, hi, out),
-                QuantType::Q4_1 => row1_avx2::<Q4_1>(job, lo, hi, out),
-                QuantType::Q5_0 => row1_avx2::<Q5_0>(job, lo, hi, out),
-                QuantType::Q5_1 => row1_avx2::<Q5_1>(job, lo, hi, out),
-                QuantType::IQ4NL => row1_avx2::<Iq4Nl>(job, lo, hi, out),
-                QuantType::Q4K => row1k_avx2::<Q4K>(job, lo, hi, out),
-                QuantType::Q6K => row1k_avx2::<Q6K>(job, lo, hi, out),
-                _ => return false,
-            }
+        // Q8_0 (one weight row at a time) and Q6_K measured 0.5x and 0.9x
+        // of their AVX2 passes with `vpdpbusd` (or in the VNNI build at all):
+        // they keep the AVX2 build; the others gain 5-20%.
+        let vnni_pays = !matches!(job.qtype, QuantType::Q8_0 | QuantType::Q6K);
+        if job.vnni && vnni_pays {
+            // SAFETY: forwarded; `job.vnni` only where `has_vnni` found VNNI.
+            return unsafe { row1_vnni(job, lo, hi, out) };
         }
-        true
+        // SAFETY: forwarded from the caller.
+        unsafe { row1_with::<x86::Maddubs>(job, lo, hi, out) }
     }
 
     #[inline(always)]
@@ -697,6 +1198,39 @@ impl Dot for Avx2 {
             }
         }
     }
+}
+
+/// One activation row with the lane sums of `M` (see [`Dot::row1`]).
+#[cfg(target_arch = "x86_64")]
+#[inline(always)]
+unsafe fn row1_with<M: x86::Mac>(job: &Job<'_>, lo: usize, hi: usize, out: *mut f32) -> bool {
+    use x86::*;
+    // SAFETY: forwarded from the caller.
+    unsafe {
+        match job.qtype {
+            QuantType::Q8_0 => row1_avx2::<Q8_0, M>(job, lo, hi, out),
+            QuantType::Q4_0 => row1_avx2::<Q4_0, M>(job, lo, hi, out),
+            QuantType::Q4_1 => row1_avx2::<Q4_1, M>(job, lo, hi, out),
+            QuantType::Q5_0 => row1_avx2::<Q5_0, M>(job, lo, hi, out),
+            QuantType::Q5_1 => row1_avx2::<Q5_1, M>(job, lo, hi, out),
+            QuantType::IQ4NL => row1_avx2::<Iq4Nl, M>(job, lo, hi, out),
+            QuantType::Q4K => row1k_avx2::<Q4K, M>(job, lo, hi, out),
+            QuantType::Q6K => row1k_avx2::<Q6K, M>(job, lo, hi, out),
+            _ => return false,
+        }
+    }
+    true
+}
+
+/// [`row1_with`] on `vpdpbusd` (the same lanes, so the same bits).
+///
+/// # Safety
+/// As [`Dot::row1`], and AVX-512 F/BW/VL/VNNI present.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+unsafe fn row1_vnni(job: &Job<'_>, lo: usize, hi: usize, out: *mut f32) -> bool {
+    // SAFETY: forwarded.
+    unsafe { row1_with::<x86::Dpbusd>(job, lo, hi, out) }
 }
 
 /// `R` weight rows of `band` (codes read by `L`) times `N` activation rows.
@@ -753,7 +1287,12 @@ unsafe fn dots_avx2<L: x86::Load, const R: usize, const N: usize>(
 /// minus the offsets summed group by group in order.
 #[cfg(target_arch = "x86_64")]
 #[inline(always)]
-unsafe fn row1_avx2<L: x86::Block>(job: &Job<'_>, lo: usize, hi: usize, out: *mut f32) {
+unsafe fn row1_avx2<L: x86::Block, M: x86::Mac>(
+    job: &Job<'_>,
+    lo: usize,
+    hi: usize,
+    out: *mut f32,
+) {
     use std::arch::x86_64::*;
     // Rows ahead to prefetch: one more tile than the hardware streams need
     // to keep up when the weights come from memory (a decode step's do).
@@ -766,7 +1305,6 @@ unsafe fn row1_avx2<L: x86::Block>(job: &Job<'_>, lo: usize, hi: usize, out: *mu
     // L::BYTES; `xq`/`xd` one row of `cols` codes and `chunks` scales;
     // `qsum` (offsets only) one entry per block; `out[lo..hi]` is ours.
     unsafe {
-        let ones = _mm256_set1_epi16(1);
         macro_rules! tile {
             ($rt:literal) => {{
                 let base = job.raw.as_ptr().add(r * rb);
@@ -777,8 +1315,7 @@ unsafe fn row1_avx2<L: x86::Block>(job: &Job<'_>, lo: usize, hi: usize, out: *mu
                     let d = *xd.add(c);
                     // BIAS times each lane's four activation codes.
                     let xbias = if L::BIAS != 0 {
-                        let bias = _mm256_set1_epi8(L::BIAS);
-                        _mm256_madd_epi16(_mm256_maddubs_epi16(bias, xv), ones)
+                        M::bias_term(L::BIAS, xv)
                     } else {
                         _mm256_setzero_si256()
                     };
@@ -791,16 +1328,15 @@ unsafe fn row1_avx2<L: x86::Block>(job: &Job<'_>, lo: usize, hi: usize, out: *mu
                             let w = L::stored(b);
                             let aw = _mm256_sign_epi8(w, w);
                             let sx = _mm256_sign_epi8(xv, w);
-                            _mm256_madd_epi16(_mm256_maddubs_epi16(aw, sx), ones)
+                            M::dot(aw, sx)
                         } else {
                             // Unsigned stored codes u, code = u - BIAS:
                             // sum u * x - BIAS * sum x, exactly.
                             let u = L::stored(b);
-                            let p = _mm256_madd_epi16(_mm256_maddubs_epi16(u, xv), ones);
                             if L::BIAS != 0 {
-                                _mm256_sub_epi32(p, xbias)
+                                M::dot_less(xbias, u, xv)
                             } else {
-                                p
+                                M::dot(u, xv)
                             }
                         };
                         let coef = _mm256_set1_ps(L::scale(b) * d);
@@ -838,14 +1374,19 @@ unsafe fn row1_avx2<L: x86::Block>(job: &Job<'_>, lo: usize, hi: usize, out: *mu
 /// group in order.
 #[cfg(target_arch = "x86_64")]
 #[inline(always)]
-unsafe fn row1k_avx2<L: x86::KBlock>(job: &Job<'_>, lo: usize, hi: usize, out: *mut f32) {
+unsafe fn row1k_avx2<L: x86::KBlock, M: x86::Mac>(
+    job: &Job<'_>,
+    lo: usize,
+    hi: usize,
+    out: *mut f32,
+) {
     use std::arch::x86_64::*;
     const AHEAD: usize = 8;
     let blocks = job.cols / 256;
     let (xq, xd) = (job.acts.codes.as_ptr(), job.acts.scales.as_ptr());
     let mut r = lo;
     #[inline(always)]
-    unsafe fn tile<L: x86::KBlock, const RT: usize>(
+    unsafe fn tile<L: x86::KBlock, M: x86::Mac, const RT: usize>(
         job: &Job<'_>,
         r: usize,
         blocks: usize,
@@ -859,7 +1400,6 @@ unsafe fn row1k_avx2<L: x86::KBlock>(job: &Job<'_>, lo: usize, hi: usize, out: *
         // scales; `qsum` (offsets only) one entry per group; `out[r..r + RT]`
         // is ours.
         unsafe {
-            let ones = _mm256_set1_epi16(1);
             let base = job.raw.as_ptr().add(r * rb);
             let mut acc = [_mm256_setzero_ps(); RT];
             let mut off = [0.0f32; RT];
@@ -870,10 +1410,9 @@ unsafe fn row1k_avx2<L: x86::KBlock>(job: &Job<'_>, lo: usize, hi: usize, out: *
                 let x = xq.add(blk * 256);
                 if L::BIAS != 0 {
                     // BIAS times each lane's four activation codes, chunk by chunk.
-                    let bias = _mm256_set1_epi8(L::BIAS);
                     for (c, xb) in xb.iter_mut().enumerate() {
                         let xv = _mm256_loadu_si256(x.add(c * 32).cast());
-                        *xb = _mm256_madd_epi16(_mm256_maddubs_epi16(bias, xv), ones);
+                        *xb = M::bias_term(L::BIAS, xv);
                     }
                 }
                 for i in 0..RT {
@@ -896,11 +1435,10 @@ unsafe fn row1k_avx2<L: x86::KBlock>(job: &Job<'_>, lo: usize, hi: usize, out: *
                         // each lane sum u * x - BIAS * sum x, exactly the
                         // general route's integers.
                         let xv = _mm256_loadu_si256(x.add(c * 32).cast());
-                        let p = _mm256_madd_epi16(_mm256_maddubs_epi16(u[c], xv), ones);
                         let p = if L::BIAS != 0 {
-                            _mm256_sub_epi32(p, xb[c])
+                            M::dot_less(xb[c], u[c], xv)
                         } else {
-                            p
+                            M::dot(u[c], xv)
                         };
                         let coef = if L::G16 {
                             _mm256_set_m128(
@@ -926,11 +1464,11 @@ unsafe fn row1k_avx2<L: x86::KBlock>(job: &Job<'_>, lo: usize, hi: usize, out: *
     // SAFETY: forwarded (see `tile`).
     unsafe {
         while hi - r >= 4 {
-            tile::<L, 4>(job, r, blocks, xq, xd, out);
+            tile::<L, M, 4>(job, r, blocks, xq, xd, out);
             r += 4;
         }
         while r < hi {
-            tile::<L, 1>(job, r, blocks, xq, xd, out);
+            tile::<L, M, 1>(job, r, blocks, xq, xd, out);
             r += 1;
         }
     }
@@ -942,6 +1480,73 @@ unsafe fn row1k_avx2<L: x86::KBlock>(job: &Job<'_>, lo: usize, hi: usize, out: *
 mod x86 {
     use super::Band;
     use std::arch::x86_64::*;
+
+    /// The lane sums of a 32-byte product: each int32 lane the sum of its
+    /// four products of an unsigned byte of `u` and a signed byte of `x`.
+    pub(super) trait Mac {
+        /// The lane sums, exactly where no pair of products exceeds
+        /// 32767 (every caller: at most 2 * 128 * 127).
+        ///
+        /// # Safety
+        /// AVX2 present (and what the implementation needs).
+        unsafe fn dot(u: __m256i, x: __m256i) -> __m256i;
+        /// The term [`Mac::dot_less`] takes for `bias` times each lane's
+        /// four bytes of `x` (its own sign convention).
+        ///
+        /// # Safety
+        /// As [`Mac::dot`].
+        unsafe fn bias_term(bias: i8, x: __m256i) -> __m256i;
+        /// `dot(u, x) - bias * (sum of each lane's four bytes of x)`, from
+        /// `term = bias_term(bias, x)`.
+        ///
+        /// # Safety
+        /// As [`Mac::dot`].
+        unsafe fn dot_less(term: __m256i, u: __m256i, x: __m256i) -> __m256i;
+    }
+
+    /// AVX2: `vpmaddubsw` (pairs, saturating) then `vpmaddwd` by ones.
+    pub(super) struct Maddubs;
+    impl Mac for Maddubs {
+        #[inline(always)]
+        unsafe fn dot(u: __m256i, x: __m256i) -> __m256i {
+            // SAFETY: AVX2 present (caller).
+            unsafe { _mm256_madd_epi16(_mm256_maddubs_epi16(u, x), _mm256_set1_epi16(1)) }
+        }
+        #[inline(always)]
+        unsafe fn bias_term(bias: i8, x: __m256i) -> __m256i {
+            // SAFETY: forwarded.
+            unsafe { Self::dot(_mm256_set1_epi8(bias), x) }
+        }
+        #[inline(always)]
+        unsafe fn dot_less(term: __m256i, u: __m256i, x: __m256i) -> __m256i {
+            // SAFETY: forwarded.
+            unsafe { _mm256_sub_epi32(Self::dot(u, x), term) }
+        }
+    }
+
+    /// AVX-512 VNNI + VL: `vpdpbusd`, the four products summed in 32 bits
+    /// (never saturating), so `Maddubs`'s lanes wherever those are exact.
+    pub(super) struct Dpbusd;
+    impl Mac for Dpbusd {
+        #[inline(always)]
+        unsafe fn dot(u: __m256i, x: __m256i) -> __m256i {
+            // SAFETY: AVX-512 VNNI and VL present (caller).
+            unsafe { _mm256_dpbusd_epi32(_mm256_setzero_si256(), u, x) }
+        }
+        #[inline(always)]
+        unsafe fn bias_term(bias: i8, x: __m256i) -> __m256i {
+            // SAFETY: AVX-512 VNNI and VL present (caller).
+            unsafe {
+                let p = Self::dot(_mm256_set1_epi8(bias), x);
+                _mm256_sub_epi32(_mm256_setzero_si256(), p)
+            }
+        }
+        #[inline(always)]
+        unsafe fn dot_less(term: __m256i, u: __m256i, x: __m256i) -> __m256i {
+            // SAFETY: AVX-512 VNNI and VL present (caller).
+            unsafe { _mm256_dpbusd_epi32(term, u, x) }
+        }
+    }
 
     pub(super) trait Load {
         /// # Safety

@@ -575,6 +575,122 @@ fn q8_rows_give_the_same_bits_alone_in_a_batch_and_on_any_thread_count() {
     }
 }
 
+/// The VNNI kernels give the AVX2 kernels' bits (the same int32 lanes, the
+/// same float operations), and every row of a batch of 1-9 rows its
+/// single-row bits, in every block format, whole and partial tiles.
+#[cfg(target_arch = "x86_64")]
+#[test]
+fn q8_vnni_gives_the_avx2_bits_and_batches_of_1_to_9_rows_their_single_row_bits() {
+    if best_build() != Build::Avx2 || !q8::has_vnni() {
+        eprintln!("no AVX2 + AVX-512 VNNI here: nothing to compare");
+        return;
+    }
+    let mut rng = Rng(31);
+    for qtype in ALL.into_iter().filter(|t| !t.is_float()) {
+        for cols in shapes(qtype) {
+            for rows in [1, 3, 4, 13] {
+                let mut raw = random_rows(qtype, rows, cols, &mut rng);
+                if qtype == QuantType::Q8_0 {
+                    // The extreme codes: -128 and 127 (any byte is a code).
+                    raw[2] = 0x80;
+                    raw[3] = 0x7f;
+                }
+                let x: Vec<f32> = (0..9 * cols).map(|_| rng.unit() * 3.0).collect();
+                let mut single = vec![0.0f32; 9 * rows];
+                for t in 0..9 {
+                    let xs = &x[t * cols..(t + 1) * cols];
+                    let o = &mut single[t * rows..(t + 1) * rows];
+                    q8::matmul_with_vnni(Build::Avx2, true, false, qtype, &raw, rows, cols, xs, o)
+                        .unwrap();
+                }
+                for n in 1..=9 {
+                    for t0 in [0, 9 - n] {
+                        let xs = &x[t0 * cols..(t0 + n) * cols];
+                        let (mut a, mut b) = (vec![0.0f32; n * rows], vec![0.0f32; n * rows]);
+                        for (vnni, o) in [(true, &mut a), (false, &mut b)] {
+                            q8::matmul_with_vnni(
+                                Build::Avx2,
+                                vnni,
+                                true,
+                                qtype,
+                                &raw,
+                                rows,
+                                cols,
+                                xs,
+                                o,
+                            )
+                            .unwrap();
+                        }
+                        let want = &single[t0 * rows..(t0 + n) * rows];
+                        for ((&a, &b), &w) in a.iter().zip(&b).zip(want) {
+                            assert!(
+                                a.to_bits() == b.to_bits() && a.to_bits() == w.to_bits(),
+                                "{} {rows}x{cols} n={n} from {t0}: vnni {a} avx2 {b} single {w}",
+                                qtype.name()
+                            );
+                        }
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// The fast mode's kernels alone for 1, 2, 4, 8 and 16 activation rows, the
+/// AVX2 and the VNNI kernels interleaved in one run (one thread, CPU time,
+/// best of many short trials): `QT=Q8_0,Q4_0,Q4_K,Q6_K cargo test --release
+/// -q --lib q8_batch_probe -- --ignored --nocapture`.
+#[test]
+#[ignore = "a speed probe, not a test"]
+fn q8_batch_probe() {
+    let mut rng = Rng(1);
+    let list = std::env::var("QT").unwrap_or_else(|_| "Q8_0,Q4_0,Q5_0,Q4_K,Q6_K".into());
+    for name in list.split(',') {
+        let qtype = ALL.into_iter().find(|t| t.name() == name).unwrap();
+        let (rows, cols) = if qtype.block_values() == 256 {
+            (576, 1536)
+        } else {
+            (1536, 576)
+        };
+        let raw = random_rows(qtype, rows, cols, &mut rng);
+        for n in [1usize, 2, 4, 8, 16] {
+            let x: Vec<f32> = (0..n * cols).map(|_| rng.unit()).collect();
+            let acts = q8::quantize(&x, cols, q8::act_block(qtype).unwrap()).unwrap();
+            let mut out = vec![0.0f32; n * rows];
+            let reps = (2_000_000 / (rows * cols * n)).max(1);
+            let mut best = [f64::MAX; 2];
+            for _ in 0..60 {
+                for (b, vnni) in best.iter_mut().zip([false, true]) {
+                    let t = CpuClock::now();
+                    for _ in 0..reps {
+                        q8::matmul_quantized_as(
+                            best_build(),
+                            vnni && q8::has_vnni(),
+                            false,
+                            qtype,
+                            &raw,
+                            rows,
+                            &acts,
+                            &mut out,
+                        )
+                        .unwrap();
+                    }
+                    *b = b.min(t.elapsed().as_secs_f64() / reps as f64);
+                }
+            }
+            let macs = (rows * cols * n) as f64;
+            println!(
+                "{name:6} q8 n={n:2}: avx2 {:7.1} us {:5.1} Gmac/s   vnni {:7.1} us {:5.1} Gmac/s ({:.2}x)",
+                best[0] * 1e6,
+                macs / best[0] / 1e9,
+                best[1] * 1e6,
+                macs / best[1] / 1e9,
+                best[0] / best[1]
+            );
+        }
+    }
+}
+
 #[test]
 fn q8_float_formats_run_the_exact_kernels() {
     let mut rng = Rng(5);
@@ -640,6 +756,54 @@ fn q8_perf_probe() {
                 t_exact / t_q8
             );
         }
+    }
+}
+
+#[test]
+fn q8_quantize_gives_the_portable_codes_and_scales_bit_for_bit() {
+    let mut rng = Rng(41);
+    let mut x: Vec<f32> = (0..64 * 256).map(|_| rng.unit() * 5.0).collect();
+    // Ties of both roundings, zeros, a repeated largest magnitude of either
+    // sign, tiny and huge values, infinities and NaN, in some blocks.
+    for (i, v) in x[..256].iter_mut().enumerate() {
+        *v = (i as f32 - 128.0) * 0.5;
+    }
+    x[256..512].fill(0.0);
+    x[512..768]
+        .iter_mut()
+        .enumerate()
+        .for_each(|(i, v)| *v = if i % 2 == 0 { 3.0 } else { -3.0 });
+    x[768..800].fill(-0.0);
+    x[800] = f32::INFINITY;
+    x[1024] = f32::NAN;
+    x[1280 + 7] = f32::NEG_INFINITY;
+    x[1536] = 1e-40;
+    x[1537] = -1e30;
+    x[1800..1832]
+        .iter_mut()
+        .enumerate()
+        .for_each(|(i, v)| *v = 127.0 / 254.0 * i as f32);
+    // Exact ties: Q8_0 with d = 1 (max 127), Q8_K with iscale = 1 (max -127).
+    for (i, v) in x[1824..1856].iter_mut().enumerate() {
+        *v = i as f32 * 0.5 - 8.0;
+    }
+    x[1855] = 127.0;
+    for (i, v) in x[2048..2304].iter_mut().enumerate() {
+        *v = i as f32 * 0.5 - 60.0;
+    }
+    x[2048] = -127.0;
+    for block in [32, 256] {
+        let got = q8::quantize(&x, 256, block).unwrap();
+        let (mut codes, mut scales) = (vec![0i8; x.len()], vec![0.0f32; x.len() / block]);
+        q8::quantize_blocks(&x, &mut codes, &mut scales, block);
+        assert_eq!(got.codes, codes, "codes, blocks of {block}");
+        assert!(
+            got.scales
+                .iter()
+                .zip(&scales)
+                .all(|(a, b)| a.to_bits() == b.to_bits()),
+            "scales, blocks of {block}"
+        );
     }
 }
 

@@ -94,8 +94,8 @@ pub fn quantize(x: &[f32], cols: usize, block: usize) -> CoreResult<QActs> {
     let mut codes = vec![0i8; x.len()];
     let mut scales = vec![0.0f32; x.len() / block];
     #[cfg(target_arch = "x86_64")]
-    if best_build() == Build::Avx2 {
-        // SAFETY: AVX2 present (best_build checked it); whole blocks.
+    if matches!(best_build(), Build::Avx2 | Build::Avx512) {
+        // SAFETY: AVX2 present (both builds need it); whole blocks.
         unsafe { quantize_avx2(x, &mut codes, &mut scales, block) };
         return Ok(QActs {
             block,
@@ -320,6 +320,21 @@ pub fn has_vnni() -> bool {
     }
 }
 
+/// Whether products of `build` take the VNNI kernels: the AVX-512 build on
+/// a CPU with VNNI, so `RLX_SIMD=avx2` measures the AVX2 kernels alone (the
+/// bits are the same either way).
+fn vnni_for(build: Build) -> bool {
+    #[cfg(target_arch = "x86_64")]
+    {
+        build == Build::Avx512 && has_vnni()
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        let _ = build;
+        false
+    }
+}
+
 /// `x @ W.T` as [`super::matmul`], with the activations quantised (see the
 /// module). Float formats run the exact kernels.
 pub fn matmul(
@@ -383,7 +398,16 @@ pub(crate) fn matmul_quantized(
     acts: &QActs,
     out: &mut [f32],
 ) -> CoreResult<()> {
-    matmul_quantized_as(build, has_vnni(), parallel, qtype, raw, rows, acts, out)
+    matmul_quantized_as(
+        build,
+        vnni_for(build),
+        parallel,
+        qtype,
+        raw,
+        rows,
+        acts,
+        out,
+    )
 }
 
 /// [`matmul_with`], the VNNI kernels allowed only if `vnni` (tests: the
@@ -538,7 +562,7 @@ pub(crate) unsafe fn rows_into(
         n,
         acts,
         qsum,
-        vnni: has_vnni(),
+        vnni: vnni_for(best_build()),
     };
     // SAFETY: forwarded (`out` is n x rows).
     unsafe { run(best_build(), &job, lo, hi, out) };

@@ -364,6 +364,52 @@ fn a_team_decode_step_gives_the_general_paths_bits_on_any_thread_count() {
 }
 
 #[test]
+fn a_team_decode_step_of_odd_shapes_gives_the_general_paths_bits_on_1_to_3_threads() {
+    // Rows that are no multiple of the 4-row tile and chunks cut for the
+    // team (each product split in a multiple of the members' count).
+    use crate::engine::team::Team;
+    let mut cfg = tiny("llama");
+    cfg.hidden_size = 36;
+    cfg.intermediate_size = 50;
+    cfg.vocab_size = 41;
+    cfg.n_heads = 3;
+    cfg.n_kv_heads = 1;
+    let plain = model(cfg.clone());
+    let mut want_cache = cache(&plain, 16);
+    let want: Vec<Vec<f32>> = IDS
+        .iter()
+        .map(|t| {
+            plain
+                .forward(
+                    &mut [Step {
+                        cache: &mut want_cache,
+                        tokens: &[*t],
+                    }],
+                    false,
+                )
+                .unwrap()
+        })
+        .collect();
+    for threads in [1, 2, 3] {
+        let mut m = model(cfg.clone());
+        m.team = Some(Team::new(threads).unwrap());
+        let mut c = cache(&m, 16);
+        for (t, want) in IDS.iter().zip(&want) {
+            let got = m
+                .forward(
+                    &mut [Step {
+                        cache: &mut c,
+                        tokens: &[*t],
+                    }],
+                    false,
+                )
+                .unwrap();
+            assert_eq!(&got, want, "{threads} threads");
+        }
+    }
+}
+
+#[test]
 fn a_team_decode_step_past_several_attention_spans_gives_the_general_paths_bits() {
     // Spans of attention (attention::SPAN keys) go to different members and
     // are combined by each; after a prefill of 2 spans and a bit, a window
@@ -623,4 +669,89 @@ fn team_batch_probe() {
         med(&mut times_pool, |t| t.0),
         med(&mut times_pool, |t| t.1),
     );
+}
+
+#[test]
+#[ignore]
+fn team_split_probe() {
+    // One-sequence decode steps of a SmolLM2-shaped float32 model (6 blocks)
+    // on a team of THREADS (2): chunks cut for one thread (64 rows, the old
+    // rule: 576 rows in 9 chunks) against chunks cut for the team, the two
+    // alternated; median wall, CPU and time members waited for a stage.
+    // `cargo test --release -q --lib team_split_probe -- --ignored --nocapture`
+    use crate::engine::decode::probe::{SPLIT_FOR, WAITED_NS};
+    use crate::engine::team::Team;
+    use std::sync::atomic::Ordering;
+    let threads: usize = std::env::var("THREADS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(2);
+    let ctx: usize = std::env::var("CTX")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(128);
+    let mut cfg = tiny("llama");
+    cfg.vocab_size = 4096;
+    cfg.hidden_size = 576;
+    cfg.intermediate_size = 1536;
+    cfg.n_layers = 6;
+    cfg.n_heads = 9;
+    cfg.n_kv_heads = 3;
+    cfg.head_dim = 64;
+    cfg.rope_inv_freq = (0..32)
+        .map(|i| 1.0 / 10000f64.powf(2.0 * i as f64 / 64.0))
+        .collect();
+    let mut m = model(cfg);
+    m.team = Some(Team::new(threads).unwrap());
+    let prompt: Vec<i64> = (0..ctx as i64).map(|i| (i * 37 + 5) % 4096).collect();
+    let mut c = KvCache::new(m.geometry(Dtype::F32), ctx + 8).unwrap();
+    m.forward(
+        &mut [Step {
+            cache: &mut c,
+            tokens: &prompt,
+        }],
+        false,
+    )
+    .unwrap();
+    let mut times = [Vec::new(), Vec::new()];
+    for round in 0..200 {
+        for which in [round % 2, 1 - round % 2] {
+            SPLIT_FOR.store(if which == 0 { 1 } else { 0 }, Ordering::Relaxed);
+            WAITED_NS.store(0, Ordering::Relaxed);
+            let (w0, c0) = (std::time::Instant::now(), cpu_seconds());
+            m.forward(
+                &mut [Step {
+                    cache: &mut c,
+                    tokens: &[7],
+                }],
+                false,
+            )
+            .unwrap();
+            let t = (
+                w0.elapsed().as_secs_f64(),
+                cpu_seconds() - c0,
+                WAITED_NS.load(Ordering::Relaxed) as f64 * 1e-9,
+            );
+            c.truncate(ctx).unwrap();
+            times[which].push(t);
+        }
+    }
+    SPLIT_FOR.store(0, Ordering::Relaxed);
+    for (which, name) in [(0, "64-row chunks"), (1, "cut for the team")] {
+        let v = &times[which];
+        let q = |f: fn(&(f64, f64, f64)) -> f64, p: usize| {
+            let mut x: Vec<f64> = v.iter().map(f).collect();
+            x.sort_by(|a, b| a.partial_cmp(b).unwrap());
+            x[x.len() * p / 100] * 1e3
+        };
+        println!(
+            "{threads} threads, ctx {ctx}, {name}: wall p10 {:.3} / med {:.3} ms, cpu p10 {:.3} / med {:.3} ms, waited p10 {:.3} / med {:.3} ms",
+            q(|t| t.0, 10),
+            q(|t| t.0, 50),
+            q(|t| t.1, 10),
+            q(|t| t.1, 50),
+            q(|t| t.2, 10),
+            q(|t| t.2, 50)
+        );
+    }
 }

@@ -35,11 +35,9 @@ use crate::engine::weights::Tensor;
 use crate::kv::{convert_f32_to_f16, f16_to_f32, Dtype, Half, KvCache, Rows};
 use crate::{CoreError, CoreResult};
 
-/// The kernels' row tile: chunks begin at a multiple of it.
-const TILE: usize = 4;
-/// Weight rows a claimed chunk holds, about (see [`Split`]).
+/// Weight rows a claimed chunk holds (a multiple of the kernels' 4-row tile).
 const CHUNK: usize = 64;
-/// Rows a claimed chunk of the output head holds, about.
+/// Rows a claimed chunk of the output head holds.
 const HEAD_CHUNK: usize = 512;
 /// Work counters a block uses (one per stage).
 const STAGES: usize = 5;
@@ -81,104 +79,15 @@ impl Shared {
     }
 }
 
-/// How the rows of a stage's products (one or more, side by side) are cut
-/// into chunks: a multiple of the team's size in number, every chunk within
-/// one tile of the others, each a whole number of tiles of each product.
-///
-/// With a fixed chunk of 64 rows a 576-row product was 9 chunks, and one
-/// member of two sat idle for the ninth at the end of each of ~90 stages a
-/// step. Only rows are cut: each row's reduction stays whole in one kernel
-/// call, so the bits do not depend on the cut.
-#[derive(Clone, Debug)]
-struct Split {
-    /// Tiles of each product, in order.
-    parts: Vec<usize>,
-    /// Rows of each product.
-    rows: Vec<usize>,
-    /// Chunks.
-    chunks: usize,
-}
-
-impl Split {
-    /// Products of `rows` rows each, in chunks of about `chunk` rows for a
-    /// team of `threads`.
-    fn new(rows: &[usize], chunk: usize, threads: usize) -> Self {
-        let parts: Vec<usize> = rows.iter().map(|r| r.div_ceil(TILE)).collect();
-        let tiles: usize = parts.iter().sum();
-        let chunks = tiles
-            .div_ceil((chunk / TILE).max(1))
-            .next_multiple_of(threads.max(1))
-            .min(tiles)
-            .max(1);
-        Self {
-            parts,
-            rows: rows.to_vec(),
-            chunks,
-        }
-    }
-
-    /// The one row range of chunk `i` of a split of one product.
-    fn one(&self, i: usize) -> (usize, usize, usize) {
-        debug_assert_eq!(self.parts.len(), 1);
-        self.ranges(i).next().unwrap_or((0, 0, 0))
-    }
-
-    /// The row ranges `(product, lo, hi)` of chunk `i` (none empty).
-    fn ranges(&self, i: usize) -> impl Iterator<Item = (usize, usize, usize)> + '_ {
-        let tiles: usize = self.parts.iter().sum();
-        let (a, b) = (i * tiles / self.chunks, (i + 1) * tiles / self.chunks);
-        let mut off = 0;
-        self.parts.iter().enumerate().filter_map(move |(p, &n)| {
-            let (lo, hi) = (a.max(off), b.min(off + n));
-            let base = off;
-            off += n;
-            (lo < hi).then(|| {
-                (
-                    p,
-                    (lo - base) * TILE,
-                    ((hi - base) * TILE).min(self.rows[p]),
-                )
-            })
-        })
-    }
-}
-
-/// What the team probes (tests) read and set.
+/// What the team probes (tests) read.
 #[cfg(test)]
 pub(crate) mod probe {
-    use std::sync::atomic::{AtomicU64, AtomicUsize};
-    /// Nanoseconds members spent waiting for a stage before theirs.
+    use std::sync::atomic::AtomicU64;
+    /// Nanoseconds members spent waiting for the stage before theirs.
     pub(crate) static WAITED_NS: AtomicU64 = AtomicU64::new(0);
-    /// Split the stages for this many threads instead of the team's (0: the team's).
-    pub(crate) static SPLIT_FOR: AtomicUsize = AtomicUsize::new(0);
 }
 
-/// The splits of a step's stages (every block has the same shapes).
-struct Splits {
-    qkv: Split,
-    o: Split,
-    gate_up: Split,
-    down: Split,
-    head: Split,
-}
-
-impl Splits {
-    fn new(model: &Model, threads: usize) -> Self {
-        let cfg = &model.cfg;
-        let (qw, kvw, h) = (cfg.q_width(), cfg.kv_width(), cfg.hidden_size);
-        Self {
-            qkv: Split::new(&[qw, kvw, kvw], CHUNK, threads),
-            o: Split::new(&[h], CHUNK, threads),
-            gate_up: Split::new(&[cfg.intermediate_size], CHUNK, threads),
-            down: Split::new(&[h], CHUNK, threads),
-            head: Split::new(&[model.weights.head().rows], HEAD_CHUNK, threads),
-        }
-    }
-}
-
-/// The work counters of one stage of a step (a cache line pair of its own:
-/// one member's claims must not take the line another spins on).
-#[repr(align(128))]
+/// The work counters of one stage of a step.
 pub(crate) struct Stage {
     /// Items of the stage.
     total: usize,
@@ -318,23 +227,16 @@ impl Model {
         let mut act = vec![0.0f32; n * cfg.intermediate_size];
         let mut newkv = vec![0.0f32; layers * n * 2 * kvw];
         let mut logits = vec![0.0f32; n * self.weights.head().rows];
-        #[cfg(not(test))]
-        let split_for = team.threads();
-        #[cfg(test)]
-        let split_for = match probe::SPLIT_FOR.load(Ordering::Relaxed) {
-            0 => team.threads(),
-            t => t,
-        };
-        let splits = Splits::new(self, split_for);
+        let qkv_chunks: usize = [qw, kvw, kvw].iter().map(|r| r.div_ceil(CHUNK)).sum();
         let mut stages = Vec::with_capacity(layers * STAGES + 1);
         for _ in 0..layers {
-            stages.push(Stage::new(splits.qkv.chunks));
+            stages.push(Stage::new(qkv_chunks));
             stages.push(Stage::new(plan.tasks.len()));
-            stages.push(Stage::new(splits.o.chunks));
-            stages.push(Stage::new(splits.gate_up.chunks));
-            stages.push(Stage::new(splits.down.chunks));
+            stages.push(Stage::new(cfg.hidden_size.div_ceil(CHUNK)));
+            stages.push(Stage::new(cfg.intermediate_size.div_ceil(CHUNK)));
+            stages.push(Stage::new(cfg.hidden_size.div_ceil(CHUNK)));
         }
-        stages.push(Stage::new(splits.head.chunks));
+        stages.push(Stage::new(self.weights.head().rows.div_ceil(HEAD_CHUNK)));
         let bufs = Bufs {
             x: Shared::of(&mut x),
             q: Shared::of(&mut q),
@@ -349,7 +251,7 @@ impl Model {
         let failure: Mutex<Option<CoreError>> = Mutex::new(None);
         let views: Vec<&KvCache> = steps.iter().map(|s| &*s.cache).collect();
         let ran = team.run_elastic(|m| {
-            if let Err(e) = self.member(m, &views, starts, &plan, &splits, bufs, &stages) {
+            if let Err(e) = self.member(m, &views, starts, &plan, bufs, &stages) {
                 failure
                     .lock()
                     .unwrap_or_else(|p| p.into_inner())
@@ -381,14 +283,12 @@ impl Model {
     /// the one before it is done; the per-row work a stage needs (norms,
     /// biases, RoPE, combining attention's spans, quantising activations)
     /// is done on a private copy by each member that claims part of it.
-    #[allow(clippy::too_many_arguments)]
     fn member(
         &self,
         m: &Member<'_>,
         caches: &[&KvCache],
         starts: &[usize],
         plan: &Plan,
-        splits: &Splits,
         b: Bufs,
         stages: &[Stage],
     ) -> CoreResult<()> {
@@ -419,6 +319,11 @@ impl Model {
         for (li, lw) in self.weights.layers.iter().enumerate() {
             // q, k, v.
             let parts: [(&Tensor, Shared); 3] = [(&lw.q, b.q), (&lw.k, b.k), (&lw.v, b.v)];
+            let chunks: Vec<(usize, usize)> = parts
+                .iter()
+                .enumerate()
+                .flat_map(|(i, (t, _))| (0..t.rows.div_ceil(CHUNK)).map(move |c| (i, c)))
+                .collect();
             let mut cl = open();
             if let Some(first) = cl.next() {
                 // SAFETY: x is written in the o and down stages only, which
@@ -427,11 +332,11 @@ impl Model {
                 let mut prep = RowPrep::new(self.activations, &h);
                 let mut c = Some(first);
                 while let Some(ci) = c {
-                    for (i, lo, hi) in splits.qkv.ranges(ci) {
-                        let (t, out) = parts[i];
-                        // SAFETY: columns lo..hi of this part are this member's claim.
-                        unsafe { self.rows(&mut prep, t, lo, hi, out.ptr())? };
-                    }
+                    let (i, c0) = chunks[ci];
+                    let (t, out) = parts[i];
+                    let (lo, hi) = (c0 * CHUNK, ((c0 + 1) * CHUNK).min(t.rows));
+                    // SAFETY: columns lo..hi of this part are this member's claim.
+                    unsafe { self.rows(&mut prep, t, lo, hi, out.ptr())? };
                     c = cl.next();
                 }
             }
@@ -540,9 +445,7 @@ impl Model {
                     }
                 }
                 let mut prep = RowPrep::new(self.activations, &ctx);
-                self.residual(
-                    &mut cl, first, &splits.o, &mut prep, &lw.o, &mut tmp, b.x, n,
-                )?;
+                self.residual(&mut cl, first, &mut prep, &lw.o, &mut tmp, b.x, n)?;
             }
             cl.finish();
             // gate and up, then silu(gate) * up.
@@ -553,7 +456,7 @@ impl Model {
                 let mut prep = RowPrep::new(self.activations, &h);
                 let mut c = Some(first);
                 while let Some(ci) = c {
-                    let (_, lo, hi) = splits.gate_up.one(ci);
+                    let (lo, hi) = (ci * CHUNK, ((ci + 1) * CHUNK).min(inter));
                     // SAFETY: private buffers of `n x inter` floats.
                     unsafe {
                         self.rows(&mut prep, &lw.gate, lo, hi, gate.as_mut_ptr())?;
@@ -577,16 +480,7 @@ impl Model {
                 // SAFETY: act is written again in the next block's gate/up
                 // stage only, after this one.
                 let mut prep = RowPrep::new(self.activations, unsafe { b.act.read() });
-                self.residual(
-                    &mut cl,
-                    first,
-                    &splits.down,
-                    &mut prep,
-                    &lw.down,
-                    &mut tmp,
-                    b.x,
-                    n,
-                )?;
+                self.residual(&mut cl, first, &mut prep, &lw.down, &mut tmp, b.x, n)?;
             }
             cl.finish();
         }
@@ -599,7 +493,7 @@ impl Model {
             let mut prep = RowPrep::new(self.activations, &h);
             let mut c = Some(first);
             while let Some(ci) = c {
-                let (_, lo, hi) = splits.head.one(ci);
+                let (lo, hi) = (ci * HEAD_CHUNK, ((ci + 1) * HEAD_CHUNK).min(head.rows));
                 // SAFETY: columns lo..hi of the logits are this member's claim.
                 unsafe { self.rows(&mut prep, head, lo, hi, b.logits.ptr())? };
                 c = cl.next();
@@ -616,7 +510,6 @@ impl Model {
         &self,
         cl: &mut Claims<'_, '_>,
         first: usize,
-        split: &Split,
         prep: &mut RowPrep<'_>,
         t: &Tensor,
         tmp: &mut [f32],
@@ -625,7 +518,7 @@ impl Model {
     ) -> CoreResult<()> {
         let mut c = Some(first);
         while let Some(ci) = c {
-            let (_, lo, hi) = split.one(ci);
+            let (lo, hi) = (ci * CHUNK, ((ci + 1) * CHUNK).min(t.rows));
             // SAFETY: tmp holds n x t.rows floats and is private.
             unsafe { self.rows(prep, t, lo, hi, tmp.as_mut_ptr())? };
             for r in 0..n {
@@ -654,52 +547,5 @@ impl Model {
     ) -> CoreResult<()> {
         // SAFETY: forwarded.
         unsafe { prep.rows(t.kind, self.weights.bytes(t), t.rows, t.cols, lo, hi, out) }
-    }
-}
-
-#[cfg(test)]
-mod split_tests {
-    use super::{Split, TILE};
-
-    #[test]
-    fn a_split_covers_each_row_once_in_whole_tiles_and_a_multiple_of_the_team() {
-        for rows in [
-            &[576usize, 192, 192][..],
-            &[576],
-            &[1536],
-            &[49152],
-            &[37],
-            &[50, 9, 9],
-            &[3],
-        ] {
-            for chunk in [4, 64, 512] {
-                for threads in 1..=4 {
-                    let s = Split::new(rows, chunk, threads);
-                    let tiles: usize = rows.iter().map(|r| r.div_ceil(TILE)).sum();
-                    assert!(
-                        s.chunks == tiles || s.chunks.is_multiple_of(threads),
-                        "{rows:?}"
-                    );
-                    let mut seen: Vec<Vec<usize>> = rows.iter().map(|&r| vec![0; r]).collect();
-                    let mut sizes = Vec::new();
-                    for i in 0..s.chunks {
-                        let mut size = 0;
-                        for (p, lo, hi) in s.ranges(i) {
-                            assert!(lo < hi && lo % TILE == 0 && hi <= rows[p]);
-                            seen[p][lo..hi].iter_mut().for_each(|c| *c += 1);
-                            size += (hi - lo).div_ceil(TILE);
-                        }
-                        sizes.push(size);
-                    }
-                    assert!(
-                        seen.iter().flatten().all(|&c| c == 1),
-                        "{rows:?} {chunk} {threads}"
-                    );
-                    let (lo, hi) = (sizes.iter().min().unwrap(), sizes.iter().max().unwrap());
-                    // Within a tile of each other, but for partial tiles at part ends.
-                    assert!(*lo >= 1 && hi - lo <= rows.len(), "{rows:?} {sizes:?}");
-                }
-            }
-        }
     }
 }

@@ -673,23 +673,22 @@ fn team_batch_probe() {
 
 #[test]
 #[ignore]
-fn team_split_probe() {
+fn team_wait_probe() {
     // One-sequence decode steps of a SmolLM2-shaped float32 model (6 blocks)
-    // on a team of THREADS (2): chunks cut for one thread (64 rows, the old
-    // rule: 576 rows in 9 chunks) against chunks cut for the team, the two
-    // alternated; median wall, CPU and time members waited for a stage.
-    // `cargo test --release -q --lib team_split_probe -- --ignored --nocapture`
-    use crate::engine::decode::probe::{SPLIT_FOR, WAITED_NS};
+    // on a team of THREADS (2) at context CTX (128): p10 and median wall,
+    // process CPU, and time members spent waiting for the stage before
+    // theirs (summed over members), per step.
+    // `cargo test --release -q --lib team_wait_probe -- --ignored --nocapture`
+    use crate::engine::decode::probe::WAITED_NS;
     use crate::engine::team::Team;
     use std::sync::atomic::Ordering;
-    let threads: usize = std::env::var("THREADS")
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(2);
-    let ctx: usize = std::env::var("CTX")
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(128);
+    let env = |k: &str, d: usize| {
+        std::env::var(k)
+            .ok()
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(d)
+    };
+    let (threads, ctx) = (env("THREADS", 2), env("CTX", 128));
     let mut cfg = tiny("llama");
     cfg.vocab_size = 4096;
     cfg.hidden_size = 576;
@@ -713,45 +712,37 @@ fn team_split_probe() {
         false,
     )
     .unwrap();
-    let mut times = [Vec::new(), Vec::new()];
-    for round in 0..200 {
-        for which in [round % 2, 1 - round % 2] {
-            SPLIT_FOR.store(if which == 0 { 1 } else { 0 }, Ordering::Relaxed);
-            WAITED_NS.store(0, Ordering::Relaxed);
-            let (w0, c0) = (std::time::Instant::now(), cpu_seconds());
-            m.forward(
-                &mut [Step {
-                    cache: &mut c,
-                    tokens: &[7],
-                }],
-                false,
-            )
-            .unwrap();
-            let t = (
-                w0.elapsed().as_secs_f64(),
-                cpu_seconds() - c0,
-                WAITED_NS.load(Ordering::Relaxed) as f64 * 1e-9,
-            );
-            c.truncate(ctx).unwrap();
-            times[which].push(t);
-        }
+    let mut times = Vec::new();
+    for _ in 0..400 {
+        WAITED_NS.store(0, Ordering::Relaxed);
+        let (w0, c0) = (std::time::Instant::now(), cpu_seconds());
+        m.forward(
+            &mut [Step {
+                cache: &mut c,
+                tokens: &[7],
+            }],
+            false,
+        )
+        .unwrap();
+        times.push((
+            w0.elapsed().as_secs_f64(),
+            cpu_seconds() - c0,
+            WAITED_NS.load(Ordering::Relaxed) as f64 * 1e-9,
+        ));
+        c.truncate(ctx).unwrap();
     }
-    SPLIT_FOR.store(0, Ordering::Relaxed);
-    for (which, name) in [(0, "64-row chunks"), (1, "cut for the team")] {
-        let v = &times[which];
-        let q = |f: fn(&(f64, f64, f64)) -> f64, p: usize| {
-            let mut x: Vec<f64> = v.iter().map(f).collect();
-            x.sort_by(|a, b| a.partial_cmp(b).unwrap());
-            x[x.len() * p / 100] * 1e3
-        };
-        println!(
-            "{threads} threads, ctx {ctx}, {name}: wall p10 {:.3} / med {:.3} ms, cpu p10 {:.3} / med {:.3} ms, waited p10 {:.3} / med {:.3} ms",
-            q(|t| t.0, 10),
-            q(|t| t.0, 50),
-            q(|t| t.1, 10),
-            q(|t| t.1, 50),
-            q(|t| t.2, 10),
-            q(|t| t.2, 50)
-        );
-    }
+    let q = |f: fn(&(f64, f64, f64)) -> f64, p: usize| {
+        let mut x: Vec<f64> = times.iter().map(f).collect();
+        x.sort_by(|a, b| a.partial_cmp(b).unwrap());
+        x[x.len() * p / 100] * 1e3
+    };
+    println!(
+        "{threads} threads, ctx {ctx}: wall p10 {:.3} / med {:.3} ms, cpu p10 {:.3} / med {:.3} ms, waited p10 {:.3} / med {:.3} ms",
+        q(|t| t.0, 10),
+        q(|t| t.0, 50),
+        q(|t| t.1, 10),
+        q(|t| t.1, 50),
+        q(|t| t.2, 10),
+        q(|t| t.2, 50)
+    );
 }

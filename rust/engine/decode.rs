@@ -79,6 +79,14 @@ impl Shared {
     }
 }
 
+/// What the team probes (tests) read.
+#[cfg(test)]
+pub(crate) mod probe {
+    use std::sync::atomic::AtomicU64;
+    /// Nanoseconds members spent waiting for the stage before theirs.
+    pub(crate) static WAITED_NS: AtomicU64 = AtomicU64::new(0);
+}
+
 /// The work counters of one stage of a step.
 pub(crate) struct Stage {
     /// Items of the stage.
@@ -110,7 +118,11 @@ impl<'m, 'a> Claims<'m, 'a> {
     /// Stage `i` of `stages`, after waiting for stage `i - 1` to be done.
     fn open(m: &'m Member<'a>, stages: &'m [Stage], i: usize) -> Self {
         if let Some(prev) = i.checked_sub(1).map(|p| &stages[p]) {
+            #[cfg(test)]
+            let t0 = std::time::Instant::now();
             m.wait_for(&prev.done, prev.total);
+            #[cfg(test)]
+            probe::WAITED_NS.fetch_add(t0.elapsed().as_nanos() as u64, Ordering::Relaxed);
         }
         Self {
             m,

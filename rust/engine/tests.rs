@@ -370,6 +370,52 @@ fn a_team_decode_step_gives_the_general_paths_bits_on_any_thread_count() {
 }
 
 #[test]
+fn a_team_decode_step_of_odd_shapes_gives_the_general_paths_bits_on_1_to_3_threads() {
+    // Rows that are no multiple of the 4-row tile and chunks cut for the
+    // team (each product split in a multiple of the members' count).
+    use crate::engine::team::Team;
+    let mut cfg = tiny("llama");
+    cfg.hidden_size = 36;
+    cfg.intermediate_size = 50;
+    cfg.vocab_size = 41;
+    cfg.n_heads = 3;
+    cfg.n_kv_heads = 1;
+    let plain = model(cfg.clone());
+    let mut want_cache = cache(&plain, 16);
+    let want: Vec<Vec<f32>> = IDS
+        .iter()
+        .map(|t| {
+            plain
+                .forward(
+                    &mut [Step {
+                        cache: &mut want_cache,
+                        tokens: &[*t],
+                    }],
+                    false,
+                )
+                .unwrap()
+        })
+        .collect();
+    for threads in [1, 2, 3] {
+        let mut m = model(cfg.clone());
+        m.team = Some(Team::new(threads).unwrap());
+        let mut c = cache(&m, 16);
+        for (t, want) in IDS.iter().zip(&want) {
+            let got = m
+                .forward(
+                    &mut [Step {
+                        cache: &mut c,
+                        tokens: &[*t],
+                    }],
+                    false,
+                )
+                .unwrap();
+            assert_eq!(&got, want, "{threads} threads");
+        }
+    }
+}
+
+#[test]
 fn a_team_decode_step_past_several_attention_spans_gives_the_general_paths_bits() {
     // Spans of attention (attention::SPAN keys) go to different members and
     // are combined by each; after a prefill of 2 spans and a bit, a window
@@ -615,5 +661,81 @@ fn team_batch_probe() {
         med(&mut times_team, |t| t.1),
         med(&mut times_pool, |t| t.0),
         med(&mut times_pool, |t| t.1),
+    );
+}
+
+#[test]
+#[ignore]
+fn team_wait_probe() {
+    // One-sequence decode steps of a SmolLM2-shaped float32 model (6 blocks)
+    // on a team of THREADS (2) at context CTX (128): p10 and median wall,
+    // process CPU, and time members spent waiting for the stage before
+    // theirs (summed over members), per step.
+    // `cargo test --release -q --lib team_wait_probe -- --ignored --nocapture`
+    use crate::engine::decode::probe::WAITED_NS;
+    use crate::engine::team::Team;
+    use std::sync::atomic::Ordering;
+    let env = |k: &str, d: usize| {
+        std::env::var(k)
+            .ok()
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(d)
+    };
+    let (threads, ctx) = (env("THREADS", 2), env("CTX", 128));
+    let mut cfg = tiny("llama");
+    cfg.vocab_size = 4096;
+    cfg.hidden_size = 576;
+    cfg.intermediate_size = 1536;
+    cfg.n_layers = 6;
+    cfg.n_heads = 9;
+    cfg.n_kv_heads = 3;
+    cfg.head_dim = 64;
+    cfg.rope_inv_freq = (0..32)
+        .map(|i| 1.0 / 10000f64.powf(2.0 * i as f64 / 64.0))
+        .collect();
+    let mut m = model(cfg);
+    m.team = Some(Team::new(threads).unwrap());
+    let prompt: Vec<i64> = (0..ctx as i64).map(|i| (i * 37 + 5) % 4096).collect();
+    let mut c = KvCache::new(m.geometry(Dtype::F32), ctx + 8).unwrap();
+    m.forward(
+        &mut [Step {
+            cache: &mut c,
+            tokens: &prompt,
+        }],
+        false,
+    )
+    .unwrap();
+    let mut times = Vec::new();
+    for _ in 0..400 {
+        WAITED_NS.store(0, Ordering::Relaxed);
+        let (w0, c0) = (std::time::Instant::now(), cpu_seconds());
+        m.forward(
+            &mut [Step {
+                cache: &mut c,
+                tokens: &[7],
+            }],
+            false,
+        )
+        .unwrap();
+        times.push((
+            w0.elapsed().as_secs_f64(),
+            cpu_seconds() - c0,
+            WAITED_NS.load(Ordering::Relaxed) as f64 * 1e-9,
+        ));
+        c.truncate(ctx).unwrap();
+    }
+    let q = |f: fn(&(f64, f64, f64)) -> f64, p: usize| {
+        let mut x: Vec<f64> = times.iter().map(f).collect();
+        x.sort_by(|a, b| a.partial_cmp(b).unwrap());
+        x[x.len() * p / 100] * 1e3
+    };
+    println!(
+        "{threads} threads, ctx {ctx}: wall p10 {:.3} / med {:.3} ms, cpu p10 {:.3} / med {:.3} ms, waited p10 {:.3} / med {:.3} ms",
+        q(|t| t.0, 10),
+        q(|t| t.0, 50),
+        q(|t| t.1, 10),
+        q(|t| t.1, 50),
+        q(|t| t.2, 10),
+        q(|t| t.2, 50)
     );
 }

@@ -572,22 +572,17 @@ fn cpu_seconds() -> f64 {
     t.tv_sec as f64 + t.tv_nsec as f64 * 1e-9
 }
 
-/// Not a test: a batched step of 8 sequences on the team against the
-/// general path on a rayon pool of the same size, interleaved, on a
-/// SmolLM2-shaped float32 model of 6 blocks. Prints the median wall and CPU
-/// time of each. `BATCH=8 THREADS=2 cargo test --release -q --lib
-/// team_batch_probe -- --ignored --nocapture`
-#[test]
-#[ignore]
-fn team_batch_probe() {
-    use crate::engine::team::Team;
-    let env = |k: &str, d: usize| {
-        std::env::var(k)
-            .ok()
-            .and_then(|v| v.parse().ok())
-            .unwrap_or(d)
-    };
-    let (batch, threads) = (env("BATCH", 8), env("THREADS", 2));
+/// A probe's setting from the environment, or `default`.
+fn probe_env(key: &str, default: usize) -> usize {
+    std::env::var(key)
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(default)
+}
+
+/// The probes' model: SmolLM2-135M's shapes (576 wide, 9 heads over 3 KV
+/// heads of 64, 1536 inner) with 6 blocks and a 4096-token vocabulary.
+fn smollm2_shaped() -> Config {
     let mut cfg = tiny("llama");
     cfg.vocab_size = 4096;
     cfg.hidden_size = 576;
@@ -599,6 +594,20 @@ fn team_batch_probe() {
     cfg.rope_inv_freq = (0..32)
         .map(|i| 1.0 / 10000f64.powf(2.0 * i as f64 / 64.0))
         .collect();
+    cfg
+}
+
+/// Not a test: a batched step of 8 sequences on the team against the
+/// general path on a rayon pool of the same size, interleaved, on a
+/// SmolLM2-shaped float32 model of 6 blocks. Prints the median wall and CPU
+/// time of each. `BATCH=8 THREADS=2 cargo test --release -q --lib
+/// team_batch_probe -- --ignored --nocapture`
+#[test]
+#[ignore]
+fn team_batch_probe() {
+    use crate::engine::team::Team;
+    let (batch, threads) = (probe_env("BATCH", 8), probe_env("THREADS", 2));
+    let cfg = smollm2_shaped();
     let plain = model(cfg.clone());
     let mut teamed = model(cfg);
     teamed.team = Some(Team::new(threads).unwrap());
@@ -675,24 +684,8 @@ fn team_wait_probe() {
     use crate::engine::decode::probe::WAITED_NS;
     use crate::engine::team::Team;
     use std::sync::atomic::Ordering;
-    let env = |k: &str, d: usize| {
-        std::env::var(k)
-            .ok()
-            .and_then(|v| v.parse().ok())
-            .unwrap_or(d)
-    };
-    let (threads, ctx) = (env("THREADS", 2), env("CTX", 128));
-    let mut cfg = tiny("llama");
-    cfg.vocab_size = 4096;
-    cfg.hidden_size = 576;
-    cfg.intermediate_size = 1536;
-    cfg.n_layers = 6;
-    cfg.n_heads = 9;
-    cfg.n_kv_heads = 3;
-    cfg.head_dim = 64;
-    cfg.rope_inv_freq = (0..32)
-        .map(|i| 1.0 / 10000f64.powf(2.0 * i as f64 / 64.0))
-        .collect();
+    let (threads, ctx) = (probe_env("THREADS", 2), probe_env("CTX", 128));
+    let cfg = smollm2_shaped();
     let mut m = model(cfg);
     m.team = Some(Team::new(threads).unwrap());
     let prompt: Vec<i64> = (0..ctx as i64).map(|i| (i * 37 + 5) % 4096).collect();

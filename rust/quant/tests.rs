@@ -83,6 +83,23 @@ fn shapes(qtype: QuantType) -> Vec<usize> {
     }
 }
 
+/// The speed probes' formats (`QT`, comma-separated names, or `default`),
+/// each with SmolLM2's matrix shape for it: 1536 x 576, or 576 x 1536 for
+/// the 256-value K-quant blocks.
+fn probe_formats(default: &str) -> Vec<(QuantType, usize, usize)> {
+    let list = std::env::var("QT").unwrap_or_else(|_| default.into());
+    list.split(',')
+        .map(|name| {
+            let qtype = ALL.into_iter().find(|t| t.name() == name).unwrap();
+            if qtype.block_values() == 256 {
+                (qtype, 576, 1536)
+            } else {
+                (qtype, 1536, 576)
+            }
+        })
+        .collect()
+}
+
 /// Every build this CPU runs, widest first (the AVX-512 one where the CPU
 /// has it, whatever `RLX_SIMD` says).
 fn builds() -> Vec<Build> {
@@ -406,14 +423,8 @@ fn perf_probe() {
         ts.tv_sec as f64 + ts.tv_nsec as f64 * 1e-9
     }
     let mut rng = Rng(1);
-    let list = std::env::var("QT").unwrap_or_else(|_| "Q8_0,Q4_0,Q5_0,Q4_K,Q6_K,F16".into());
-    for name in list.split(',') {
-        let qtype = ALL.into_iter().find(|t| t.name() == name).unwrap();
-        let (rows, cols) = if qtype.block_values() == 256 {
-            (576, 1536)
-        } else {
-            (1536, 576)
-        };
+    for (qtype, rows, cols) in probe_formats("Q8_0,Q4_0,Q5_0,Q4_K,Q6_K,F16") {
+        let name = qtype.name();
         let raw = random_rows(qtype, rows, cols, &mut rng);
         for n in [1usize, 2, 4, 8, 16] {
             let x: Vec<f32> = (0..n * cols).map(|_| rng.unit()).collect();
@@ -644,14 +655,8 @@ fn q8_vnni_gives_the_avx2_bits_and_batches_of_1_to_9_rows_their_single_row_bits(
 #[ignore = "a speed probe, not a test"]
 fn q8_batch_probe() {
     let mut rng = Rng(1);
-    let list = std::env::var("QT").unwrap_or_else(|_| "Q8_0,Q4_0,Q5_0,Q4_K,Q6_K".into());
-    for name in list.split(',') {
-        let qtype = ALL.into_iter().find(|t| t.name() == name).unwrap();
-        let (rows, cols) = if qtype.block_values() == 256 {
-            (576, 1536)
-        } else {
-            (1536, 576)
-        };
+    for (qtype, rows, cols) in probe_formats("Q8_0,Q4_0,Q5_0,Q4_K,Q6_K") {
+        let name = qtype.name();
         let raw = random_rows(qtype, rows, cols, &mut rng);
         for n in [1usize, 2, 4, 8, 16] {
             let x: Vec<f32> = (0..n * cols).map(|_| rng.unit()).collect();
@@ -962,14 +967,8 @@ fn q8_cold_probe() {
         ts.tv_sec as f64 + ts.tv_nsec as f64 * 1e-9
     }
     let mut rng = Rng(1);
-    let list = std::env::var("QT").unwrap_or_else(|_| "Q8_0,Q4_0,Q5_0,Q4_K,Q6_K".into());
-    for name in list.split(',') {
-        let qtype = ALL.into_iter().find(|t| t.name() == name).unwrap();
-        let (rows, cols) = if qtype.block_values() == 256 {
-            (576, 1536)
-        } else {
-            (1536, 576)
-        };
+    for (qtype, rows, cols) in probe_formats("Q8_0,Q4_0,Q5_0,Q4_K,Q6_K") {
+        let name = qtype.name();
         let one = random_rows(qtype, rows, cols, &mut rng);
         let copies = (96 << 20) / one.len();
         let cold: Vec<Vec<u8>> = (0..copies).map(|_| one.clone()).collect();
@@ -1102,14 +1101,8 @@ fn exact_cold_probe() {
         ts.tv_sec as f64 + ts.tv_nsec as f64 * 1e-9
     }
     let mut rng = Rng(1);
-    let list = std::env::var("QT").unwrap_or_else(|_| "Q8_0,Q4_0,Q5_0,Q4_K,Q6_K".into());
-    for name in list.split(',') {
-        let qtype = ALL.into_iter().find(|t| t.name() == name).unwrap();
-        let (rows, cols) = if qtype.block_values() == 256 {
-            (576, 1536)
-        } else {
-            (1536, 576)
-        };
+    for (qtype, rows, cols) in probe_formats("Q8_0,Q4_0,Q5_0,Q4_K,Q6_K") {
+        let name = qtype.name();
         let one = random_rows(qtype, rows, cols, &mut rng);
         let copies = (96 << 20) / one.len();
         let cold: Vec<Vec<u8>> = (0..copies).map(|_| one.clone()).collect();

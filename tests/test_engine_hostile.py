@@ -143,6 +143,15 @@ HOSTILE: list[tuple[str, Callable[[Path], None], type[Exception], str]] = [
         "head_dim must be a positive even number, got 7",
     ),
     (
+        "head_dim_huge",  # fuzz finding: 3.25 GiB of RoPE tables before any tensor check
+        lambda p: (
+            set_u32(p, f"{ARCH}.attention.key_length", 872415364),
+            set_u32(p, f"{ARCH}.attention.value_length", 872415364),
+        ),
+        WeightFormatError,
+        "head_dim 872415364 is over the supported 65536",
+    ),
+    (
         "head_dim_not_the_weights",
         lambda p: (
             set_u32(p, f"{ARCH}.attention.key_length", 16),

@@ -25,6 +25,10 @@ _HF_ARCH_ALIASES = {
 }
 
 
+#: The widest attention head a model may declare (real models: 64-256).
+MAX_HEAD_DIM = 1 << 16
+
+
 @dataclass(frozen=True)
 class RopeScaling:
     """RoPE frequency scaling: ``llama3`` smoothing, ``linear`` positions, or explicit factors."""
@@ -77,6 +81,12 @@ class LlamaConfig:
             raise WeightFormatError(f"sliding_window must be positive, got {self.sliding_window}")
         if self.head_dim <= 0 or self.head_dim % 2:
             raise WeightFormatError(f"head_dim must be a positive even number, got {self.head_dim}")
+        if self.head_dim > MAX_HEAD_DIM:
+            # Checked before anything is sized by it (RoPE's tables are head_dim / 2 long); the
+            # widest head of a real model is 256, and no weight could match a larger one here.
+            raise WeightFormatError(
+                f"head_dim {self.head_dim} is over the supported {MAX_HEAD_DIM}"
+            )
         if not (math.isfinite(self.rope_theta) and self.rope_theta > 0):
             raise WeightFormatError(
                 f"rope_theta must be positive and finite, got {self.rope_theta}"

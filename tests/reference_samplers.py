@@ -162,14 +162,18 @@ def temperature(c: Cands, t: float) -> Cands:
     return {k: v / t for k, v in c.items()}
 
 
-def entropy(c: Cands) -> float:
-    return -sum(p * math.log(p) for p in probs(c).values() if p > 0)
+def entropy(c: Cands, floor: float = 0.0) -> float:
+    """Entropy in nats; probabilities at or below ``floor`` count as zero (``floor`` set
+    to float32's underflow gives the entropy a float32 softmax can see)."""
+    return -sum(p * math.log(p) for p in probs(c).values() if p > floor)
 
 
-def dynamic_temperature(c: Cands, lo: float, hi: float, exponent: float) -> tuple[Cands, float]:
+def dynamic_temperature(
+    c: Cands, lo: float, hi: float, exponent: float, floor: float = 0.0
+) -> tuple[Cands, float]:
     if len(c) <= 1:
         return c, math.nan
-    norm = min(max(entropy(c) / math.log(len(c)), 0.0), 1.0)
+    norm = min(max(entropy(c, floor) / math.log(len(c)), 0.0), 1.0)
     t = lo + (hi - lo) * norm**exponent
     return temperature(c, t), t
 
@@ -467,12 +471,20 @@ class ChainRun:
     margin: float
     edited: Cands = field(default_factory=dict)
     """The logits after the editing stages (bias, penalties, DRY), before any other."""
+    temperature: float = math.nan
+    """The dynamic temperature used (NaN without one)."""
 
 
 def run_chain(
-    opts: object, order: str, row: np.ndarray, history: Sequence[int], step: int = 0
+    opts: object,
+    order: str,
+    row: np.ndarray,
+    history: Sequence[int],
+    step: int = 0,
+    entropy_floor: float = 0.0,
 ) -> ChainRun:
-    """The whole chain for ``SampleOpts``-like ``opts`` (no mirostat), at ``step`` of sequence 0."""
+    """The whole chain for ``SampleOpts``-like ``opts`` (no mirostat), at ``step`` of sequence 0.
+    ``entropy_floor``: probabilities dynamic temperature's entropy ignores (see ``entropy``)."""
     o = opts
     names, keep_ties, inclusive = PRESETS[order]
     seed = int(o.seed)  # type: ignore[attr-defined]
@@ -480,6 +492,7 @@ def run_chain(
     margin = math.inf
     raw = dict(c)
     after_edits: Cands = dict(c)
+    dyn_t = math.nan
     for name in names:
         if name == "logit_bias":
             c = logit_bias(c, dict(o.logit_bias))  # type: ignore[attr-defined]
@@ -509,7 +522,13 @@ def run_chain(
         elif name == "temperature":
             if o.dynamic_temp is not None:  # type: ignore[attr-defined]
                 lo, hi = o.dynamic_temp  # type: ignore[attr-defined]
-                c, _ = dynamic_temperature(c, lo, hi, o.dynamic_temp_exponent)  # type: ignore[attr-defined]
+                c, dyn_t = dynamic_temperature(
+                    c,
+                    lo,
+                    hi,
+                    o.dynamic_temp_exponent,  # type: ignore[attr-defined]
+                    entropy_floor,
+                )
             else:
                 before = c
                 c = temperature(c, o.temperature)  # type: ignore[attr-defined]
@@ -545,4 +564,4 @@ def run_chain(
             c, m = xtc(c, o.xtc_threshold, o.xtc_prob, o.min_keep, coin)  # type: ignore[attr-defined]
             margin = min(margin, m, cut_margin(before, c, edited_since(raw, before, o)))
     token, m = draw(c, uniform(seed, 0, step, 0))
-    return ChainRun(c, token, min(margin, m), after_edits)
+    return ChainRun(c, token, min(margin, m), after_edits, dyn_t)

@@ -6,7 +6,7 @@ PY := $(VENV)/bin/python
 PYPATHS := python tests benches .ci $(wildcard examples) $(wildcard tools)
 export HYPOTHESIS_PROFILE ?= ci
 
-.PHONY: dev lint test test-py test-rust test-bench check bench fmt fuzz fuzz-io fuzz-sampling fuzz-sampling-short
+.PHONY: dev lint test test-py test-rust test-bench check bench fmt fuzz fuzz-release fuzz-io fuzz-sampling fuzz-sampling-short
 
 dev:
 	test -x $(PY) || python3 -m venv $(VENV)
@@ -56,8 +56,13 @@ bench:
 # the machine is shared. Crashes land in fuzz/artifacts/, corpora in fuzz/corpus/.
 FUZZ_SECONDS ?= 600
 FUZZ_IO_TARGETS := gguf safetensors snapshot kv_state cache_dir gguf_engine
-fuzz-io:
+# The campaigns run the extension as released: `make dev` builds a debug one, which
+# ran the Python-facing harnesses 1.5x slower (gguf_engine 1,940/s against 2,840/s).
+fuzz-release:
 	$(PY) -c "import atheris" 2>/dev/null || $(PY) -m pip install -q -e '.[fuzz]'
+	$(VENV)/bin/maturin develop --release -q
+
+fuzz-io: fuzz-release
 	mkdir -p fuzz/artifacts
 	for t in $(FUZZ_IO_TARGETS); do \
 	  nice -n 19 $(PY) tests/fuzz_io.py $$t -max_total_time=$(FUZZ_SECONDS) -timeout=10 \
@@ -69,13 +74,16 @@ fuzz-io:
 # The sampler chain (issue 16): the hypothesis harness against the numpy
 # reference (tests/test_fuzz_sampling.py, also in test-py), then the cargo-fuzz
 # targets of the Rust chain and its pickled state (fuzz/, nightly + cargo-fuzz).
+# FUZZ_SANITIZER=none runs the long chain campaign without AddressSanitizer, 2.5x faster
+# (941/s against 2,312/s); the short runs of `make check` keep it.
+FUZZ_SANITIZER ?= address
 FUZZ_CARGO := cd fuzz && nice -n 19 cargo +nightly fuzz run
 FUZZ_RUN_FLAGS := -timeout=10 -rss_limit_mb=2048 -print_final_stats=1
-fuzz-sampling:
+fuzz-sampling: fuzz-release
 	mkdir -p fuzz/artifacts
 	nice -n 19 $(PY) tests/test_fuzz_sampling.py $(FUZZ_SECONDS)
-	$(FUZZ_CARGO) sampler_chain -- -max_total_time=$(FUZZ_SECONDS) $(FUZZ_RUN_FLAGS)
-	$(FUZZ_CARGO) sampler_state -- -max_total_time=$(FUZZ_SECONDS) -malloc_limit_mb=64 $(FUZZ_RUN_FLAGS)
+	$(FUZZ_CARGO) -s $(FUZZ_SANITIZER) sampler_chain -- -max_total_time=$(FUZZ_SECONDS) $(FUZZ_RUN_FLAGS)
+	$(FUZZ_CARGO) -s $(FUZZ_SANITIZER) sampler_state -- -max_total_time=$(FUZZ_SECONDS) -malloc_limit_mb=64 $(FUZZ_RUN_FLAGS)
 
 # A few seconds of each cargo-fuzz target (the hypothesis harness runs in
 # test-py); skipped, saying so, where nightly Rust or cargo-fuzz is missing.

@@ -335,22 +335,35 @@ def campaign(seconds: float, seed: int | None = None) -> int:
     that reproduce it."""
     seed = random.SystemRandom().randrange(2**63) if seed is None else seed
     rng = random.Random(seed)
-    deadline = time.monotonic() + seconds
+    start = time.monotonic()
+    deadline, report = start + seconds, start + 600
     done = 0
-    while done == 0 or time.monotonic() < deadline:  # one batch at least
-        for _ in range(256):
-            case = draw_case(RandomDraw(rng))
-            try:
-                check_reference(*case)
-            except Exception:  # a mismatch, or the reference itself failing
-                print(f"FAILED at case {done} of seed {seed}: {case!r}")
-                raise
-            done += 1
-    print(
-        f"sampler chain vs reference (seed {seed}): {done} cases, "
-        f"{EXECUTIONS['invariants']} executions ({EXECUTIONS['reference']} compared "
-        f"with the reference), no failure"
-    )
+
+    def summary(how: str) -> None:
+        print(
+            f"sampler chain vs reference (seed {seed}): {done} cases, "
+            f"{EXECUTIONS['invariants']} executions ({EXECUTIONS['reference']} compared "
+            f"with the reference) in {time.monotonic() - start:.0f} s, {how}",
+            flush=True,
+        )
+
+    try:
+        while done == 0 or time.monotonic() < deadline:  # one batch at least
+            for _ in range(256):
+                case = draw_case(RandomDraw(rng))
+                try:
+                    check_reference(*case)
+                except Exception:  # a mismatch, or the reference itself failing
+                    print(f"FAILED at case {done} of seed {seed}: {case!r}", flush=True)
+                    raise
+                done += 1
+            if time.monotonic() > report:  # a long campaign says how far it is
+                summary("running")
+                report += 600
+    except KeyboardInterrupt:  # an interrupted campaign still counts what it checked
+        summary("interrupted, no failure")
+        return 0
+    summary("no failure")
     return 0
 
 

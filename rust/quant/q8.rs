@@ -1843,50 +1843,20 @@ mod x86 {
         }
     }
 
-    pub(super) struct Q4_0;
-    impl Load for Q4_0 {
-        #[inline(always)]
-        unsafe fn load(band: &Band, i: usize, c: usize) -> __m256i {
-            // SAFETY: forwarded.
-            unsafe { <Self as Block>::codes(block::<Self>(band, i, c)) }
-        }
+    /// The 32-byte block formats: a chunk is one block's codes, as its kernel reads them.
+    macro_rules! block_codes {
+        ($($t:ident),*) => {$(
+            pub(super) struct $t;
+            impl Load for $t {
+                #[inline(always)]
+                unsafe fn load(band: &Band, i: usize, c: usize) -> __m256i {
+                    // SAFETY: forwarded.
+                    unsafe { <Self as Block>::codes(block::<Self>(band, i, c)) }
+                }
+            }
+        )*};
     }
-
-    pub(super) struct Q4_1;
-    impl Load for Q4_1 {
-        #[inline(always)]
-        unsafe fn load(band: &Band, i: usize, c: usize) -> __m256i {
-            // SAFETY: forwarded.
-            unsafe { <Self as Block>::codes(block::<Self>(band, i, c)) }
-        }
-    }
-
-    pub(super) struct Q5_0;
-    impl Load for Q5_0 {
-        #[inline(always)]
-        unsafe fn load(band: &Band, i: usize, c: usize) -> __m256i {
-            // SAFETY: forwarded.
-            unsafe { <Self as Block>::codes(block::<Self>(band, i, c)) }
-        }
-    }
-
-    pub(super) struct Q5_1;
-    impl Load for Q5_1 {
-        #[inline(always)]
-        unsafe fn load(band: &Band, i: usize, c: usize) -> __m256i {
-            // SAFETY: forwarded.
-            unsafe { <Self as Block>::codes(block::<Self>(band, i, c)) }
-        }
-    }
-
-    pub(super) struct Iq4Nl;
-    impl Load for Iq4Nl {
-        #[inline(always)]
-        unsafe fn load(band: &Band, i: usize, c: usize) -> __m256i {
-            // SAFETY: forwarded.
-            unsafe { <Self as Block>::codes(block::<Self>(band, i, c)) }
-        }
-    }
+    block_codes!(Q4_0, Q4_1, Q5_0, Q5_1, Iq4Nl);
 
     pub(super) struct Q4K;
     impl Load for Q4K {

@@ -12,6 +12,7 @@ from __future__ import annotations
 import errno
 import json
 import os
+import pickle
 import stat
 import struct
 import subprocess
@@ -37,7 +38,7 @@ from rlx_lm import (
     SessionSnapshot,
     WeightFormatError,
 )
-from rlx_lm._core import KV_MAX_SEQ
+from rlx_lm._core import KV_MAX_SEQ, _kv_snapshot_from_state
 from rlx_lm.generation import generate
 from rlx_lm.runners.llama import load_llama
 from rlx_lm.session import read_header, reclaim_temp_files
@@ -47,7 +48,9 @@ FP = ModelFingerprint("tiny", (1, 1, 2), "m")
 
 
 def snap(tokens: Sequence[int], tag: float = 0.0, cache: KvCache | None = None) -> SessionSnapshot:
-    c = cache or KvCache(n_layers=2, n_kv_heads=1, head_dim=2, max_seq=max(1, len(tokens)))
+    if cache is None:  # not `cache or`: an empty cache is falsy
+        cache = KvCache(n_layers=2, n_kv_heads=1, head_dim=2, max_seq=max(1, len(tokens)))
+    c = cache
     rows = (np.asarray(tokens, np.float32) + tag).reshape(1, -1, 1).repeat(2, axis=2)
     for layer in range(c.n_layers):
         c.append(layer, rows, -rows)
@@ -91,6 +94,47 @@ def test_a_tiny_header_declaring_a_billion_layers_is_refused_without_memory(
     path.write_bytes(hostile_header({**BILLION_LAYERS, "n_layers": "4000"}))
     with pytest.raises(WeightFormatError, match="0 tensors for the declared 4000 layers"):
         read_header(path)
+
+
+def _vm_size() -> int:
+    with open("/proc/self/status") as f:
+        return next(int(line.split()[1]) * 1024 for line in f if line.startswith("VmSize:"))
+
+
+@pytest.mark.skipif(not Path("/proc/self/status").exists(), reason="reads VmSize from /proc")
+def test_a_loaded_snapshot_reserves_its_rows_not_its_claimed_capacity(tmp_path: Path) -> None:
+    """A snapshot read from outside (a pickled state or a file) holds the rows it brought:
+    a 32 KB state claiming max_seq = 2^24 over 4096 layers reserved 512 GiB of address
+    space, one slab of max_seq rows a layer (issue 16)."""
+    layers = 4096
+    state = b"RLXKVSN1" + struct.pack("<6Q", layers, 1, 1, 0, KV_MAX_SEQ, 1)
+    state += np.arange(2 * layers, dtype="<f4").tobytes()
+    assert len(state) < 40_000
+    before = _vm_size()
+    kv = pickle.loads(pickle.dumps(_kv_snapshot_from_state(state)))
+    assert (len(kv), kv.max_seq, kv.n_layers) == (1, KV_MAX_SEQ, layers)
+    assert _vm_size() - before < 1 << 30
+    # The same claim in a session file: the header edited to the largest max_seq.
+    path = tmp_path / "wide.rlxkv"
+    cache = KvCache(n_layers=512, n_kv_heads=1, head_dim=2, max_seq=4)
+    snap([5, 6], cache=cache).save(path)
+    raw = path.read_bytes()
+    n = struct.unpack("<Q", raw[:8])[0]
+    doc = json.loads(raw[8 : 8 + n])
+    doc["__metadata__"]["max_seq"] = str(KV_MAX_SEQ)
+    header = json.dumps(doc, separators=(",", ":")).encode()
+    header += b" " * (-len(header) % 8)
+    path.write_bytes(struct.pack("<Q", len(header)) + header + raw[8 + n :])
+    before = _vm_size()
+    loaded = SessionSnapshot.load(path)
+    assert list(loaded.tokens) == [5, 6]
+    assert loaded.kv.max_seq == KV_MAX_SEQ
+    assert _vm_size() - before < 1 << 30
+    # It still restores and grows: the layer moves to the cache's own slab.
+    back = KvCache(n_layers=512, n_kv_heads=1, head_dim=2, max_seq=8)
+    back.restore(loaded.kv)
+    back.append(0, np.full((1, 1, 2), 7, np.float32), np.full((1, 1, 2), 7, np.float32))
+    assert back.keys(0)[0, :, 0].tolist() == [5.0, 6.0, 7.0]
 
 
 @pytest.mark.parametrize(

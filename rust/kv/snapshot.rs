@@ -174,12 +174,17 @@ impl KvSnapshot {
                 continue;
             }
             let (h, d, t) = (geometry.n_kv_heads, geometry.head_dim, geometry.dtype);
+            // Room for the `len` rows the input holds, not for `max_seq`: the
+            // reservation is bounded by what the caller checked is there (a
+            // 32 KB state claiming max_seq = 2^24 over 4096 layers reserved
+            // 512 GiB). A cache restored from it that grows past `len` moves
+            // the layer to a slab of its own `max_seq` once (`KvCache::append`).
             // Huge pages when each head's rows fill at least one: at most half
             // of the committed memory is slack, and filling is 4-5x faster.
             let slab = if len * d * t.itemsize() >= HUGE_PAGE {
-                Slab::new_huge(h, max_seq, d, t)?
+                Slab::new_huge(h, len, d, t)?
             } else {
-                Slab::new(h, max_seq, d, t)?
+                Slab::new(h, len, d, t)?
             };
             let slab = Arc::new(slab);
             for half in [Half::Keys, Half::Values] {

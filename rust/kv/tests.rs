@@ -319,7 +319,8 @@ fn large_loaded_snapshots_use_padded_huge_page_storage_transparently() {
         };
         assert_eq!(a, b);
     }
-    // A cache restored from it appends in place and copies correctly on a move.
+    // A cache restored from it copies correctly when it moves the layer to
+    // grow (a loaded slab holds the loaded rows only), and again on truncate.
     let mut r = KvCache::new(g, len + 3).unwrap();
     r.restore(&back).unwrap();
     let one = Array3::<f32>::from_elem((2, 1, 128), 7.0);
@@ -375,6 +376,39 @@ fn hostile_sizes_are_errors_not_panics() {
             "field {field}"
         );
     }
+}
+
+#[test]
+fn a_loaded_state_reserves_its_rows_not_its_claimed_capacity() {
+    // Issue 16: 32 KB claiming max_seq = 2^24 over 4096 layers reserved 512 GiB.
+    let g = Geometry {
+        n_layers: 4096,
+        n_kv_heads: 1,
+        head_dim: 1,
+        dtype: Dtype::F32,
+    };
+    let mut state = Vec::from(&b"RLXKVSN1"[..]);
+    for field in [4096u64, 1, 1, 0, MAX_SEQ_LIMIT as u64, 1] {
+        state.extend_from_slice(&field.to_le_bytes());
+    }
+    state.extend((0..4096 * 2).flat_map(|i| (i as f32).to_le_bytes()));
+    let snap = KvSnapshot::from_state(&state).unwrap();
+    assert_eq!((snap.len(), snap.max_seq()), (1, MAX_SEQ_LIMIT));
+    for layer in [0, 4095] {
+        let claim = snap.claim_layer(layer).unwrap().unwrap();
+        assert_eq!(claim.slab().capacity(), 1, "layer {layer}");
+    }
+    // Restored into a cache of that capacity, it grows by moving, rows intact.
+    let mut c = KvCache::new(g, 64).unwrap();
+    c.restore(&snap).unwrap();
+    let one = Array3::<f32>::from_elem((1, 1, 1), -1.0);
+    c.append(4095, one.view(), one.view()).unwrap();
+    let moved = c.claim_layer(4095).unwrap().unwrap();
+    assert_eq!(moved.slab().capacity(), 64);
+    // SAFETY: the claim covers 2 rows.
+    let keys = unsafe { moved.slab().rows(Half::Keys, 0, 2) };
+    let first = f32::from_le_bytes(keys[..4].try_into().unwrap());
+    assert_eq!(first, (2 * 4095) as f32);
 }
 
 #[test]

@@ -39,7 +39,7 @@ from rlx_lm import (
     WeightFormatError,
 )
 from rlx_lm._core import KV_MAX_SEQ, _kv_snapshot_from_state
-from rlx_lm.generation import generate
+from rlx_lm.generation import generate, stream
 from rlx_lm.runners.llama import load_llama
 from rlx_lm.session import read_header, reclaim_temp_files
 from rlx_lm.tokenizer import Tokenizer
@@ -186,14 +186,17 @@ def test_a_load_racing_a_resave_reads_one_file_consistently(
     first, second = snap([1, 2, 3], tag=0.0), snap([7, 8, 9, 10, 11], tag=50.0)
     first.save(path)
     read_rows = session_mod._read_rows
+    raced: list[bool] = []
 
     def resave_then_read(f: Any, info: Any) -> KvSnapshot:
         second.save(path)  # the file is replaced between the header and the rows
+        raced.append(True)
         return read_rows(f, info)
 
     monkeypatch.setattr(session_mod, "_read_rows", resave_then_read)
     loaded = SessionSnapshot.load(path)
     monkeypatch.undo()
+    assert raced == [True]  # the race happened: the load read its rows through the hook
     assert loaded.tokens == (1, 2, 3)
     np.testing.assert_array_equal(loaded.kv.keys(1)[0, :, 0], [1, 2, 3])
     again = SessionSnapshot.load(path)  # the new file is whole too
@@ -348,6 +351,13 @@ def test_a_full_disk_under_a_persistent_cache_does_not_cost_the_result(
     assert again.tokens == want.tokens
     assert again.reused_tokens > 0
     assert list(tmp_path.iterdir()) == []
+    # stream() too: every chunk reaches the caller, and the text is generate()'s.
+    fresh = PromptCache(1 << 26, fingerprint=runner.fingerprint, directory=tmp_path)
+    with pytest.warns(RuntimeWarning, match="No space left on device"):
+        chunks = list(stream(runner, tok, "hello world", max_tokens=6, prompt_cache=fresh))
+    assert [c.token for c in chunks if c.token is not None] == list(want.tokens)
+    assert "".join(c.text for c in chunks) == want.text
+    assert fresh.stats().write_failures >= 1
 
 
 def test_float16_and_float32_runners_sharing_a_cache_both_generate(

@@ -155,9 +155,8 @@ def test_sentencepiece_without_space_prefix(tmp_path: Path) -> None:
     assert tok.decode(ids) == "the cat"
 
 
-def test_a_gguf_claiming_a_huge_metadata_array_is_refused_at_once(tmp_path: Path) -> None:
-    # Issue 16: 97 bytes declaring a 2^40-item string array hung Tokenizer.load (through
-    # gguf.GGUFReader) with memory growing; the bounds-checked walker refuses it up front.
+def _huge_array_gguf(tmp_path: Path) -> Path:
+    """97 bytes declaring a 2^40-item string array (issue 16)."""
     import struct
 
     key = b"tokenizer.ggml.tokens"
@@ -167,10 +166,46 @@ def test_a_gguf_claiming_a_huge_metadata_array_is_refused_at_once(tmp_path: Path
     assert len(raw) == 97
     bad = tmp_path / "huge.gguf"
     bad.write_bytes(raw)
+    return bad
+
+
+@pytest.mark.parametrize("loader", ["Tokenizer.load", "load_llama", "load_model"])
+def test_a_gguf_claiming_a_huge_metadata_array_is_refused_at_once(
+    tmp_path: Path, loader: str
+) -> None:
+    # Issue 16: 97 bytes declaring a 2^40-item string array hung Tokenizer.load and
+    # load_llama (through gguf.GGUFReader) with memory growing; the bounds-checked
+    # walker refuses it up front, on every path that opens a model.
+    from rlx_lm import load_model
+    from rlx_lm.runners.llama import load_llama
+
+    bad = _huge_array_gguf(tmp_path)
+    load = {"Tokenizer.load": Tokenizer.load, "load_llama": load_llama, "load_model": load_model}
     t0 = time.monotonic()
     with pytest.raises(WeightFormatError, match="claims 1099511627776 items"):
-        Tokenizer.load(bad)
+        load[loader](bad)
     assert time.monotonic() - t0 < 10
+
+
+def test_the_cli_refuses_a_gguf_claiming_a_huge_metadata_array_in_one_line(
+    tmp_path: Path,
+) -> None:
+    # The CLI built the tokenizer before validating anything, and hung there.
+    import subprocess
+    import sys
+
+    bad = _huge_array_gguf(tmp_path)
+    done = subprocess.run(
+        [sys.executable, "-m", "rlx_lm.cli", "generate", str(bad), "-p", "hi", "-n", "1"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert done.returncode == 2, done.stderr
+    assert done.stderr.startswith("rlx-lm: error:")
+    assert "claims 1099511627776 items" in done.stderr
+    assert "Traceback" not in done.stderr
 
 
 @pytest.mark.parametrize(

@@ -9,6 +9,9 @@ targets coverage-guided with atheris for the long campaign.
 from __future__ import annotations
 
 import struct
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 from fuzz_io import TARGETS, seeds
@@ -72,3 +75,40 @@ def test_mutated_inputs_are_accepted_or_refused_typed(name: str) -> None:
         TARGETS[name](data)
 
     run()
+
+
+_CAPPED = """
+import struct, sys
+import numpy as np
+sys.path.insert(0, sys.argv[1])
+import fuzz_io
+fuzz_io.limit_address_space(2)
+try:
+    np.ones(3 << 28, dtype=np.uint8)  # 768 MiB: fits under the cap
+    np.empty(1 << 32, dtype=np.uint8)  # 4 GiB of address space: does not
+except MemoryError:
+    pass
+else:
+    raise SystemExit("a 4 GiB reservation passed a 2 GiB cap")
+# A state whose header claims 2^24 tokens over 4096 layers: its rows, not its claim.
+layers = 4096
+state = b"RLXKVSN1" + struct.pack("<6Q", layers, 1, 1, 0, 1 << 24, 1)
+fuzz_io.TARGETS["kv_state"](state + np.arange(2 * layers, dtype="<f4").tobytes())
+print("ok")
+"""
+
+
+@pytest.mark.skipif(sys.platform != "linux", reason="RLIMIT_AS as Linux enforces it")
+def test_the_campaign_caps_address_space_so_reservations_are_findings() -> None:
+    """The atheris driver caps the address space (``RLX_FUZZ_AS_GB``): a reservation sized by
+    a header (untouched, so invisible to ``-rss_limit_mb``) fails at once and the target sees
+    it. Before its fix, the KV state below failed here with InvalidOptionError."""
+    done = subprocess.run(
+        [sys.executable, "-c", _CAPPED, str(Path(__file__).parent)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "ok"

@@ -354,28 +354,30 @@ impl PyEngine {
 
     /// Threads in this engine's pool.
     #[getter]
-    fn threads(&self) -> usize {
-        self.threads
+    fn threads(&self) -> PyResult<usize> {
+        catch_panics(|| Ok(self.threads))
     }
 
     /// How activations meet the weights: `"exact"` or `"q8"`.
     #[getter]
-    fn activations(&self) -> &'static str {
-        self.model.activations.name()
+    fn activations(&self) -> PyResult<&'static str> {
+        catch_panics(|| Ok(self.model.activations.name()))
     }
 
     /// Bytes of the memory-mapped weight files.
     #[getter]
-    fn mapped_bytes(&self) -> usize {
-        self.model.weights.store.nbytes()
+    fn mapped_bytes(&self) -> PyResult<usize> {
+        catch_panics(|| Ok(self.model.weights.store.nbytes()))
     }
 }
 
 /// ggml type ids the engine multiplies in place (others must be dequantised
 /// at load by the caller).
 #[pyfunction]
-pub fn engine_kernel_types() -> Vec<u32> {
-    (0..64)
-        .filter(|&id| crate::engine::linear::Kind::from_ggml(id).is_ok())
-        .collect()
+pub fn engine_kernel_types() -> PyResult<Vec<u32>> {
+    catch_panics(|| {
+        Ok((0..64)
+            .filter(|&id| crate::engine::linear::Kind::from_ggml(id).is_ok())
+            .collect())
+    })
 }

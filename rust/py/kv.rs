@@ -184,8 +184,11 @@ impl PyKvCache {
     }
 
     /// Drop every token.
-    fn clear(&mut self) {
-        self.inner.clear();
+    fn clear(&mut self) -> PyResult<()> {
+        catch_panics(|| {
+            self.inner.clear();
+            Ok(())
+        })
     }
 
     /// Freeze the current contents; costs one reference per layer, copies nothing.
@@ -212,13 +215,13 @@ impl PyKvCache {
     }
 
     /// Tokens every layer holds.
-    fn len(&self) -> usize {
-        self.inner.len()
+    fn len(&self) -> PyResult<usize> {
+        catch_panics(|| Ok(self.inner.len()))
     }
 
     /// `len(cache)`: tokens every layer holds.
-    fn __len__(&self) -> usize {
-        self.inner.len()
+    fn __len__(&self) -> PyResult<usize> {
+        catch_panics(|| Ok(self.inner.len()))
     }
 
     /// Tokens held by one layer (differs from `len()` only mid forward pass).
@@ -228,51 +231,53 @@ impl PyKvCache {
 
     /// Bytes of the stored rows (keys and values, all layers).
     #[getter]
-    fn nbytes(&self) -> usize {
-        self.inner.nbytes()
+    fn nbytes(&self) -> PyResult<usize> {
+        catch_panics(|| Ok(self.inner.nbytes()))
     }
 
     /// Number of layers.
     #[getter]
-    fn n_layers(&self) -> usize {
-        self.inner.geometry().n_layers
+    fn n_layers(&self) -> PyResult<usize> {
+        catch_panics(|| Ok(self.inner.geometry().n_layers))
     }
 
     /// Key/value heads per layer.
     #[getter]
-    fn n_kv_heads(&self) -> usize {
-        self.inner.geometry().n_kv_heads
+    fn n_kv_heads(&self) -> PyResult<usize> {
+        catch_panics(|| Ok(self.inner.geometry().n_kv_heads))
     }
 
     /// Elements per head.
     #[getter]
-    fn head_dim(&self) -> usize {
-        self.inner.geometry().head_dim
+    fn head_dim(&self) -> PyResult<usize> {
+        catch_panics(|| Ok(self.inner.geometry().head_dim))
     }
 
     /// Tokens each layer can hold.
     #[getter]
-    fn max_seq(&self) -> usize {
-        self.inner.max_seq()
+    fn max_seq(&self) -> PyResult<usize> {
+        catch_panics(|| Ok(self.inner.max_seq()))
     }
 
     /// Storage dtype name, "float32" or "float16".
     #[getter]
-    fn dtype(&self) -> &'static str {
-        self.inner.geometry().dtype.name()
+    fn dtype(&self) -> PyResult<&'static str> {
+        catch_panics(|| Ok(self.inner.geometry().dtype.name()))
     }
 
-    fn __repr__(&self) -> String {
-        let g = self.inner.geometry();
-        format!(
-            "KvCache(n_layers={}, n_kv_heads={}, head_dim={}, max_seq={}, dtype='{}', len={})",
-            g.n_layers,
-            g.n_kv_heads,
-            g.head_dim,
-            self.inner.max_seq(),
-            g.dtype.name(),
-            self.inner.len()
-        )
+    fn __repr__(&self) -> PyResult<String> {
+        catch_panics(|| {
+            let g = self.inner.geometry();
+            Ok(format!(
+                "KvCache(n_layers={}, n_kv_heads={}, head_dim={}, max_seq={}, dtype='{}', len={})",
+                g.n_layers,
+                g.n_kv_heads,
+                g.head_dim,
+                self.inner.max_seq(),
+                g.dtype.name(),
+                self.inner.len()
+            ))
+        })
     }
 }
 
@@ -285,13 +290,13 @@ pub struct PyKvSnapshot {
 #[pymethods]
 impl PyKvSnapshot {
     /// Tokens held.
-    fn len(&self) -> usize {
-        self.inner.len()
+    fn len(&self) -> PyResult<usize> {
+        catch_panics(|| Ok(self.inner.len()))
     }
 
     /// `len(snapshot)`: tokens held.
-    fn __len__(&self) -> usize {
-        self.inner.len()
+    fn __len__(&self) -> PyResult<usize> {
+        catch_panics(|| Ok(self.inner.len()))
     }
 
     /// The keys of one layer as a read-only view `[n_kv_heads, len, head_dim]`.
@@ -312,47 +317,50 @@ impl PyKvSnapshot {
 
     /// Bytes of the rows held (keys and values, all layers).
     #[getter]
-    fn nbytes(&self) -> usize {
-        self.inner.nbytes()
+    fn nbytes(&self) -> PyResult<usize> {
+        catch_panics(|| Ok(self.inner.nbytes()))
     }
 
     /// Number of layers.
     #[getter]
-    fn n_layers(&self) -> usize {
-        self.inner.geometry().n_layers
+    fn n_layers(&self) -> PyResult<usize> {
+        catch_panics(|| Ok(self.inner.geometry().n_layers))
     }
 
     /// Key/value heads per layer.
     #[getter]
-    fn n_kv_heads(&self) -> usize {
-        self.inner.geometry().n_kv_heads
+    fn n_kv_heads(&self) -> PyResult<usize> {
+        catch_panics(|| Ok(self.inner.geometry().n_kv_heads))
     }
 
     /// Elements per head.
     #[getter]
-    fn head_dim(&self) -> usize {
-        self.inner.geometry().head_dim
+    fn head_dim(&self) -> PyResult<usize> {
+        catch_panics(|| Ok(self.inner.geometry().head_dim))
     }
 
     /// Capacity of the cache the snapshot was taken from.
     #[getter]
-    fn max_seq(&self) -> usize {
-        self.inner.max_seq()
+    fn max_seq(&self) -> PyResult<usize> {
+        catch_panics(|| Ok(self.inner.max_seq()))
     }
 
     /// Storage dtype name, "float32" or "float16".
     #[getter]
-    fn dtype(&self) -> &'static str {
-        self.inner.geometry().dtype.name()
+    fn dtype(&self) -> PyResult<&'static str> {
+        catch_panics(|| Ok(self.inner.geometry().dtype.name()))
     }
 
     /// Shared storage pinned, as `(storage_id, blocks, block_bytes)` per layer.
-    fn storage(&self) -> Vec<(u64, usize, usize)> {
-        self.inner
-            .storage()
-            .into_iter()
-            .map(|u| (u.slab, u.blocks, u.block_bytes))
-            .collect()
+    fn storage(&self) -> PyResult<Vec<(u64, usize, usize)>> {
+        catch_panics(|| {
+            Ok(self
+                .inner
+                .storage()
+                .into_iter()
+                .map(|u| (u.slab, u.blocks, u.block_bytes))
+                .collect())
+        })
     }
 
     /// The first `n` tokens, sharing these rows (no copy).
@@ -414,13 +422,13 @@ impl PyKvSnapshot {
     }
 
     /// Snapshots are immutable: a copy is the snapshot itself.
-    fn __copy__(slf: Py<Self>) -> Py<Self> {
-        slf
+    fn __copy__(slf: Py<Self>) -> PyResult<Py<Self>> {
+        catch_panics(|| Ok(slf))
     }
 
     /// Snapshots are immutable: a deep copy is the snapshot itself.
-    fn __deepcopy__(slf: Py<Self>, _memo: &Bound<'_, PyAny>) -> Py<Self> {
-        slf
+    fn __deepcopy__(slf: Py<Self>, _memo: &Bound<'_, PyAny>) -> PyResult<Py<Self>> {
+        catch_panics(|| Ok(slf))
     }
 
     fn __reduce__<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyTuple>> {
@@ -437,16 +445,18 @@ impl PyKvSnapshot {
         })
     }
 
-    fn __repr__(&self) -> String {
-        let g = self.inner.geometry();
-        format!(
-            "KvSnapshot(n_layers={}, n_kv_heads={}, head_dim={}, dtype='{}', len={})",
-            g.n_layers,
-            g.n_kv_heads,
-            g.head_dim,
-            g.dtype.name(),
-            self.inner.len()
-        )
+    fn __repr__(&self) -> PyResult<String> {
+        catch_panics(|| {
+            let g = self.inner.geometry();
+            Ok(format!(
+                "KvSnapshot(n_layers={}, n_kv_heads={}, head_dim={}, dtype='{}', len={})",
+                g.n_layers,
+                g.n_kv_heads,
+                g.head_dim,
+                g.dtype.name(),
+                self.inner.len()
+            ))
+        })
     }
 }
 

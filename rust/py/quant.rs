@@ -167,6 +167,6 @@ pub fn quant_rows<'py>(
 /// The kernel build this process runs: `"avx512"`, `"avx2"`, `"neon"` or
 /// `"portable"` (the widest the CPU has, or a narrower one named by `RLX_SIMD`).
 #[pyfunction]
-pub fn quant_simd() -> &'static str {
-    quant::simd_name()
+pub fn quant_simd() -> PyResult<&'static str> {
+    catch_panics(|| Ok(quant::simd_name()))
 }

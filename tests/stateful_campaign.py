@@ -114,9 +114,7 @@ def campaign(name: str, seconds: float, seed: int | None = None, steps: int = 50
             trail: list[str] = []
             try:
                 for _ in range(steps):
-                    ready = [
-                        r for r in state.rules if all(p(machine) for p in r.preconditions)
-                    ]
+                    ready = [r for r in state.rules if all(p(machine) for p in r.preconditions)]
                     rule = ready[rng.randrange(len(ready))]
                     kwargs = {k: argument(s, rng) for k, s in rule.arguments.items()}
                     trail.append(rule.function.__name__)
@@ -126,9 +124,7 @@ def campaign(name: str, seconds: float, seed: int | None = None, steps: int = 50
                             inv.function(machine)
                     done += 1
             except Exception:
-                print(
-                    f"FAILED in run {runs} of seed {seed} after the steps {trail}", flush=True
-                )
+                print(f"FAILED in run {runs} of seed {seed} after the steps {trail}", flush=True)
                 raise
             finally:
                 machine.teardown()

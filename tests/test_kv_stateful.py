@@ -174,21 +174,15 @@ class KvCacheMachine(RuleBasedStateMachine):
                 assert cache.layer_len(layer) == len(model.keys[layer])
                 expected_k = self.expect(model.stacked(layer, "keys"))
                 same(cache.keys(layer), expected_k)
-                same(
-                    cache.values(layer), self.expect(model.stacked(layer, "values"))
-                )
+                same(cache.values(layer), self.expect(model.stacked(layer, "values")))
 
     @invariant()
     def snapshots_never_change(self) -> None:
         for snap, model in self.snapshots:
             assert snap.len() == model.len()
             for layer in range(N_LAYERS):
-                same(
-                    snap.keys(layer), self.expect(model.stacked(layer, "keys"))
-                )
-                same(
-                    snap.values(layer), self.expect(model.stacked(layer, "values"))
-                )
+                same(snap.keys(layer), self.expect(model.stacked(layer, "keys")))
+                same(snap.values(layer), self.expect(model.stacked(layer, "values")))
 
     @invariant()
     def held_views_never_change(self) -> None:

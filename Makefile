@@ -6,7 +6,7 @@ PY := $(VENV)/bin/python
 PYPATHS := python tests benches .ci $(wildcard examples) $(wildcard tools)
 export HYPOTHESIS_PROFILE ?= ci
 
-.PHONY: dev lint test test-py test-rust test-bench check bench fmt fuzz fuzz-release fuzz-io fuzz-sampling fuzz-sampling-short
+.PHONY: dev lint test test-py test-rust test-bench check bench fmt fuzz fuzz-release fuzz-io fuzz-sampling fuzz-stateful fuzz-sampling-short
 
 dev:
 	test -x $(PY) || python3 -m venv $(VENV)
@@ -93,4 +93,12 @@ fuzz-sampling-short:
 	  ( $(FUZZ_CARGO) sampler_state -- -max_total_time=5 -malloc_limit_mb=64 $(FUZZ_RUN_FLAGS) ); \
 	else echo "fuzz-sampling-short: skipped (needs nightly Rust and cargo-fuzz)"; fi
 
-fuzz: fuzz-io fuzz-sampling
+# The stateful machines of tests/test_kv_stateful.py, their rules and invariants driven by a
+# seeded PRNG (tests/stateful_campaign.py): FUZZ_SECONDS per machine.
+STATEFUL_MACHINES := kv kv_float16 kv_page_rows prompt_cache
+fuzz-stateful: fuzz-release
+	for m in $(STATEFUL_MACHINES); do \
+	  nice -n 19 $(PY) tests/stateful_campaign.py $$m $(FUZZ_SECONDS) || exit 1; \
+	done
+
+fuzz: fuzz-io fuzz-sampling fuzz-stateful

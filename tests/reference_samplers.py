@@ -482,9 +482,13 @@ def run_chain(
     history: Sequence[int],
     step: int = 0,
     entropy_floor: float = 0.0,
+    float32_logits: bool = False,
 ) -> ChainRun:
     """The whole chain for ``SampleOpts``-like ``opts`` (no mirostat), at ``step`` of sequence 0.
-    ``entropy_floor``: probabilities dynamic temperature's entropy ignores (see ``entropy``)."""
+    ``entropy_floor``: probabilities dynamic temperature's entropy ignores (see ``entropy``).
+    ``float32_logits``: each stage that changes logits (bias, penalties, DRY, temperature)
+    hands on float32 values, as the chain stores them, the rest still in float64: what the
+    chain's decisions see where float32 ties what float64 orders."""
     o = opts
     names, keep_ties, inclusive = PRESETS[order]
     seed = int(o.seed)  # type: ignore[attr-defined]
@@ -493,9 +497,13 @@ def run_chain(
     raw = dict(c)
     after_edits: Cands = dict(c)
     dyn_t = math.nan
+
+    def stored(c: Cands) -> Cands:
+        return {t: float(np.float32(v)) for t, v in c.items()} if float32_logits else c
+
     for name in names:
         if name == "logit_bias":
-            c = logit_bias(c, dict(o.logit_bias))  # type: ignore[attr-defined]
+            c = stored(logit_bias(c, dict(o.logit_bias)))  # type: ignore[attr-defined]
             after_edits = dict(c)
         elif name == "penalties":
             c = penalties(
@@ -507,6 +515,7 @@ def run_chain(
                 o.repetition_window,  # type: ignore[attr-defined]
                 order,
             )
+            c = stored(c)
             after_edits = dict(c)
         elif name == "dry" and o.dry_multiplier > 0:  # type: ignore[attr-defined]
             c = dry(
@@ -518,6 +527,7 @@ def run_chain(
                 o.dry_max_ngram,  # type: ignore[attr-defined]
                 o.dry_sequence_breakers,  # type: ignore[attr-defined]
             )
+            c = stored(c)
             after_edits = dict(c)
         elif name == "temperature":
             if o.dynamic_temp is not None:  # type: ignore[attr-defined]
@@ -529,9 +539,10 @@ def run_chain(
                     o.dynamic_temp_exponent,  # type: ignore[attr-defined]
                     entropy_floor,
                 )
+                c = stored(c)
             else:
                 before = c
-                c = temperature(c, o.temperature)  # type: ignore[attr-defined]
+                c = stored(temperature(c, o.temperature))  # type: ignore[attr-defined]
                 if o.temperature <= 0:  # type: ignore[attr-defined]
                     # greedy: the argmax is a cut too
                     margin = min(margin, cut_margin(before, c, edited_since(raw, before, o)))

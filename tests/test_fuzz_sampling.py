@@ -294,6 +294,15 @@ def check_reference(o: SampleOpts, order: str, row: np.ndarray, history: list[in
     # tie-break's business, not the reference's).
     if token in want.final or any(token in a.final for a in alternatives):
         return
+    # The reference on float32 logits, as the chain stores them after each editing stage
+    # and the temperature: where float32 ties two tokens float64 still orders, a stage's
+    # cut keeps both (Hugging Face's typical keeps a tied boundary), and a later stage's
+    # statistics (top-n-sigma's mean and deviation) see a different set (seed 2793612892,
+    # case 1398336).
+    seen32 = ref.run_chain(o, order, row, history, float32_logits=True)
+    alternatives.append(seen32)
+    if token in seen32.final:
+        return
     # The tolerance in raw-logit units: the float32 rounding of the largest logit
     # before temperature (at temperature 0 the argmax decides on raw logits), and the
     # absolute rounding of float32 probabilities (1e-5 nats), which stages ahead of the
@@ -468,6 +477,33 @@ def test_a_dynamic_temperature_float32_cannot_resolve_is_not_judged_exactly() ->
     assert token not in want.final
     assert token in seen32.final
     check_reference(o, "default", row, history)
+
+
+def test_a_tie_float32_makes_at_a_cut_is_judged_on_float32_logits() -> None:
+    """Found by the campaign (seed 2793612892, case 1398336): a bias of 1e30 on tokens 1 and
+    6 of a row at 1e20 ties them in float32 (float64 still orders them by 1.3e21); Hugging
+    Face's typical keeps both at its boundary, and top-n-sigma over that larger set keeps
+    every token, where float64's set of one keeps only token 6. The chain's token is
+    judged against the reference on float32 logits as well."""
+    o = SampleOpts(
+        temperature=1e30,
+        top_k=282,
+        typical_p=0.6727510690689087,
+        top_n_sigma=2.540375232696533,
+        frequency_penalty=1.6273422241210938,
+        seed=5567584775169369863,
+        logit_bias={1: 1e30, 6: 1e30, 10: -math.inf},
+    )
+    eighths = "58 58 -60 0 -72 28 -48 -66 -8 24 -18"
+    row = np.array([float(v) * 1.25e19 for v in eighths.split()], dtype=np.float32)
+    history = [3, 4, 1, 2, 1, 5, 5, 2, 0, 3, 5, 5]
+    token = o.into_chain("hf").peek(row, history)
+    want = ref.run_chain(o, "hf", row, history)
+    seen32 = ref.run_chain(o, "hf", row, history, float32_logits=True)
+    assert sorted(want.final) == [6]
+    assert token not in want.final
+    assert token in seen32.final
+    check_reference(o, "hf", row, history)
 
 
 def test_the_campaign_driver_checks_cases() -> None:

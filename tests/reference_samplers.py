@@ -499,7 +499,10 @@ def run_chain(
     dyn_t = math.nan
 
     def stored(c: Cands) -> Cands:
-        return {t: float(np.float32(v)) for t, v in c.items()} if float32_logits else c
+        if not float32_logits:
+            return c
+        with np.errstate(over="ignore"):  # past float32's range is +-inf, as in the chain
+            return {t: float(np.float32(v)) for t, v in c.items()}
 
     for name in names:
         if name == "logit_bias":

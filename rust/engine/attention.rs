@@ -353,40 +353,17 @@ mod x86 {
         }
     }
 
-    #[target_feature(enable = "avx2,fma,f16c")]
-    pub(super) unsafe fn attend_span(
-        qv: &[f32],
-        segments: &[(Seg<'_>, Seg<'_>)],
-        hd: usize,
-        scale: f32,
-        scores: &mut Vec<f32>,
-        out: &mut [f32],
-    ) -> (f32, f32) {
-        let lanes = hd / 8;
-        let mut q = [_mm256_setzero_ps(); 32];
-        for (c, q) in q.iter_mut().take(lanes).enumerate() {
-            // SAFETY: qv holds hd values.
-            *q = unsafe { _mm256_loadu_ps(qv.as_ptr().add(8 * c)) };
-        }
-        scores.clear();
-        for (keys, _) in segments {
-            for i in 0..seg_rows(keys, hd) {
-                let mut acc = _mm256_setzero_ps();
-                for (c, q) in q.iter().take(lanes).enumerate() {
-                    // SAFETY: row i holds hd values.
-                    acc = _mm256_fmadd_ps(*q, unsafe { load(keys, i * hd + 8 * c) }, acc);
-                }
-                // SAFETY: AVX present.
-                scores.push(unsafe { hsum(acc) } * scale);
-            }
-        }
+    /// `scores = exp(scores - m)` in place; returns `(m, sum)`, `m` the
+    /// largest score. Every span kernel's softmax, so they share its bits.
+    #[inline(always)]
+    unsafe fn softmax(scores: &mut [f32]) -> (f32, f32) {
         let t = scores.len();
         let max = scores.iter().fold(f32::NEG_INFINITY, |m, &s| m.max(s));
-        let mv = _mm256_set1_ps(max);
-        let mut sums = _mm256_setzero_ps();
+        // SAFETY: AVX present (caller).
+        let (mv, mut sums) = unsafe { (_mm256_set1_ps(max), _mm256_setzero_ps()) };
         let whole = t / 8 * 8;
         for at in (0..whole).step_by(8) {
-            // SAFETY: 8 scores at `at`.
+            // SAFETY: 8 scores at `at`; AVX2 + FMA present (caller).
             unsafe {
                 let p = scores.as_mut_ptr().add(at);
                 let e = exp_neg(_mm256_sub_ps(_mm256_loadu_ps(p), mv));
@@ -394,7 +371,7 @@ mod x86 {
                 sums = _mm256_add_ps(sums, e);
             }
         }
-        // SAFETY: AVX present.
+        // SAFETY: AVX present (caller).
         let mut sum = unsafe { hsum(sums) };
         if whole < t {
             let mut tail = [-1.0e30f32; 8];
@@ -410,22 +387,165 @@ mod x86 {
                 sum += e;
             }
         }
-        let mut o = [_mm256_setzero_ps(); 32];
-        let mut p = 0usize;
-        for (_, values) in segments {
-            for i in 0..seg_rows(values, hd) {
-                let w = _mm256_set1_ps(scores[p]);
-                p += 1;
-                for (c, o) in o.iter_mut().take(lanes).enumerate() {
-                    // SAFETY: row i holds hd values.
-                    *o = _mm256_fmadd_ps(w, unsafe { load(values, i * hd + 8 * c) }, *o);
+        (max, sum)
+    }
+
+    /// `out = sum_i w_i * v_i` over the value rows of `segments`, `w_i` =
+    /// `weights[i]`: each eight-lane accumulator from zero over the rows in
+    /// order. Eight chunks of eight lanes at a time, their accumulators in
+    /// registers (eight independent FMA chains), the last ones chunk by chunk.
+    ///
+    /// # Safety
+    /// AVX2, FMA and F16C present; `hd` a multiple of 8; `weights` holds a
+    /// weight a row; `out` holds `hd` values.
+    #[inline(always)]
+    unsafe fn weighted_values(
+        segments: &[(Seg<'_>, Seg<'_>)],
+        hd: usize,
+        weights: &[f32],
+        out: &mut [f32],
+    ) {
+        /// Chunks `c0..c0 + K`.
+        #[inline(always)]
+        unsafe fn block<const K: usize>(
+            segments: &[(Seg<'_>, Seg<'_>)],
+            hd: usize,
+            weights: &[f32],
+            c0: usize,
+            out: &mut [f32],
+        ) {
+            // SAFETY: the caller's contract.
+            unsafe {
+                let mut o = [_mm256_setzero_ps(); K];
+                let mut w = weights.as_ptr();
+                for (_, values) in segments {
+                    for i in 0..seg_rows(values, hd) {
+                        let wv = _mm256_set1_ps(*w);
+                        w = w.add(1);
+                        for (c, o) in o.iter_mut().enumerate() {
+                            *o = _mm256_fmadd_ps(wv, load(values, i * hd + 8 * (c0 + c)), *o);
+                        }
+                    }
+                }
+                for (c, o) in o.iter().enumerate() {
+                    _mm256_storeu_ps(out.as_mut_ptr().add(8 * (c0 + c)), *o);
                 }
             }
         }
-        for (c, o) in o.iter().take(lanes).enumerate() {
-            // SAFETY: out holds hd values.
-            unsafe { _mm256_storeu_ps(out.as_mut_ptr().add(8 * c), *o) };
+        let (lanes, mut c0) = (hd / 8, 0);
+        // SAFETY: the caller's contract.
+        unsafe {
+            while c0 + 8 <= lanes {
+                block::<8>(segments, hd, weights, c0, out);
+                c0 += 8;
+            }
+            while c0 < lanes {
+                block::<1>(segments, hd, weights, c0, out);
+                c0 += 1;
+            }
         }
+    }
+
+    /// `scores = [qv . k_i * scale]` over the keys of `segments`: per key an
+    /// FMA chain over its eight-value chunks from zero, then [`hsum`]'s
+    /// adds, then the scale. Keys go eight at a time (eight independent
+    /// chains, and one reduction for the eight: the same adds as [`hsum`]
+    /// on each, laid out across lanes), the rest one by one; the bits are
+    /// the same either way.
+    ///
+    /// # Safety
+    /// AVX2, FMA and F16C present; `hd` a multiple of 8 up to 256; `qv` and
+    /// every key row hold `hd` values.
+    #[inline(always)]
+    unsafe fn qk_scores(
+        qv: &[f32],
+        segments: &[(Seg<'_>, Seg<'_>)],
+        hd: usize,
+        scale: f32,
+        scores: &mut Vec<f32>,
+    ) {
+        let lanes = hd / 8;
+        let t: usize = segments.iter().map(|(k, _)| seg_rows(k, hd)).sum();
+        scores.clear();
+        scores.resize(t, 0.0);
+        let sp = scores.as_mut_ptr();
+        let qp = qv.as_ptr();
+        let mut p = 0usize;
+        // SAFETY (whole body): the caller's contract; p + 8 <= t in blocks.
+        unsafe {
+            let sv = _mm256_set1_ps(scale);
+            // Lane order of the block's reduction: keys 0, 2, 4, 6 | 1, 3, 5, 7.
+            let order = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7);
+            for (keys, _) in segments {
+                let rows = seg_rows(keys, hd);
+                let mut i = 0;
+                while i + 8 <= rows {
+                    let mut a = [_mm256_setzero_ps(); 8];
+                    for c in 0..lanes {
+                        let q = _mm256_loadu_ps(qp.add(8 * c));
+                        for (k, a) in a.iter_mut().enumerate() {
+                            *a = _mm256_fmadd_ps(q, load(keys, (i + k) * hd + 8 * c), *a);
+                        }
+                    }
+                    // hsum's adds: s_j = v_j + v_(j+4); t = (s0 + s2, s1 + s3);
+                    // t0 + t1. Pairs of keys share a register at each step.
+                    let half = |x: __m256, y: __m256| {
+                        _mm256_add_ps(
+                            _mm256_permute2f128_ps::<0x20>(x, y),
+                            _mm256_permute2f128_ps::<0x31>(x, y),
+                        )
+                    };
+                    let (s01, s23, s45, s67) = (
+                        half(a[0], a[1]),
+                        half(a[2], a[3]),
+                        half(a[4], a[5]),
+                        half(a[6], a[7]),
+                    );
+                    let pair = |x: __m256, y: __m256| {
+                        _mm256_add_ps(
+                            _mm256_shuffle_ps::<0b01_00_01_00>(x, y),
+                            _mm256_shuffle_ps::<0b11_10_11_10>(x, y),
+                        )
+                    };
+                    let (t0, t1) = (pair(s01, s23), pair(s45, s67));
+                    let r = _mm256_add_ps(
+                        _mm256_shuffle_ps::<0b10_00_10_00>(t0, t1),
+                        _mm256_shuffle_ps::<0b11_01_11_01>(t0, t1),
+                    );
+                    let r = _mm256_permutevar8x32_ps(r, order);
+                    _mm256_storeu_ps(sp.add(p), _mm256_mul_ps(r, sv));
+                    i += 8;
+                    p += 8;
+                }
+                while i < rows {
+                    let mut acc = _mm256_setzero_ps();
+                    for c in 0..lanes {
+                        let q = _mm256_loadu_ps(qp.add(8 * c));
+                        acc = _mm256_fmadd_ps(q, load(keys, i * hd + 8 * c), acc);
+                    }
+                    *sp.add(p) = hsum(acc) * scale;
+                    i += 1;
+                    p += 1;
+                }
+            }
+        }
+    }
+
+    #[target_feature(enable = "avx2,fma,f16c")]
+    pub(super) unsafe fn attend_span(
+        qv: &[f32],
+        segments: &[(Seg<'_>, Seg<'_>)],
+        hd: usize,
+        scale: f32,
+        scores: &mut Vec<f32>,
+        out: &mut [f32],
+    ) -> (f32, f32) {
+        // SAFETY: AVX2, FMA, F16C present; qv and every row hold hd values.
+        unsafe { qk_scores(qv, segments, hd, scale, scores) };
+        // SAFETY: AVX2 + FMA present.
+        let (max, sum) = unsafe { softmax(scores) };
+        // SAFETY: as above; out holds hd values.
+        unsafe { weighted_values(segments, hd, scores, out) };
         (max, sum)
     }
 }
@@ -537,32 +657,95 @@ mod tests {
                 })
                 .collect()
         };
-        let hd = 16;
-        for t in [1usize, SPAN - 1, SPAN, SPAN + 1, 3 * SPAN + 5] {
-            let (k, v) = (rnd(t * hd), rnd(t * hd));
-            let qs: Vec<Vec<f32>> = (0..3).map(|_| rnd(hd)).collect();
-            // Two segments split off the span grid: span_of covers each row once.
-            let cut = t / 3;
-            let segs = [
-                (Rows::F32(&k[..cut * hd]), Rows::F32(&v[..cut * hd])),
-                (Rows::F32(&k[cut * hd..]), Rows::F32(&v[cut * hd..])),
-            ];
-            let n = spans(t);
-            let rows: usize = (0..n)
-                .map(|s| segments_rows(span_of(&segs, s, hd).get(), hd))
-                .sum();
-            assert_eq!(rows, t);
-            assert!((0..n).all(|s| segments_rows(span_of(&segs, s, hd).get(), hd) <= SPAN));
-            let mut scratch = Scratch::default();
-            let mut alone = vec![vec![0.0f32; hd]; 3];
-            for (q, out) in qs.iter().zip(alone.iter_mut()) {
-                attend(q, &segs, hd, 0.25, &mut scratch, out);
+        // Groups of 1..=9 heads: the fused kernel's 2, 3 and 4 and the
+        // remainders of larger groups cut into fours; both storages.
+        for hd in [16usize, 64] {
+            for t in [1usize, SPAN - 1, SPAN, SPAN + 1, 3 * SPAN + 5] {
+                let (k, v) = (rnd(t * hd), rnd(t * hd));
+                let kh: Vec<u16> = k.iter().map(|&x| crate::kv::f32_to_f16(x)).collect();
+                let vh: Vec<u16> = v.iter().map(|&x| crate::kv::f32_to_f16(x)).collect();
+                // Two segments split off the span grid: span_of covers each row once.
+                let cut = t / 3;
+                let storages = [
+                    [
+                        (Rows::F32(&k[..cut * hd]), Rows::F32(&v[..cut * hd])),
+                        (Rows::F32(&k[cut * hd..]), Rows::F32(&v[cut * hd..])),
+                    ],
+                    [
+                        (Rows::F16(&kh[..cut * hd]), Rows::F16(&vh[..cut * hd])),
+                        (Rows::F32(&k[cut * hd..]), Rows::F32(&v[cut * hd..])),
+                    ],
+                ];
+                for segs in storages {
+                    let n = spans(t);
+                    let rows: usize = (0..n)
+                        .map(|s| segments_rows(span_of(&segs, s, hd).get(), hd))
+                        .sum();
+                    assert_eq!(rows, t);
+                    assert!((0..n).all(|s| segments_rows(span_of(&segs, s, hd).get(), hd) <= SPAN));
+                    for heads in 1..=9 {
+                        let qs: Vec<Vec<f32>> = (0..heads).map(|_| rnd(hd)).collect();
+                        let mut scratch = Scratch::default();
+                        let mut alone = vec![vec![0.0f32; hd]; heads];
+                        for (q, out) in qs.iter().zip(alone.iter_mut()) {
+                            attend(q, &segs, hd, 0.25, &mut scratch, out);
+                        }
+                        let mut together = vec![vec![0.0f32; hd]; heads];
+                        let refs: Vec<&[f32]> = qs.iter().map(|q| q.as_slice()).collect();
+                        let mut outs: Vec<&mut [f32]> =
+                            together.iter_mut().map(|o| o.as_mut_slice()).collect();
+                        attend_group(&refs, &segs, hd, 0.25, &mut scratch, &mut outs);
+                        assert_eq!(alone, together, "hd {hd} t {t} heads {heads}");
+                    }
+                }
             }
-            let mut together = vec![vec![0.0f32; hd]; 3];
-            let refs: Vec<&[f32]> = qs.iter().map(|q| q.as_slice()).collect();
-            let mut outs: Vec<&mut [f32]> = together.iter_mut().map(|o| o.as_mut_slice()).collect();
-            attend_group(&refs, &segs, hd, 0.25, &mut scratch, &mut outs);
-            assert_eq!(alone, together, "t {t}");
         }
+    }
+}
+
+/// One span of SmolLM2's shape (head size 64, 64 float16 keys), one head,
+/// CPU time of one thread, the built kernel against the portable one:
+/// `cargo test --release -q --lib attend_span_probe -- --ignored --nocapture`.
+#[cfg(test)]
+#[test]
+#[ignore = "a speed probe, not a test"]
+fn attend_span_probe() {
+    use std::time::Instant;
+    let (hd, t) = (64usize, SPAN);
+    let mut seed = 3u64;
+    let mut rnd = |n: usize| -> Vec<f32> {
+        (0..n)
+            .map(|_| {
+                seed = seed
+                    .wrapping_mul(6_364_136_223_846_793_005)
+                    .wrapping_add(1_442_695_040_888_963_407);
+                (seed >> 40) as f32 / (1u64 << 24) as f32 - 0.5
+            })
+            .collect()
+    };
+    let (k, v, q) = (rnd(t * hd), rnd(t * hd), rnd(hd));
+    let kh: Vec<u16> = k.iter().map(|&x| crate::kv::f32_to_f16(x)).collect();
+    let vh: Vec<u16> = v.iter().map(|&x| crate::kv::f32_to_f16(x)).collect();
+    let segs = [(Rows::F16(&kh), Rows::F16(&vh))];
+    let (mut scores, mut out) = (Vec::new(), vec![0.0f32; hd]);
+    let reps = 300_000;
+    for round in 0..3 {
+        let mut us = [0.0f64; 2];
+        for (f, us) in [attend_span as SpanFn, portable]
+            .into_iter()
+            .zip(us.iter_mut())
+        {
+            let start = Instant::now();
+            for _ in 0..reps {
+                std::hint::black_box(f(&q, &segs, hd, 0.125, &mut scores, &mut out));
+            }
+            *us = start.elapsed().as_secs_f64() / reps as f64 * 1e6;
+        }
+        println!(
+            "round {round}: {t} keys: built {:.3} us, portable {:.3} us, {:.2}x",
+            us[0],
+            us[1],
+            us[1] / us[0]
+        );
     }
 }

@@ -294,3 +294,32 @@ def test_serve_takes_the_model_as_a_flag_too() -> None:
         args = _parser().parse_args(argv)
         _resolve_model(args)
         assert args.model == "x.gguf", argv
+
+
+def test_serve_flags_reach_the_server_config() -> None:
+    pytest.importorskip("starlette")
+    from rlx_lm.cli import _server_settings
+    from rlx_lm.server import ServerConfig
+
+    argv = ["serve", "x.gguf", "--prefill-chunk", "0", "--max-batch", "4"]
+    argv += ["--prompt-cache-mb", "1", "--model-name", "n", "-c", "512"]
+    cfg = ServerConfig(**_server_settings(_parser().parse_args(argv), "x"))
+    assert (cfg.prefill_chunk, cfg.max_batch, cfg.max_n) == (0, 4, 4)
+    assert (cfg.prompt_cache_bytes, cfg.model_name, cfg.max_context) == (1 << 20, "n", 512)
+    # Without flags: the library's defaults, the file's stem as the name.
+    cfg = ServerConfig(**_server_settings(_parser().parse_args(["serve", "x.gguf"]), "x"))
+    assert cfg.prefill_chunk == ServerConfig().prefill_chunk
+    assert cfg.model_name == "x"
+
+
+def test_serve_refuses_a_bad_prefill_chunk_before_loading(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    pytest.importorskip("starlette")
+    # A file that could not be built either: the flag is refused first.
+    bad = tmp_path / "broken.gguf"
+    bad.write_bytes(b"GGUF" + b"\x00" * 8)
+    code, _, err = run(capsys, "serve", "--prefill-chunk", "-1", "-m", str(bad))
+    assert code == 2
+    assert "prefill_chunk" in err, err
+    assert err.count("\n") == 1, err

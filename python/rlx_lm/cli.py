@@ -479,6 +479,12 @@ def _serve_parser(sub: Any) -> None:
         "--shutdown-timeout", type=float, default=10.0, help="seconds to finish on shutdown"
     )
     s.add_argument(
+        "--prefill-chunk",
+        type=int,
+        default=128,
+        help="prompt tokens prefilled per step while others decode (0: a prompt whole)",
+    )
+    s.add_argument(
         "--packed",
         action=argparse.BooleanOptionalAction,
         default=None,
@@ -553,21 +559,10 @@ def _serve(args: argparse.Namespace) -> int:
     if args.ctx_size < 2:
         raise _usage(f"-c must be >= 2, got {args.ctx_size}")
     if args.ray:
-        return _serve_on_ray(
-            args,
-            model,
-            {
-                "model_name": args.model_name or Path(model).stem,
-                "max_batch": args.max_batch,
-                "max_queue": args.max_queue,
-                "max_context": args.ctx_size,
-                "max_tokens": args.max_tokens,
-                "max_n": args.max_batch,
-                "prompt_cache_bytes": args.prompt_cache_mb * 1024 * 1024,
-                "shutdown_timeout": args.shutdown_timeout,
-            },
-        )
+        return _serve_on_ray(args, model, _server_settings(args, Path(model).stem))
     builder = LmRunnerBuilder().weights(model)
+    # The server's settings are checked before anything is read.
+    config = ServerConfig(**_server_settings(args, Path(builder.resolved_weights()).stem))
     tokenizer = Tokenizer.load(builder.resolved_weights())
     builder = builder.max_seq(args.ctx_size)
     if args.packed is not None:
@@ -579,19 +574,23 @@ def _serve(args: argparse.Namespace) -> int:
     if args.activations is not None:
         builder = builder.activations(args.activations)
     runner = builder.build()
-    name = args.model_name or Path(builder.resolved_weights()).stem
-    config = ServerConfig(
-        model_name=name,
-        max_batch=args.max_batch,
-        max_queue=args.max_queue,
-        max_context=args.ctx_size,
-        max_tokens=args.max_tokens,
-        max_n=args.max_batch,
-        prompt_cache_bytes=args.prompt_cache_mb * 1024 * 1024,
-        shutdown_timeout=args.shutdown_timeout,
-    )
     serve(runner, tokenizer, host=args.host, port=args.port, config=config)
     return 0
+
+
+def _server_settings(args: argparse.Namespace, stem: str) -> dict[str, Any]:
+    """`ServerConfig`'s fields from `rlx-lm serve`'s flags (one process or Ray replicas)."""
+    return {
+        "model_name": args.model_name or stem,
+        "max_batch": args.max_batch,
+        "max_queue": args.max_queue,
+        "max_context": args.ctx_size,
+        "max_tokens": args.max_tokens,
+        "max_n": args.max_batch,
+        "prompt_cache_bytes": args.prompt_cache_mb * 1024 * 1024,
+        "shutdown_timeout": args.shutdown_timeout,
+        "prefill_chunk": args.prefill_chunk,
+    }
 
 
 def _sample_opts(args: argparse.Namespace) -> SampleOpts:

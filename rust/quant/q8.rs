@@ -275,8 +275,8 @@ struct Scratch {
     /// VNNI tiles: `scale_g * d_b` of a band's rows, chunk by chunk.
     #[cfg(target_arch = "x86_64")]
     coef: Vec<f32>,
-    /// VNNI tiles, formats with offsets: `qsum` transposed, group by group.
-    #[cfg(target_arch = "x86_64")]
+    /// Formats with offsets: `qsum` transposed, group by group (activation
+    /// row `t` of group `g` at `g * ns + t`; VNNI pads `ns` past `n`).
     qsum_t: Vec<f32>,
 }
 
@@ -956,6 +956,10 @@ struct Band {
     scale: *const f32,
     offset: *const f32,
     groups: usize,
+    /// Formats with offsets: the activation rows' `qsum` of group `g`
+    /// from the tile's first activation row, at `qsum_t + g * groups_stride`.
+    qsum_t: *const f32,
+    qsum_stride: usize,
 }
 
 /// Rows `lo..hi`, unpacked with `S` and multiplied with the integer kernel
@@ -983,6 +987,17 @@ unsafe fn rows<S: Lanes + Dot>(
         .resize(if in_place || blocks { 0 } else { ROW_TILE * k }, 0);
     s.scale.resize(ROW_TILE * groups, 0.0);
     s.offset.resize(ROW_TILE * groups, 0.0);
+    // The offsets' activation sums group-major, so a tile's offset terms
+    // run over its activation rows side by side.
+    s.qsum_t.clear();
+    if qtype.has_offsets() {
+        s.qsum_t.resize(groups * job.n, 0.0);
+        for (t, q) in job.qsum.chunks_exact(groups).enumerate() {
+            for (g, &q) in q.iter().enumerate() {
+                s.qsum_t[g * job.n + t] = q;
+            }
+        }
+    }
     let mut r = lo;
     while r < hi {
         let rt = if hi - r >= ROW_TILE { ROW_TILE } else { 1 };
@@ -1026,6 +1041,8 @@ unsafe fn rows<S: Lanes + Dot>(
                         scale: s.scale.as_ptr().add(i * groups),
                         offset: s.offset.as_ptr().add(i * groups),
                         groups,
+                        qsum_t: s.qsum_t.as_ptr().wrapping_add(t),
+                        qsum_stride: job.n,
                     }
                 };
                 // SAFETY: t + nt <= n activation rows; out is n x rows.
@@ -1066,16 +1083,24 @@ unsafe fn tile<S: Dot>(
             let mut res: [[f32; $n]; $r] =
                 unsafe { S::dots::<$r, $n>(band, g16, xq, xd, shift, k) };
             if job.qtype.has_offsets() {
-                for (i, row) in res.iter_mut().enumerate() {
-                    for (tt, v) in row.iter_mut().enumerate() {
-                        let mut off = 0.0f32;
-                        for g in 0..band.groups {
-                            // SAFETY: group g of row i; qsum is n x groups.
-                            unsafe {
-                                off += *band.offset.add(i * band.groups + g)
-                                    * job.qsum[(t + tt) * band.groups + g];
+                // Each output's `sum_g offset_g * qsum_g` from zero, group by
+                // group (the one-row order), the tile's outputs side by side.
+                let mut off = [[0.0f32; $n]; $r];
+                for g in 0..band.groups {
+                    // SAFETY: group g of rows 0..$r and of activation rows
+                    // t..t + $n (qsum_t is groups x n).
+                    unsafe {
+                        let q = band.qsum_t.add(g * band.qsum_stride);
+                        for (i, off) in off.iter_mut().enumerate() {
+                            let o = *band.offset.add(i * band.groups + g);
+                            for (tt, off) in off.iter_mut().enumerate() {
+                                *off += o * *q.add(tt);
                             }
                         }
+                    }
+                }
+                for (row, off) in res.iter_mut().zip(&off) {
+                    for (v, off) in row.iter_mut().zip(off) {
                         *v -= off;
                     }
                 }

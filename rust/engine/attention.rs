@@ -554,6 +554,20 @@ mod x86 {
 mod tests {
     use super::*;
 
+    /// Values uniform in `[-scale / 2, scale / 2)` from a seeded LCG.
+    fn lcg(mut seed: u64) -> impl FnMut(usize, f32) -> Vec<f32> {
+        move |n, scale| {
+            (0..n)
+                .map(|_| {
+                    seed = seed
+                        .wrapping_mul(6_364_136_223_846_793_005)
+                        .wrapping_add(1_442_695_040_888_963_407);
+                    ((seed >> 40) as f32 / (1u64 << 24) as f32 - 0.5) * scale
+                })
+                .collect()
+        }
+    }
+
     fn reference(q: &[f32], k: &[f32], v: &[f32], hd: usize, scale: f32) -> Vec<f64> {
         let t = k.len() / hd;
         let s: Vec<f64> = (0..t)
@@ -574,17 +588,7 @@ mod tests {
 
     #[test]
     fn attention_matches_a_float64_softmax_in_every_build_and_storage() {
-        let mut seed = 5u64;
-        let mut rnd = |n: usize, s: f32| -> Vec<f32> {
-            (0..n)
-                .map(|_| {
-                    seed = seed
-                        .wrapping_mul(6_364_136_223_846_793_005)
-                        .wrapping_add(1_442_695_040_888_963_407);
-                    ((seed >> 40) as f32 / (1u64 << 24) as f32 - 0.5) * s
-                })
-                .collect()
-        };
+        let mut rnd = lcg(5);
         for hd in [4usize, 8, 12, 64, 128] {
             for t in [1usize, 2, 7, 8, 9, 33, 64, 65, 129, 300] {
                 let (q, k, v) = (rnd(hd, 4.0), rnd(t * hd, 4.0), rnd(t * hd, 2.0));
@@ -646,19 +650,10 @@ mod tests {
 
     #[test]
     fn a_group_of_heads_gets_each_heads_bits_alone_and_spans_cut_where_they_fall() {
-        let mut seed = 11u64;
-        let mut rnd = |n: usize| -> Vec<f32> {
-            (0..n)
-                .map(|_| {
-                    seed = seed
-                        .wrapping_mul(6_364_136_223_846_793_005)
-                        .wrapping_add(1_442_695_040_888_963_407);
-                    (seed >> 40) as f32 / (1u64 << 24) as f32 - 0.5
-                })
-                .collect()
-        };
-        // Groups of 1..=9 heads: the fused kernel's 2, 3 and 4 and the
-        // remainders of larger groups cut into fours; both storages.
+        let mut lcg = lcg(11);
+        let mut rnd = |n: usize| lcg(n, 1.0);
+        // Groups of 1..=9 heads (SmolLM2 has 3, Llama 3 4, Qwen2 0.5B 7),
+        // float32 and float16 keys, head sizes 16 and 64.
         for hd in [16usize, 64] {
             for t in [1usize, SPAN - 1, SPAN, SPAN + 1, 3 * SPAN + 5] {
                 let (k, v) = (rnd(t * hd), rnd(t * hd));
@@ -701,51 +696,40 @@ mod tests {
             }
         }
     }
-}
 
-/// One span of SmolLM2's shape (head size 64, 64 float16 keys), one head,
-/// CPU time of one thread, the built kernel against the portable one:
-/// `cargo test --release -q --lib attend_span_probe -- --ignored --nocapture`.
-#[cfg(test)]
-#[test]
-#[ignore = "a speed probe, not a test"]
-fn attend_span_probe() {
-    use std::time::Instant;
-    let (hd, t) = (64usize, SPAN);
-    let mut seed = 3u64;
-    let mut rnd = |n: usize| -> Vec<f32> {
-        (0..n)
-            .map(|_| {
-                seed = seed
-                    .wrapping_mul(6_364_136_223_846_793_005)
-                    .wrapping_add(1_442_695_040_888_963_407);
-                (seed >> 40) as f32 / (1u64 << 24) as f32 - 0.5
-            })
-            .collect()
-    };
-    let (k, v, q) = (rnd(t * hd), rnd(t * hd), rnd(hd));
-    let kh: Vec<u16> = k.iter().map(|&x| crate::kv::f32_to_f16(x)).collect();
-    let vh: Vec<u16> = v.iter().map(|&x| crate::kv::f32_to_f16(x)).collect();
-    let segs = [(Rows::F16(&kh), Rows::F16(&vh))];
-    let (mut scores, mut out) = (Vec::new(), vec![0.0f32; hd]);
-    let reps = 300_000;
-    for round in 0..3 {
-        let mut us = [0.0f64; 2];
-        for (f, us) in [attend_span as SpanFn, portable]
-            .into_iter()
-            .zip(us.iter_mut())
-        {
-            let start = Instant::now();
-            for _ in 0..reps {
-                std::hint::black_box(f(&q, &segs, hd, 0.125, &mut scores, &mut out));
+    /// One span of SmolLM2's shape (head size 64, 64 float16 keys), one head,
+    /// CPU time of one thread, the built kernel against the portable one:
+    /// `cargo test --release -q --lib attend_span_probe -- --ignored --nocapture`.
+    #[test]
+    #[ignore = "a speed probe, not a test"]
+    fn attend_span_probe() {
+        use std::time::Instant;
+        let (hd, t) = (64usize, SPAN);
+        let mut rnd = lcg(3);
+        let (k, v, q) = (rnd(t * hd, 1.0), rnd(t * hd, 1.0), rnd(hd, 1.0));
+        let kh: Vec<u16> = k.iter().map(|&x| crate::kv::f32_to_f16(x)).collect();
+        let vh: Vec<u16> = v.iter().map(|&x| crate::kv::f32_to_f16(x)).collect();
+        let segs = [(Rows::F16(&kh), Rows::F16(&vh))];
+        let (mut scores, mut out) = (Vec::new(), vec![0.0f32; hd]);
+        let reps = 300_000;
+        for round in 0..3 {
+            let mut us = [0.0f64; 2];
+            for (f, us) in [attend_span as SpanFn, portable]
+                .into_iter()
+                .zip(us.iter_mut())
+            {
+                let start = Instant::now();
+                for _ in 0..reps {
+                    std::hint::black_box(f(&q, &segs, hd, 0.125, &mut scores, &mut out));
+                }
+                *us = start.elapsed().as_secs_f64() / reps as f64 * 1e6;
             }
-            *us = start.elapsed().as_secs_f64() / reps as f64 * 1e6;
+            println!(
+                "round {round}: {t} keys: built {:.3} us, portable {:.3} us, {:.2}x",
+                us[0],
+                us[1],
+                us[1] / us[0]
+            );
         }
-        println!(
-            "round {round}: {t} keys: built {:.3} us, portable {:.3} us, {:.2}x",
-            us[0],
-            us[1],
-            us[1] / us[0]
-        );
     }
 }

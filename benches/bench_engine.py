@@ -406,6 +406,24 @@ def test_bench_engine_smoke(tmp_path: Path) -> None:
     )
     assert quick["ours_q8_decode_128_tok_s"] > 0
     assert "ours_batched8_tok_s" not in quick
+    from rlx_lm._core import quant_simd
+
+    assert machine_line().endswith(f"our kernels: {quant_simd()}")
+
+
+def machine_line() -> str:
+    """The CPU and the kernels the figures were taken with (they differ by machine)."""
+    from rlx_lm._core import quant_simd
+
+    cpu = "unknown CPU"
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    return f"machine: {cpu}, {os.cpu_count()} CPUs; our kernels: {quant_simd()}"
 
 
 def main() -> None:
@@ -442,6 +460,7 @@ def main() -> None:
     except ImportError:
         with_llama_cpp = False
         print("llama_cpp not importable: our figures only")
+    print(machine_line())
     with tempfile.TemporaryDirectory() as tmp:
         for qname in args.types.split(","):
             if qname == "Q4_1" or args.model is not None:

@@ -957,7 +957,7 @@ struct Band {
     offset: *const f32,
     groups: usize,
     /// Formats with offsets: the activation rows' `qsum` of group `g`
-    /// from the tile's first activation row, at `qsum_t + g * groups_stride`.
+    /// from the tile's first activation row, at `qsum_t + g * qsum_stride`.
     qsum_t: *const f32,
     qsum_stride: usize,
 }

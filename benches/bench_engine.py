@@ -13,6 +13,10 @@ into a temporary directory (or ``--cache DIR``, kept). For every file it prints
 * decode tok/s with one competing CPU-bound process, as a share of the quiet rate,
 * batched decode of 8 sequences as a multiple of the single-sequence rate (each of our
   ``--activations`` modes, and llama.cpp's own batched ``llama_decode`` of 8 sequences),
+* with ``--rounds N``, the decode and batched figures again with every engine loaded at
+  once, in N rounds of alternating order, and each ratio formed within a round (median,
+  min, max: ``rounds_ours_over_llama_cpp_decode_128``, ...); on a machine whose speed
+  drifts between minutes these are the ratios to read,
 
 and the same figures for llama.cpp (llama-cpp-python, same threads) when it imports, with
 ours / theirs ratios. Targets at 2 threads: decode >= 1.0x, prefill >= 0.5x, load <= 2x
@@ -296,9 +300,12 @@ def bench_file(
     with_tokenizer: bool = True,
     activations: tuple[Activations, ...] = ("exact",),
     quick: bool = False,
+    rounds: int = 0,
 ) -> dict[str, float]:
     """Every figure for one file (and llama.cpp's, with ours / theirs ratios); with several
-    ``activations`` modes, each mode's figures carry its name (``ours_q8_...``)."""
+    ``activations`` modes, each mode's figures carry its name (``ours_q8_...``). With
+    ``rounds``, also the decode and batched figures of `interleaved` (every engine loaded
+    at once, ratios to llama.cpp, or to our first mode without it, formed round by round)."""
     max_seq = max(long_ctx, prefill, 128) + steps + 16
     fig: dict[str, float] = {}
     mine: list[str] = []
@@ -343,6 +350,18 @@ def bench_file(
         del theirs
         fig.update({f"llama_cpp_{k}": v for k, v in t.items()})
         _ratios(fig, mine)
+    if rounds:
+        engines: dict[str, Any] = {
+            ("ours" if m == "exact" else f"ours_{m}"): Ours(path, threads, max_seq, m)
+            for m in activations
+        }
+        if with_llama_cpp:
+            engines["llama_cpp"] = LlamaCpp(path, threads, max_seq)
+        base = "llama_cpp" if with_llama_cpp else next(iter(engines))
+        got, _ = interleaved(
+            engines, baseline=base, rounds=rounds, steps=steps, long_ctx=long_ctx
+        )
+        fig.update({f"rounds_{k}": v for k, v in got.items()})
     return fig
 
 
@@ -358,6 +377,43 @@ def batched_figures(engine: Any, tag: str, steps: int) -> dict[str, float]:
         f"{pre}single_64_tok_s": single,
         f"{pre}batched8_over_single": batched / single,
     }
+
+
+def interleaved(
+    engines: dict[str, Any], *, baseline: str, rounds: int, steps: int, long_ctx: int
+) -> tuple[dict[str, float], dict[str, list[float]]]:
+    """Decode at 128 and ``long_ctx``, and batched 8 against single at 64, of every engine
+    (all loaded at once), in ``rounds`` rounds that alternate the engines' order, so that a
+    machine whose speed drifts (a shared VM's does, by up to 45% between runs) slows every
+    engine of a round alike. Each engine's figures are the median over the rounds
+    (``{tag}_med_decode_128_tok_s``, ...); each engine's ratio to ``baseline`` is formed
+    round by round and given as median, min and max (``{tag}_over_{baseline}_decode_128``,
+    ``..._min``, ``..._max``; also ``batched8``, the batched tok/s against the baseline's).
+    Returns the figures and the per-round values behind them."""
+    keys = ("decode_128_tok_s", "decode_long_tok_s", "batched8_tok_s", "batched8_over_single")
+    per: dict[str, list[float]] = {f"{t}_{k}": [] for t in engines for k in keys}
+    order = list(engines)
+    for r in range(rounds):
+        for tag in order if r % 2 == 0 else order[::-1]:
+            e = engines[tag]
+            per[f"{tag}_decode_128_tok_s"].append(e.decode_rate(128, steps))
+            per[f"{tag}_decode_long_tok_s"].append(e.decode_rate(long_ctx, steps))
+            b = batched_figures(e, "", steps)
+            per[f"{tag}_batched8_tok_s"].append(b["batched8_tok_s"])
+            per[f"{tag}_batched8_over_single"].append(b["batched8_over_single"])
+    fig: dict[str, float] = {}
+    for tag in engines:
+        for k in keys:
+            fig[f"{tag}_med_{k}"] = statistics.median(per[f"{tag}_{k}"])
+        if tag == baseline:
+            continue
+        for k, short in zip(keys[:3], ("decode_128", "decode_long", "batched8"), strict=True):
+            name = f"{tag}_over_{baseline}_{short}"
+            per[name] = [a / b for a, b in zip(per[f"{tag}_{k}"], per[f"{baseline}_{k}"], strict=True)]
+            fig[name] = statistics.median(per[name])
+            fig[f"{name}_min"] = min(per[name])
+            fig[f"{name}_max"] = max(per[name])
+    return fig, per
 
 
 def _ratios(fig: dict[str, float], tags: list[str]) -> None:
@@ -406,6 +462,38 @@ def test_bench_engine_smoke(tmp_path: Path) -> None:
     )
     assert quick["ours_q8_decode_128_tok_s"] > 0
     assert "ours_batched8_tok_s" not in quick
+    assert not any(k.startswith("rounds_") for k in fig)
+    # interleaved rounds: per-round ratios, their median and range; a baseline's ratio to
+    # itself is not reported, another engine's is its own rate over the baseline's, round
+    # by round (not a ratio of medians)
+    engines = {"ours": Ours(path, 1, 160, "exact"), "ours_q8": Ours(path, 1, 160, "q8")}
+    got, per = interleaved(engines, baseline="ours", rounds=3, steps=3, long_ctx=32)
+    assert not any(k.startswith("ours_over_") for k in got)
+    for short, key in (("decode_128", "decode_128_tok_s"), ("batched8", "batched8_tok_s")):
+        rows = list(zip(per[f"ours_q8_{key}"], per[f"ours_{key}"], strict=True))
+        assert len(rows) == 3
+        ratios = [a / b for a, b in rows]
+        name = f"ours_q8_over_ours_{short}"
+        assert per[name] == ratios
+        assert got[name] == statistics.median(ratios)
+        assert (got[f"{name}_min"], got[f"{name}_max"]) == (min(ratios), max(ratios))
+    for tag in engines:
+        assert got[f"{tag}_med_decode_long_tok_s"] == statistics.median(
+            per[f"{tag}_decode_long_tok_s"]
+        )
+    with_rounds = bench_file(
+        path,
+        threads=1,
+        steps=3,
+        long_ctx=32,
+        prefill=16,
+        with_llama_cpp=False,
+        with_tokenizer=False,
+        activations=("exact", "q8"),
+        rounds=2,
+    )
+    assert with_rounds["rounds_ours_q8_over_ours_decode_128"] > 0
+    assert "rounds_ours_over_ours_decode_128" not in with_rounds
     from rlx_lm._core import quant_simd
 
     assert machine_line().endswith(f"our kernels: {quant_simd()}")
@@ -438,6 +526,12 @@ def main() -> None:
     ap.add_argument("--quick", action="store_true", help="decode, prefill and load only")
     ap.add_argument("--cpu", action="store_true", help="time in CPU seconds, not wall clock")
     ap.add_argument("--cache", type=Path, default=None, help="keep requantised files here")
+    ap.add_argument(
+        "--rounds",
+        type=int,
+        default=0,
+        help="also decode and batched figures in N interleaved rounds, ratios round by round",
+    )
     args = ap.parse_args()
     global CLOCK
     if args.cpu:
@@ -484,6 +578,7 @@ def main() -> None:
                 with_llama_cpp=with_llama_cpp,
                 activations=modes,
                 quick=args.quick,
+                rounds=0 if args.quick else args.rounds,
             )
             for key, value in fig.items():
                 print(f"  {key:>28}: {value:.4g}")

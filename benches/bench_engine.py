@@ -358,9 +358,7 @@ def bench_file(
         if with_llama_cpp:
             engines["llama_cpp"] = LlamaCpp(path, threads, max_seq)
         base = "llama_cpp" if with_llama_cpp else next(iter(engines))
-        got, _ = interleaved(
-            engines, baseline=base, rounds=rounds, steps=steps, long_ctx=long_ctx
-        )
+        got, _ = interleaved(engines, baseline=base, rounds=rounds, steps=steps, long_ctx=long_ctx)
         fig.update({f"rounds_{k}": v for k, v in got.items()})
     return fig
 
@@ -409,7 +407,8 @@ def interleaved(
             continue
         for k, short in zip(keys[:3], ("decode_128", "decode_long", "batched8"), strict=True):
             name = f"{tag}_over_{baseline}_{short}"
-            per[name] = [a / b for a, b in zip(per[f"{tag}_{k}"], per[f"{baseline}_{k}"], strict=True)]
+            pairs = zip(per[f"{tag}_{k}"], per[f"{baseline}_{k}"], strict=True)
+            per[name] = [a / b for a, b in pairs]
             fig[name] = statistics.median(per[name])
             fig[f"{name}_min"] = min(per[name])
             fig[f"{name}_max"] = max(per[name])

@@ -55,7 +55,12 @@ pub(crate) fn covers(qtype: QuantType) -> bool {
 pub(crate) unsafe fn hsum16(v: __m512) -> f32 {
     // SAFETY: AVX-512 F present (caller).
     unsafe {
-        let h = _mm256_add_ps(_mm512_castps512_ps256(v), _mm512_extractf32x8_ps::<1>(v));
+        // The upper eight lanes through AVX-512 F's 64-bit extract (the
+        // same bits): `_mm512_extractf32x8_ps` needs AVX-512 DQ, which this
+        // build does not enable, so it compiled to an out-of-line call that
+        // spilled every accumulator of a tile around each sum.
+        let hi = _mm256_castpd_ps(_mm512_extractf64x4_pd::<1>(_mm512_castps_pd(v)));
+        let h = _mm256_add_ps(_mm512_castps512_ps256(v), hi);
         Avx2::hsum(h)
     }
 }
@@ -87,10 +92,16 @@ trait Block {
 }
 
 /// The float16 at `p`, exactly (F16C).
+///
+/// Read as part of an eight-byte load (every caller's block has eight
+/// bytes from `p` on): built from the two bytes alone, LLVM inserted them
+/// into whatever register was free (`vpinsrw`), which was once a row's
+/// accumulator, so every block's scale waited on the block before
+/// (Q8_0's one-row kernel at 0.8x).
 #[inline(always)]
 unsafe fn half(p: *const u8) -> f32 {
-    // SAFETY: 2 readable bytes at p; F16C present (caller).
-    unsafe { Avx2::half(p.cast::<u16>().read_unaligned()) }
+    // SAFETY: 8 readable bytes at p; F16C present (caller).
+    unsafe { _mm_cvtss_f32(_mm_cvtph_ps(_mm_loadl_epi64(p.cast()))) }
 }
 
 /// `code - bias` for the sixteen nibble values.
@@ -446,6 +457,15 @@ unsafe fn codes_dot<const R: usize, const N: usize>(
                 }
             }
         }
-        acc.map(|r| r.map(|v| hsum16(v)))
+        // Loops, not `acc.map(..)`: `map` is a generic function of its own,
+        // compiled without this kernel's target features, so the SIMD sums
+        // inside its closure became out-of-line calls that spilled the tile.
+        let mut sums = [[0.0f32; N]; R];
+        for (o, a) in sums.iter_mut().zip(&acc) {
+            for (o, &v) in o.iter_mut().zip(a) {
+                *o = hsum16(v);
+            }
+        }
+        sums
     }
 }

@@ -358,7 +358,15 @@ unsafe fn float_tile<S: Lanes, const R: usize, const N: usize, const KIND: u8>(
             }
             c += 8;
         }
-        let mut res = acc.map(|row| row.map(|v| S::hsum(v)));
+        // Loops, not `acc.map(..)`: `map` is a generic function of its own,
+        // compiled without this kernel's target features, so the SIMD sums
+        // inside its closure became out-of-line calls that spilled the tile.
+        let mut res = [[0.0f32; N]; R];
+        for (o, a) in res.iter_mut().zip(&acc) {
+            for (o, &v) in o.iter_mut().zip(a) {
+                *o = S::hsum(v);
+            }
+        }
         let qtype = match KIND {
             0 => QuantType::F32,
             1 => QuantType::F16,

@@ -527,7 +527,16 @@ unsafe fn codes_dot<S: Lanes, const R: usize, const C: usize, const N: usize>(
                 }
             }
         }
-        acc.map(|r| r.map(|v| S::hsum(v)))
+        // Loops, not `acc.map(..)`: `map` is a generic function of its own,
+        // compiled without this kernel's target features, so the SIMD sums
+        // inside its closure became out-of-line calls that spilled the tile.
+        let mut sums = [[0.0f32; N]; R];
+        for (o, a) in sums.iter_mut().zip(&acc) {
+            for (o, &v) in o.iter_mut().zip(a) {
+                *o = S::hsum(v);
+            }
+        }
+        sums
     }
 }
 

@@ -1325,7 +1325,16 @@ unsafe fn dots_avx2<L: x86::Load, const R: usize, const N: usize>(
                 }
             }
         }
-        acc.map(|row| row.map(|v| Avx2::hsum(v)))
+        // Loops, not `acc.map(..)`: `map` is a generic function of its own,
+        // compiled without this kernel's target features, so the SIMD sums
+        // inside its closure became out-of-line calls that spilled the tile.
+        let mut sums = [[0.0f32; N]; R];
+        for (o, a) in sums.iter_mut().zip(&acc) {
+            for (o, &v) in o.iter_mut().zip(a) {
+                *o = Avx2::hsum(v);
+            }
+        }
+        sums
     }
 }
 
@@ -1754,14 +1763,14 @@ mod x86 {
         }
     }
 
-    /// The float16 at `p`, exactly (F16C).
+    /// The float16 at `p`, exactly (F16C), read as part of an eight-byte
+    /// load (every caller's block has eight bytes from `p` on): built from
+    /// two bytes, LLVM may insert them (`vpinsrw`) into a live register and
+    /// chain each block's scale to whatever that register holds.
     #[inline(always)]
     unsafe fn half(p: *const u8) -> f32 {
-        // SAFETY: 2 readable bytes at p; F16C present (caller).
-        unsafe {
-            let h = p.cast::<u16>().read_unaligned();
-            _mm_cvtss_f32(_mm_cvtph_ps(_mm_cvtsi32_si128(i32::from(h))))
-        }
+        // SAFETY: 8 readable bytes at p; F16C present (caller).
+        unsafe { _mm_cvtss_f32(_mm_cvtph_ps(_mm_loadl_epi64(p.cast()))) }
     }
 
     impl Block for Q8_0 {

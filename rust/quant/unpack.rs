@@ -41,6 +41,24 @@ fn half<S: Lanes>(b: &[u8], at: usize) -> f32 {
     unsafe { S::half(u16::from_le_bytes([b[at], b[at + 1]])) }
 }
 
+/// `$f(block, codes, scales, offsets)` over the blocks of `raw` (block
+/// bytes, values and groups `$bb`, `$bv`, `$ng`), offsets past the end of
+/// `offset` (symmetric formats) into a dummy.
+macro_rules! block_loop {
+    ($raw:ident, $codes:ident, $scale:ident, $offset:ident, $bb:tt, $bv:tt, $ng:tt, $f:expr) => {{
+        let (raw, _) = $raw.as_chunks::<$bb>();
+        let (codes, _) = $codes.as_chunks_mut::<$bv>();
+        let (scale, _) = $scale.as_chunks_mut::<$ng>();
+        let (offset, _) = $offset.as_chunks_mut::<$ng>();
+        let mut dummy = [0.0f32; $ng];
+        let mut offsets = offset.iter_mut();
+        for ((b, c), s) in raw.iter().zip(codes.iter_mut()).zip(scale.iter_mut()) {
+            let o = offsets.next().unwrap_or(&mut dummy);
+            ($f)(b, c, s, o);
+        }
+    }};
+}
+
 /// Unpack whole rows of blocks: `raw` holds whole blocks, `codes` gets
 /// `block_values` codes a block, `scale` and `offset` one entry per group
 /// of `group_values` (`offset` is left alone for symmetric formats).
@@ -52,19 +70,25 @@ pub(crate) fn unpack_row<S: Lanes>(
     scale: &mut [f32],
     offset: &mut [f32],
 ) {
+    // Q5_1, Q3_K, Q6_K and IQ4_XS call their format's function directly.
+    // Passed to [`blocks`] as a function value, theirs was called through a
+    // shim that LLVM left out of line, compiled without the caller's SIMD
+    // features, so every intrinsic in it became a call (IQ4_XS's batched
+    // products 2.3-6x slower). Inlined so, Q4_K and Q5_K measured 5-15%
+    // slower (register allocation in the caller), so they keep [`blocks`].
     match qtype {
         QuantType::Q4_0 => blocks::<S, 18, 32, 1>(raw, codes, scale, offset, q4_0::<S>),
         QuantType::Q4_1 => blocks::<S, 20, 32, 1>(raw, codes, scale, offset, q4_1::<S>),
         QuantType::Q5_0 => blocks::<S, 22, 32, 1>(raw, codes, scale, offset, q5_0::<S>),
-        QuantType::Q5_1 => blocks::<S, 24, 32, 1>(raw, codes, scale, offset, q5_1::<S>),
+        QuantType::Q5_1 => block_loop!(raw, codes, scale, offset, 24, 32, 1, q5_1::<S>),
         QuantType::Q8_0 => blocks::<S, 34, 32, 1>(raw, codes, scale, offset, q8_0::<S>),
         QuantType::IQ4NL => blocks::<S, 18, 32, 1>(raw, codes, scale, offset, iq4_nl::<S>),
         QuantType::Q2K => blocks::<S, 84, 256, 16>(raw, codes, scale, offset, q2_k::<S>),
-        QuantType::Q3K => blocks::<S, 110, 256, 16>(raw, codes, scale, offset, q3_k::<S>),
+        QuantType::Q3K => block_loop!(raw, codes, scale, offset, 110, 256, 16, q3_k::<S>),
         QuantType::Q4K => blocks::<S, 144, 256, 8>(raw, codes, scale, offset, q4_k::<S>),
         QuantType::Q5K => blocks::<S, 176, 256, 8>(raw, codes, scale, offset, q5_k::<S>),
-        QuantType::Q6K => blocks::<S, 210, 256, 16>(raw, codes, scale, offset, q6_k::<S>),
-        QuantType::IQ4XS => blocks::<S, 136, 256, 8>(raw, codes, scale, offset, iq4_xs::<S>),
+        QuantType::Q6K => block_loop!(raw, codes, scale, offset, 210, 256, 16, q6_k::<S>),
+        QuantType::IQ4XS => block_loop!(raw, codes, scale, offset, 136, 256, 8, iq4_xs::<S>),
         QuantType::F32 | QuantType::F16 | QuantType::BF16 => {
             unreachable!("float formats have no codes")
         }
@@ -97,6 +121,9 @@ pub(crate) fn scales_only<S: Lanes>(
     scale: &mut [f32],
     offset: &mut [f32],
 ) {
+    // Inlined into the caller's build, so the closures' float16
+    // conversions are F16C instructions, not out-of-line calls.
+    #[inline(always)]
     fn each<const BB: usize, const NG: usize>(
         raw: &[u8],
         scale: &mut [f32],
@@ -158,16 +185,7 @@ fn blocks<S: Lanes, const BB: usize, const BV: usize, const NG: usize>(
     offset: &mut [f32],
     f: impl Fn(&[u8; BB], &mut [i8; BV], &mut [f32; NG], &mut [f32; NG]),
 ) {
-    let (raw, _) = raw.as_chunks::<BB>();
-    let (codes, _) = codes.as_chunks_mut::<BV>();
-    let (scale, _) = scale.as_chunks_mut::<NG>();
-    let (offset, _) = offset.as_chunks_mut::<NG>();
-    let mut dummy = [0.0f32; NG];
-    let mut offsets = offset.iter_mut();
-    for ((b, c), s) in raw.iter().zip(codes.iter_mut()).zip(scale.iter_mut()) {
-        let o = offsets.next().unwrap_or(&mut dummy);
-        f(b, c, s, o);
-    }
+    block_loop!(raw, codes, scale, offset, BB, BV, NG, f);
 }
 
 /// A 32-value block's nibbles (low ones first) minus `bias`.

@@ -433,32 +433,27 @@ def test_bench_engine_smoke(tmp_path: Path) -> None:
     path = random_gguf(
         tmp_path / "m.gguf", hidden=64, layers=2, heads=4, kv_heads=2, inter=128, vocab=512
     )
-    fig = bench_file(
-        path,
-        threads=1,
-        steps=3,
-        long_ctx=32,
-        prefill=16,
-        with_llama_cpp=False,
-        with_tokenizer=False,
-        activations=("exact", "q8"),
-    )
+
+    def tiny(**kw: Any) -> dict[str, float]:
+        return bench_file(
+            path,
+            threads=1,
+            steps=3,
+            long_ctx=32,
+            prefill=16,
+            with_llama_cpp=False,
+            with_tokenizer=False,
+            activations=("exact", "q8"),
+            **kw,
+        )
+
+    fig = tiny()
     assert all(np.isfinite(v) for v in fig.values())
     assert fig["ours_decode_128_tok_s"] > 0
     for tag in ("ours", "ours_q8"):
         ratio = fig[f"{tag}_batched8_tok_s"] / fig[f"{tag}_single_64_tok_s"]
         assert fig[f"{tag}_batched8_over_single"] == ratio > 0
-    quick = bench_file(
-        path,
-        threads=1,
-        steps=3,
-        long_ctx=32,
-        prefill=16,
-        with_llama_cpp=False,
-        with_tokenizer=False,
-        activations=("exact", "q8"),
-        quick=True,
-    )
+    quick = tiny(quick=True)
     assert quick["ours_q8_decode_128_tok_s"] > 0
     assert "ours_batched8_tok_s" not in quick
     assert not any(k.startswith("rounds_") for k in fig)
@@ -480,17 +475,7 @@ def test_bench_engine_smoke(tmp_path: Path) -> None:
         assert got[f"{tag}_med_decode_long_tok_s"] == statistics.median(
             per[f"{tag}_decode_long_tok_s"]
         )
-    with_rounds = bench_file(
-        path,
-        threads=1,
-        steps=3,
-        long_ctx=32,
-        prefill=16,
-        with_llama_cpp=False,
-        with_tokenizer=False,
-        activations=("exact", "q8"),
-        rounds=2,
-    )
+    with_rounds = tiny(rounds=2)
     assert with_rounds["rounds_ours_q8_over_ours_decode_128"] > 0
     assert "rounds_ours_over_ours_decode_128" not in with_rounds
     from rlx_lm._core import quant_simd

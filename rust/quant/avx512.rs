@@ -5,21 +5,27 @@
 //! AVX2 kernels (and so the AVX2 order) under this build too; the order
 //! is per format and per build, the same on every path of both.
 //!
-//! **Order (16 lanes).** Per 32-value group `g` in column order: a fresh
-//! sixteen-lane dot of its codes as floats (exact) with the activations,
-//! `s = q[0..16] * x[0..16]`, then `s = fma(q[16..32], x[16..32], s)`;
-//! scaled once into the row's one sixteen-lane accumulator, `acc =
-//! fma(scale_g, s, acc)`; `off += offset_g * X_g` in group order (formats
-//! with offsets); finally [`hsum16`]`(acc) - off`. A value is rounded at
-//! most `2 + K/32 + 4 + 1` times (the group's chain, the accumulator, four
+//! **Order (16 lanes).** Each block's weights `scale * code` (exact in
+//! float32: an 11-bit significand times a code of at most 8 bits), values
+//! 0..16 and 16..32 in two sixteen-lane accumulators, block by block in
+//! column order: `lo = fma(w[0..16], x[0..16], lo)`, `hi = fma(w[16..32],
+//! x[16..32], hi)`; `off += offset_g * X_g` in block order (formats with
+//! offsets); finally [`hsum16`]`(lo + hi) - off`. A value is rounded at
+//! most `K/32 + 1 + 4 + 1` times (its chain, the two chains' sum, four
 //! levels of the lanes' sum, the offset), within the kernels' tested bound
-//! of `K/8 + 5` for `K >= 32` (see `tests::bound`).
+//! of `K/8 + 5` (see `tests::bound`). The batched tiles decode a band's
+//! weights once into floats and then spend two FMAs per 32 weights and
+//! activation row; the order before this one (a fresh dot of the codes,
+//! then one FMA with the scale) spent three, which bounded them (Zen 4:
+//! one 512-bit FMA a cycle). The one-row kernel scales its code table
+//! once a block (`table * d`, sixteen lanes), so it does no more work.
 //!
 //! **Why.** Codes become floats in one table look-up: `vpermps` with a
 //! sixteen-entry float table reads only the low four bits of each index,
 //! so a low nibble is one `vpermps` of the zero-extended byte, a high
 //! nibble a shift and one `vpermps` (the table holds `code - bias`, or
-//! IQ4_NL's code book); Q5's fifth bits are a masked add of 16, the mask
+//! IQ4_NL's code book, times the block's scale); Q5's fifth bits are a
+//! masked add of `16 * d`, the mask
 //! read straight from the block. Against the AVX2 kernel's eight lanes
 //! (mask, bias, sign extension, conversion, four-deep chains) the
 //! one-row Q4_0 product is about 1.2-1.3x faster on Zen 4 (measured,
@@ -76,12 +82,20 @@ trait Block {
     /// # Safety
     /// AVX-512 F/VL/BW present; `BYTES` readable bytes at `b`.
     unsafe fn chunks(b: *const u8) -> [__m512; 2];
+    /// Values 0..16 and 16..32 of the block at `b` as weights, `scale *
+    /// code` (exact in float32: an 11-bit significand times a code of at
+    /// most 8 bits).
+    ///
     /// # Safety
     /// As [`Block::chunks`].
     #[inline(always)]
-    unsafe fn scale(b: *const u8) -> f32 {
-        // SAFETY: forwarded; `d` first.
-        unsafe { half(b) }
+    unsafe fn weights(b: *const u8) -> [__m512; 2] {
+        // SAFETY: forwarded.
+        unsafe {
+            let d = splat_half(b);
+            let [q0, q1] = Self::chunks(b);
+            [_mm512_mul_ps(q0, d), _mm512_mul_ps(q1, d)]
+        }
     }
     /// # Safety
     /// As [`Block::chunks`].
@@ -93,15 +107,29 @@ trait Block {
 
 /// The float16 at `p`, exactly (F16C).
 ///
-/// Read as part of an eight-byte load (every caller's block has eight
-/// bytes from `p` on): built from the two bytes alone, LLVM inserted them
-/// into whatever register was free (`vpinsrw`), which was once a row's
-/// accumulator, so every block's scale waited on the block before
-/// (Q8_0's one-row kernel at 0.8x).
+/// Through [`whole_xmm`](crate::quant::simd::whole_xmm): built from the
+/// two bytes (or an eight-byte load LLVM narrowed to them), the value was
+/// inserted (`vpinsrw`) into whatever register was free, once a row's
+/// accumulator, so every block's scale waited on the block before.
 #[inline(always)]
 unsafe fn half(p: *const u8) -> f32 {
-    // SAFETY: 8 readable bytes at p; F16C present (caller).
-    unsafe { _mm_cvtss_f32(_mm_cvtph_ps(_mm_loadl_epi64(p.cast()))) }
+    // SAFETY: 2 readable bytes at p; AVX and F16C present (caller).
+    unsafe {
+        let h = p.cast::<u16>().read_unaligned();
+        _mm_cvtss_f32(_mm_cvtph_ps(crate::quant::simd::whole_xmm(h)))
+    }
+}
+
+/// The float16 at `p` in all sixteen lanes, exactly: a broadcast load
+/// (`vpbroadcastw`), which writes its whole register. [`half`]'s eight-byte
+/// load is narrowed by LLVM to two bytes when only its first lane is used,
+/// and then inserted (`vpinsrw`) into the register the block before wrote:
+/// the scaled weights of every block waited on the previous block's
+/// (Q4_0's batched decoding at 0.6x).
+#[inline(always)]
+unsafe fn splat_half(p: *const u8) -> __m512 {
+    // SAFETY: 2 readable bytes at p; AVX-512 F present (caller).
+    unsafe { _mm512_cvtph_ps(_mm256_set1_epi16(p.cast::<i16>().read_unaligned())) }
 }
 
 /// `code - bias` for the sixteen nibble values.
@@ -147,6 +175,36 @@ unsafe fn nibbles(qs: *const u8, t: &[f32; 16]) -> [__m512; 2] {
     }
 }
 
+/// [`nibbles`] through the table times `d` (exact, see [`Block::weights`]).
+#[inline(always)]
+unsafe fn nibbles_times(qs: *const u8, t: &[f32; 16], d: __m512) -> [__m512; 2] {
+    // SAFETY: 16 readable bytes at qs (caller); AVX-512 F present (caller).
+    unsafe {
+        let t = _mm512_mul_ps(_mm512_loadu_ps(t.as_ptr()), d);
+        let i = _mm512_cvtepu8_epi32(_mm_loadu_si128(qs.cast()));
+        [
+            _mm512_permutexvar_ps(i, t),
+            _mm512_permutexvar_ps(_mm512_srli_epi32::<4>(i), t),
+        ]
+    }
+}
+
+/// [`fifth`] times `d`: the scaled nibbles plus `16 * d` where the fifth
+/// bit is set (exact: `(code - 16) * d + 16 * d` is `code * d`, a float).
+#[inline(always)]
+unsafe fn fifth_times(qh: *const u8, qs: *const u8, t: &[f32; 16], d: __m512) -> [__m512; 2] {
+    // SAFETY: 4 readable bytes at qh and 16 at qs (caller).
+    unsafe {
+        let [l, h] = nibbles_times(qs, t, d);
+        let bits = qh.cast::<u32>().read_unaligned();
+        let sixteen = _mm512_mul_ps(_mm512_set1_ps(16.0), d);
+        [
+            _mm512_mask_add_ps(l, bits as u16, l, sixteen),
+            _mm512_mask_add_ps(h, (bits >> 16) as u16, h, sixteen),
+        ]
+    }
+}
+
 /// [`nibbles`] plus 16 where the fifth bit (bit `j` of the u32 at `qh`
 /// for value `j`) is set.
 #[inline(always)]
@@ -171,6 +229,11 @@ impl Block for Q4_0 {
         // SAFETY: forwarded; nibbles after `d`.
         unsafe { nibbles(b.add(2), &MINUS_8) }
     }
+    #[inline(always)]
+    unsafe fn weights(b: *const u8) -> [__m512; 2] {
+        // SAFETY: forwarded.
+        unsafe { nibbles_times(b.add(2), &MINUS_8, splat_half(b)) }
+    }
 }
 
 struct Q4_1;
@@ -181,6 +244,11 @@ impl Block for Q4_1 {
     unsafe fn chunks(b: *const u8) -> [__m512; 2] {
         // SAFETY: forwarded; nibbles after `d`, `m`.
         unsafe { nibbles(b.add(4), &PLAIN) }
+    }
+    #[inline(always)]
+    unsafe fn weights(b: *const u8) -> [__m512; 2] {
+        // SAFETY: forwarded.
+        unsafe { nibbles_times(b.add(4), &PLAIN, splat_half(b)) }
     }
     #[inline(always)]
     unsafe fn offset(b: *const u8) -> f32 {
@@ -197,6 +265,11 @@ impl Block for Q5_0 {
         // SAFETY: forwarded; `d`, qh, nibbles.
         unsafe { fifth(b.add(2), b.add(6), &MINUS_16) }
     }
+    #[inline(always)]
+    unsafe fn weights(b: *const u8) -> [__m512; 2] {
+        // SAFETY: forwarded.
+        unsafe { fifth_times(b.add(2), b.add(6), &MINUS_16, splat_half(b)) }
+    }
 }
 
 struct Q5_1;
@@ -207,6 +280,11 @@ impl Block for Q5_1 {
     unsafe fn chunks(b: *const u8) -> [__m512; 2] {
         // SAFETY: forwarded; `d`, `m`, qh, nibbles.
         unsafe { fifth(b.add(4), b.add(8), &PLAIN) }
+    }
+    #[inline(always)]
+    unsafe fn weights(b: *const u8) -> [__m512; 2] {
+        // SAFETY: forwarded.
+        unsafe { fifth_times(b.add(4), b.add(8), &PLAIN, splat_half(b)) }
     }
     #[inline(always)]
     unsafe fn offset(b: *const u8) -> f32 {
@@ -237,6 +315,11 @@ impl Block for Iq4Nl {
     unsafe fn chunks(b: *const u8) -> [__m512; 2] {
         // SAFETY: forwarded; nibbles after `d` index the code book.
         unsafe { nibbles(b.add(2), &IQ4) }
+    }
+    #[inline(always)]
+    unsafe fn weights(b: *const u8) -> [__m512; 2] {
+        // SAFETY: forwarded.
+        unsafe { nibbles_times(b.add(2), &IQ4, splat_half(b)) }
     }
 }
 
@@ -288,7 +371,9 @@ unsafe fn go<L: Block, const WIDE: usize, const AHEAD: usize>(
         macro_rules! tile {
             ($rt:literal) => {{
                 let base = job.raw.as_ptr().add(r * rb);
+                // Values 0..16 and 16..32 of every block: two chains.
                 let mut acc = [_mm512_setzero_ps(); $rt];
+                let mut acc2 = [_mm512_setzero_ps(); $rt];
                 let mut off = [0.0f32; $rt];
                 for c in 0..blocks {
                     let (x0, x1) = (
@@ -299,16 +384,16 @@ unsafe fn go<L: Block, const WIDE: usize, const AHEAD: usize>(
                         let b = base.add(i * rb + c * L::BYTES);
                         // A decode step's weights come from memory.
                         _mm_prefetch::<_MM_HINT_T0>(b.wrapping_add(AHEAD * rb).cast());
-                        let [q0, q1] = L::chunks(b);
-                        let s = _mm512_fmadd_ps(q1, x1, _mm512_mul_ps(q0, x0));
-                        acc[i] = _mm512_fmadd_ps(_mm512_set1_ps(L::scale(b)), s, acc[i]);
+                        let [w0, w1] = L::weights(b);
+                        acc[i] = _mm512_fmadd_ps(w0, x0, acc[i]);
+                        acc2[i] = _mm512_fmadd_ps(w1, x1, acc2[i]);
                         if L::OFFSET {
                             off[i] += L::offset(b) * *xsum.add(c);
                         }
                     }
                 }
                 for i in 0..$rt {
-                    *out.add(r + i) = hsum16(acc[i]) - off[i];
+                    *out.add(r + i) = hsum16(_mm512_add_ps(acc[i], acc2[i])) - off[i];
                 }
                 r += $rt;
             }};
@@ -336,13 +421,13 @@ unsafe fn go<L: Block, const WIDE: usize, const AHEAD: usize>(
 /// AVX-512 F/BW/VL, AVX2, FMA and F16C present; `raw` whole blocks of
 /// `qtype`, `w` room for their values.
 #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl")]
-pub(crate) unsafe fn codes_as_floats(qtype: QuantType, raw: &[u8], w: *mut f32) {
+pub(crate) unsafe fn weights_as_floats(qtype: QuantType, raw: &[u8], w: *mut f32) {
     #[inline(always)]
     unsafe fn each<L: Block>(raw: &[u8], w: *mut f32) {
         // SAFETY: whole blocks in `raw`, 32 floats of `w` a block (caller).
         unsafe {
             for c in 0..raw.len() / L::BYTES {
-                let [q0, q1] = L::chunks(raw.as_ptr().add(c * L::BYTES));
+                let [q0, q1] = L::weights(raw.as_ptr().add(c * L::BYTES));
                 _mm512_storeu_ps(w.add(32 * c), q0);
                 _mm512_storeu_ps(w.add(32 * c + 16), q1);
             }
@@ -351,37 +436,39 @@ pub(crate) unsafe fn codes_as_floats(qtype: QuantType, raw: &[u8], w: *mut f32) 
     // SAFETY: forwarded.
     unsafe {
         match qtype {
+            QuantType::Q8_0 => each::<Q8_0>(raw, w),
             QuantType::Q4_0 => each::<Q4_0>(raw, w),
+            QuantType::Q4_1 => each::<Q4_1>(raw, w),
             QuantType::Q5_0 => each::<Q5_0>(raw, w),
+            QuantType::Q5_1 => each::<Q5_1>(raw, w),
             QuantType::IQ4NL => each::<Iq4Nl>(raw, w),
             other => unreachable!("{} is not unpacked here", other.name()),
         }
     }
 }
 
-/// Weight rows of a batched tile ([`codes_tile`]): with 32 registers, 4 x 3
-/// dots and accumulators, three activation chunks and a code chunk.
+/// Weight rows of a batched tile ([`weights_tile`]): with 32 registers,
+/// 4 x 3 pairs of accumulators, three activation chunks and a weight chunk.
 pub(crate) const CR: usize = 4;
 /// Activation rows of a batched tile.
 pub(crate) const CN: usize = 3;
 
-/// `multirow`'s codes tile in this build's order, for the formats
-/// [`covers`] takes: `rt` rows of codes as floats (`k` apart at `w`, one
-/// scale a 32-value group at `scale`, `groups` a row) times `nt`
+/// `multirow`'s tile in this build's order, for the formats [`covers`]
+/// takes: `rt` rows of weights (`scale * code`, [`weights_as_floats`];
+/// `k` apart at `w`) times `nt`
 /// activation rows (`k` apart at `x`), less the offset terms `sub` (row
 /// `i`, activation `t` at `i * stride + t`), into `out` (`out_stride`
 /// apart). `rt` is [`CR`] or 1, `nt` at most [`CN`].
 ///
 /// # Safety
-/// AVX-512 F/BW/VL, AVX2, FMA and F16C present; the rows, scales,
-/// activations, offset terms and outputs in bounds.
+/// AVX-512 F/BW/VL, AVX2, FMA and F16C present; the rows, activations,
+/// offset terms and outputs in bounds.
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl")]
 #[allow(clippy::too_many_arguments)]
-pub(crate) unsafe fn codes_tile(
+pub(crate) unsafe fn weights_tile(
     (rt, nt): (usize, usize),
-    (w, scale): (*const f32, *const f32),
-    groups: usize,
+    w: *const f32,
     (x, k): (*const f32, usize),
     sub: Option<(*const f32, usize)>,
     out: *mut f32,
@@ -390,7 +477,7 @@ pub(crate) unsafe fn codes_tile(
     macro_rules! go {
         ($r:literal, $n:literal) => {{
             // SAFETY: forwarded from the caller.
-            let res = unsafe { codes_dot::<$r, $n>(w, scale, groups, x, k) };
+            let res = unsafe { weights_dot::<$r, $n>(w, x, k) };
             for (i, row) in res.iter().enumerate() {
                 for (t, &v) in row.iter().enumerate() {
                     // SAFETY: (t, i) inside the output and the offset terms (caller).
@@ -415,46 +502,39 @@ pub(crate) unsafe fn codes_tile(
     }
 }
 
-/// `R` rows of codes as floats times `N` activation rows, in this build's
-/// order (see the module): per group two sixteen-lane chunks, `s = q0 *
-/// x0`, `s = fma(q1, x1, s)`, `acc = fma(scale_g, s, acc)`, then
-/// [`hsum16`]. Each chunk of codes and of activations is loaded once a tile.
+/// `R` rows of weights times `N` activation rows, in this build's order
+/// (see the module): per block `lo = fma(w0, x0, lo)`, `hi = fma(w1, x1,
+/// hi)`, then [`hsum16`]`(lo + hi)`. Each chunk of weights and of
+/// activations is loaded once a tile.
 #[inline(always)]
-unsafe fn codes_dot<const R: usize, const N: usize>(
+unsafe fn weights_dot<const R: usize, const N: usize>(
     w: *const f32,
-    scale: *const f32,
-    groups: usize,
     x: *const f32,
     k: usize,
 ) -> [[f32; N]; R] {
-    // SAFETY (whole body): R rows of `groups * 32` floats at w (`k`
-    // apart), `groups` scales a row at scale, N rows of k at x (caller).
+    // SAFETY (whole body): R rows of k floats at w (`k` apart), N rows of
+    // k at x (caller); k is a whole number of blocks.
     unsafe {
-        let mut acc = [[_mm512_setzero_ps(); N]; R];
-        for g in 0..groups {
-            let c = g * 32;
-            let mut s = [[_mm512_setzero_ps(); N]; R];
-            for j in 0..2 {
+        // Values 0..16 and 16..32 of every block, as the one-row kernel.
+        let mut acc = [[[_mm512_setzero_ps(); N]; R]; 2];
+        for c in (0..k).step_by(32) {
+            for (j, acc) in acc.iter_mut().enumerate() {
                 let mut xv = [_mm512_setzero_ps(); N];
                 for (t, xv) in xv.iter_mut().enumerate() {
                     *xv = _mm512_loadu_ps(x.add(t * k + c + 16 * j));
                 }
-                for (i, s) in s.iter_mut().enumerate() {
-                    let q = _mm512_loadu_ps(w.add(i * k + c + 16 * j));
-                    for (s, &xv) in s.iter_mut().zip(&xv) {
-                        *s = if j == 0 {
-                            _mm512_mul_ps(q, xv)
-                        } else {
-                            _mm512_fmadd_ps(q, xv, *s)
-                        };
+                for (i, acc) in acc.iter_mut().enumerate() {
+                    let w = _mm512_loadu_ps(w.add(i * k + c + 16 * j));
+                    for (acc, &xv) in acc.iter_mut().zip(&xv) {
+                        *acc = _mm512_fmadd_ps(w, xv, *acc);
                     }
                 }
             }
-            for (i, (acc, s)) in acc.iter_mut().zip(&s).enumerate() {
-                let a = _mm512_set1_ps(*scale.add(i * groups + g));
-                for (acc, &s) in acc.iter_mut().zip(s) {
-                    *acc = _mm512_fmadd_ps(a, s, *acc);
-                }
+        }
+        let [mut acc, acc2] = acc;
+        for (a, b) in acc.iter_mut().zip(&acc2) {
+            for (a, &b) in a.iter_mut().zip(b) {
+                *a = _mm512_add_ps(*a, b);
             }
         }
         // Loops, not `acc.map(..)`: `map` is a generic function of its own,

@@ -11,7 +11,9 @@
 //! accumulator, then `hsum(acc) - off` with `off = sum_g offset_g * X_g` in
 //! group order; float formats `acc = fma(w_c, x_c, acc)`, `hsum`, then the
 //! tail columns one by one. So a row gives the same bits alone
-//! (matrix-vector) or in any batch, and the tests check it.
+//! (matrix-vector) or in any batch, and the tests check it. The AVX-512
+//! build's own formats (`avx512::covers`) unpack a row into its weights,
+//! `scale * code`, and run `avx512::weights_tile` in that build's order.
 //!
 //! Block formats: tiles of [`CR`] weight rows x [`CN`] activation rows
 //! (`codes_dot`): a group's dots for the whole tile live in registers (one
@@ -181,6 +183,15 @@ unsafe fn unpack_float<S: Store>(
                 w[c] = float_at(job.qtype, &raw[c * size..(c + 1) * size]);
             }
         }
+        #[cfg(target_arch = "x86_64")]
+        qtype if avx512 && super::avx512::covers(qtype) => {
+            // The AVX-512 build's weights, `scale * code`, decoded straight
+            // into floats (its order, avx512.rs); the offsets for the terms.
+            super::unpack::scales_only::<S>(qtype, raw, scale, offset);
+            // SAFETY: AVX-512 present (caller); `raw` is one whole row, `w`
+            // holds `cols` floats.
+            unsafe { super::avx512::weights_as_floats(qtype, raw, w.as_mut_ptr()) };
+        }
         QuantType::Q8_0 => {
             q8_0_scales::<S>(raw, scale);
             let (blocks, _) = raw.as_chunks::<34>();
@@ -195,16 +206,6 @@ unsafe fn unpack_float<S: Store>(
                     };
                 }
             }
-        }
-        #[cfg(target_arch = "x86_64")]
-        qtype if avx512 && super::avx512::covers(qtype) && !qtype.has_offsets() => {
-            // The AVX-512 build decodes the codes straight into floats (Q4_0,
-            // Q5_0, IQ4_NL: 1.2-1.3x for 2 rows, 1.02-1.06x for 8; Q4_1 measured
-            // 0.8x this way and keeps the int8 unpacking, as does Q5_1).
-            super::unpack::scales_only::<S>(qtype, raw, scale, offset);
-            // SAFETY: AVX-512 present (caller); `raw` is one whole row, `w`
-            // holds `cols` floats.
-            unsafe { super::avx512::codes_as_floats(qtype, raw, w.as_mut_ptr()) };
         }
         qtype => {
             unpack_row::<S>(qtype, raw, codes, scale, offset);
@@ -342,15 +343,7 @@ pub(crate) unsafe fn run_rows<S: Store, const AVX512: bool>(
                         let row = (w.as_ptr().add(i * k), scale.as_ptr().add(i * groups));
                         if wide {
                             #[cfg(target_arch = "x86_64")]
-                            super::avx512::codes_tile(
-                                (ri, nt),
-                                row,
-                                groups,
-                                (x, k),
-                                sub,
-                                o,
-                                job.rows,
-                            );
+                            super::avx512::weights_tile((ri, nt), row.0, (x, k), sub, o, job.rows);
                         } else {
                             codes_tile::<S>(
                                 (chunks, ri, nt),

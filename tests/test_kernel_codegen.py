@@ -60,6 +60,51 @@ def test_no_simd_intrinsic_is_called_out_of_line() -> None:
     assert not calls, f"intrinsics called out of line (name: count): {calls}"
 
 
+# The exact mode's kernels (one row and batched tiles, both x86 builds).
+EXACT_KERNELS = (
+    "rlx_lm::quant::rows_avx2",
+    "rlx_lm::quant::rows_avx512",
+    "rlx_lm::quant::multirow::rows_avx2",
+    "rlx_lm::quant::multirow::rows_avx512",
+)
+FUNCTION = re.compile(r"^[0-9a-f]+ <(.+)>:$")
+
+
+def _per_function(text: str, mnemonic: str) -> dict[str, int]:
+    counts: dict[str, int] = {}
+    name = ""
+    for line in text.splitlines():
+        m = FUNCTION.match(line)
+        if m:
+            name = m.group(1)
+        elif f"\t{mnemonic} " in line:
+            counts[name] = counts.get(name, 0) + 1
+    return counts
+
+
+def test_no_float16_scale_is_inserted_into_a_live_register() -> None:
+    """A block's float16 scale built from its two bytes compiled to `vpinsrw`, which writes
+    a quarter of a register and keeps the rest: LLVM picked registers the previous block had
+    just written, so every block's scale waited on the block before. In the AVX-512 batched
+    tiles' decoding that chain cost 0.6-0.9x (docs/kernels.md, eleventh session); the
+    scales now come through whole-register writes (`whole_xmm`, `splat_half`)."""
+    counts = _per_function(_disassembly(), "vpinsrw")
+    found = {k: counts.get(k, 0) for k in EXACT_KERNELS}
+    assert not any(found.values()), f"vpinsrw in the exact kernels: {found}"
+
+
+def test_the_function_scan_counts_per_function() -> None:
+    text = (
+        "00000000000df5b0 <rlx_lm::quant::rows_avx2>:\n"
+        "   dc88e:\tvpinsrw $0x0,(%rsi,%r10,1),%xmm0,%xmm10\n"
+        "   dc88f:\tvpinsrw $0x0,(%rsi,%r10,1),%xmm0,%xmm10\n"
+        "0000000000106450 <rlx_lm::other>:\n"
+        "   dc890:\tvpinsrw $0x0,(%rsi,%r10,1),%xmm0,%xmm10\n"
+        "   dc891:\tvmovd  %edi,%xmm0\n"
+    )
+    assert _per_function(text, "vpinsrw") == {"rlx_lm::quant::rows_avx2": 2, "rlx_lm::other": 1}
+
+
 def test_the_pattern_finds_a_call_as_objdump_prints_it() -> None:
     line = "  14d8e7:\tcall   e9fc0 <core::core_arch::x86::avx512dq::_mm512_extractf32x8_ps>"
     m = CALL.search(line)

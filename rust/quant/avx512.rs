@@ -52,6 +52,7 @@ pub(crate) fn covers(qtype: QuantType) -> bool {
             | QuantType::Q5_0
             | QuantType::Q5_1
             | QuantType::IQ4NL
+            | QuantType::Q4K
     )
 }
 
@@ -344,6 +345,7 @@ pub(crate) unsafe fn rows(job: &Job<'_>, lo: usize, hi: usize, out: *mut f32) {
             QuantType::Q5_0 => go::<Q5_0, 4, 8>(job, lo, hi, out),
             QuantType::Q5_1 => go::<Q5_1, 4, 8>(job, lo, hi, out),
             QuantType::IQ4NL => go::<Iq4Nl, 4, 8>(job, lo, hi, out),
+            QuantType::Q4K => q4_k::<4, 4>(job, lo, hi, out),
             other => unreachable!("{} has no AVX-512 kernel", other.name()),
         }
     }
@@ -413,6 +415,105 @@ unsafe fn go<L: Block, const WIDE: usize, const AHEAD: usize>(
     }
 }
 
+/// A Q4_K super-block's 256 weights `scale_g * code` (sixteen registers,
+/// values in order), its group scales and offsets as `unpack.rs` gives
+/// them (`k4_scales`: the same floats, so the tiles' weights match).
+/// Values `64c .. 64c + 32` are the low nibbles of `qs[32c ..]`, the next
+/// 32 the high ones; `vpermps` reads the low four bits of each index, so
+/// the low nibbles need no mask.
+///
+/// # Safety
+/// AVX-512 F/BW/VL and F16C present.
+#[inline(always)]
+unsafe fn q4_k_weights(b: &[u8; 144], scale: &mut [f32; 8], off: &mut [f32; 8]) -> [__m512; 16] {
+    super::unpack::k4_scales::<Avx2, 144>(b, scale, off);
+    // SAFETY: 128 bytes of nibbles at 16; AVX-512 present (caller).
+    unsafe {
+        let t = _mm512_loadu_ps(PLAIN.as_ptr());
+        let qs = b.as_ptr().add(16);
+        let mut w = [_mm512_setzero_ps(); 16];
+        for c in 0..4 {
+            let (t0, t1) = (
+                _mm512_mul_ps(t, _mm512_set1_ps(scale[2 * c])),
+                _mm512_mul_ps(t, _mm512_set1_ps(scale[2 * c + 1])),
+            );
+            let ia = _mm512_cvtepu8_epi32(_mm_loadu_si128(qs.add(32 * c).cast()));
+            let ib = _mm512_cvtepu8_epi32(_mm_loadu_si128(qs.add(32 * c + 16).cast()));
+            w[4 * c] = _mm512_permutexvar_ps(ia, t0);
+            w[4 * c + 1] = _mm512_permutexvar_ps(ib, t0);
+            w[4 * c + 2] = _mm512_permutexvar_ps(_mm512_srli_epi32::<4>(ia), t1);
+            w[4 * c + 3] = _mm512_permutexvar_ps(_mm512_srli_epi32::<4>(ib), t1);
+        }
+        w
+    }
+}
+
+/// Q4_K's one-row kernel in this build's order: [`go`]'s, with a
+/// super-block's eight 32-value blocks decoded by [`q4_k_weights`]; the
+/// offsets `off += offset_g * X_g` group by group.
+///
+/// # Safety
+/// As [`rows`].
+#[inline(always)]
+unsafe fn q4_k<const WIDE: usize, const AHEAD: usize>(
+    job: &Job<'_>,
+    lo: usize,
+    hi: usize,
+    out: *mut f32,
+) {
+    let supers = job.cols / 256;
+    let rb = job.row_bytes;
+    let (x, xsum) = (job.x.as_ptr(), job.xsum.as_ptr());
+    let mut r = lo;
+    // SAFETY (whole body): rows lo..hi of `raw` hold `supers` blocks of 144
+    // bytes; `x` one row of `cols` floats and `xsum` one sum per 32 values;
+    // `out[lo..hi]` is ours (caller).
+    unsafe {
+        macro_rules! tile {
+            ($rt:literal) => {{
+                let base = job.raw.as_ptr().add(r * rb);
+                let mut acc = [_mm512_setzero_ps(); $rt];
+                let mut acc2 = [_mm512_setzero_ps(); $rt];
+                let mut off = [0.0f32; $rt];
+                let (mut scale, mut o) = ([0.0f32; 8], [0.0f32; 8]);
+                for c in 0..supers {
+                    let xs = x.add(256 * c);
+                    for i in 0..$rt {
+                        let p = base.add(i * rb + c * 144);
+                        for l in 0..3 {
+                            _mm_prefetch::<_MM_HINT_T0>(p.wrapping_add(AHEAD * rb + 64 * l).cast());
+                        }
+                        let b = &*p.cast::<[u8; 144]>();
+                        let w = q4_k_weights(b, &mut scale, &mut o);
+                        for j in 0..8 {
+                            let x0 = _mm512_loadu_ps(xs.add(32 * j));
+                            let x1 = _mm512_loadu_ps(xs.add(32 * j + 16));
+                            acc[i] = _mm512_fmadd_ps(w[2 * j], x0, acc[i]);
+                            acc2[i] = _mm512_fmadd_ps(w[2 * j + 1], x1, acc2[i]);
+                        }
+                        for g in 0..8 {
+                            off[i] += o[g] * *xsum.add(8 * c + g);
+                        }
+                    }
+                }
+                for i in 0..$rt {
+                    *out.add(r + i) = hsum16(_mm512_add_ps(acc[i], acc2[i])) - off[i];
+                }
+                r += $rt;
+            }};
+        }
+        while WIDE >= 4 && hi - r >= 4 {
+            tile!(4);
+        }
+        while WIDE >= 2 && hi - r >= 2 {
+            tile!(2);
+        }
+        while r < hi {
+            tile!(1);
+        }
+    }
+}
+
 /// One weight row of Q4_0, Q5_0 or IQ4_NL as its codes in float32, `cols` floats at `w`:
 /// the same exact values the int8 unpacking gives, decoded as [`rows`]
 /// decodes them, without the int8 scratch row in between.
@@ -442,6 +543,15 @@ pub(crate) unsafe fn weights_as_floats(qtype: QuantType, raw: &[u8], w: *mut f32
             QuantType::Q5_0 => each::<Q5_0>(raw, w),
             QuantType::Q5_1 => each::<Q5_1>(raw, w),
             QuantType::IQ4NL => each::<Iq4Nl>(raw, w),
+            QuantType::Q4K => {
+                let mut scale = [0.0f32; 8];
+                for (c, b) in raw.as_chunks::<144>().0.iter().enumerate() {
+                    let ws = q4_k_weights(b, &mut scale, &mut [0.0; 8]);
+                    for (j, v) in ws.iter().enumerate() {
+                        _mm512_storeu_ps(w.add(256 * c + 16 * j), *v);
+                    }
+                }
+            }
             other => unreachable!("{} is not unpacked here", other.name()),
         }
     }

@@ -312,7 +312,11 @@ fn scale_min_k4(j: usize, q: &[u8; 12]) -> (u8, u8) {
 }
 
 #[inline(always)]
-fn k4_scales<S: Lanes, const BB: usize>(b: &[u8; BB], scale: &mut [f32; 8], o: &mut [f32; 8]) {
+pub(crate) fn k4_scales<S: Lanes, const BB: usize>(
+    b: &[u8; BB],
+    scale: &mut [f32; 8],
+    o: &mut [f32; 8],
+) {
     let (d, dmin) = (half::<S>(b, 0), half::<S>(b, 2));
     let sc: &[u8; 12] = part(b, 4);
     for j in 0..8 {

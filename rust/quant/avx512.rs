@@ -659,3 +659,134 @@ unsafe fn weights_dot<const R: usize, const N: usize>(
         sums
     }
 }
+
+/// Weight rows of a fused tile ([`blocks_tile`]): 2 x 4 pairs of
+/// accumulators, four weight chunks, two activation chunks. Measured on
+/// Sapphire Rapids (`perf_probe`, best of three alternated runs): 1 x 8
+/// was 0.7-1.0x of 2 x 4 (twice the activation loads per FMA, and eight
+/// activation rows of 1536 floats are L1d's 48 KiB).
+pub(crate) const FR: usize = 2;
+/// Activation rows of a fused tile (the arms of [`blocks_tile`] are 1..=4).
+pub(crate) const FN: usize = 4;
+
+/// `multirow`'s tile for short batches, the formats [`covers`] takes but
+/// Q4_K: `rt` weight rows of `qtype` (`rb` bytes apart at `raw`) decoded
+/// block by block in registers, as the one-row kernel does, times `nt`
+/// activation rows (`k` apart at `x`), less the offset terms `sub`, into
+/// `out` (`out_stride` apart). The same weights and FMAs in the same order
+/// as [`weights_tile`] over [`weights_as_floats`], so the same bits; the
+/// band's decoding into floats (two stores a block, read back by every
+/// tile) is not done, and each tile decodes its rows again instead. `rt`
+/// is [`FR`] or 1, `nt` at most [`FN`].
+///
+/// # Safety
+/// AVX-512 F/BW/VL, AVX2, FMA and F16C present; the rows (whole blocks),
+/// activations, offset terms and outputs in bounds.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl")]
+#[allow(clippy::too_many_arguments)]
+pub(crate) unsafe fn blocks_tile(
+    qtype: QuantType,
+    (rt, nt): (usize, usize),
+    (raw, rb): (*const u8, usize),
+    (x, k): (*const f32, usize),
+    sub: Option<(*const f32, usize)>,
+    out: *mut f32,
+    out_stride: usize,
+) {
+    #[inline(always)]
+    unsafe fn each<L: Block>(
+        (rt, nt): (usize, usize),
+        (raw, rb): (*const u8, usize),
+        (x, k): (*const f32, usize),
+        sub: Option<(*const f32, usize)>,
+        out: *mut f32,
+        out_stride: usize,
+    ) {
+        macro_rules! go {
+            ($r:expr, $n:expr) => {{
+                // SAFETY: forwarded from the caller.
+                let res = unsafe { blocks_dot::<L, { $r }, { $n }>(raw, rb, x, k) };
+                for (i, row) in res.iter().enumerate() {
+                    for (t, &v) in row.iter().enumerate() {
+                        // SAFETY: (t, i) inside the output and the offset terms (caller).
+                        unsafe {
+                            let v = match sub {
+                                Some((offs, stride)) => v - *offs.add(i * stride + t),
+                                None => v,
+                            };
+                            *out.add(t * out_stride + i) = v;
+                        }
+                    }
+                }
+            }};
+        }
+        macro_rules! by_n {
+            ($r:expr) => {
+                match nt {
+                    1 => go!($r, 1),
+                    2 => go!($r, 2),
+                    3 => go!($r, 3),
+                    _ => go!($r, FN),
+                }
+            };
+        }
+        if rt == FR {
+            by_n!(FR)
+        } else {
+            by_n!(1)
+        }
+    }
+    let a = ((rt, nt), (raw, rb), (x, k), sub, out, out_stride);
+    // SAFETY: forwarded.
+    unsafe {
+        match qtype {
+            QuantType::Q8_0 => each::<Q8_0>(a.0, a.1, a.2, a.3, a.4, a.5),
+            QuantType::Q4_0 => each::<Q4_0>(a.0, a.1, a.2, a.3, a.4, a.5),
+            QuantType::Q4_1 => each::<Q4_1>(a.0, a.1, a.2, a.3, a.4, a.5),
+            QuantType::Q5_0 => each::<Q5_0>(a.0, a.1, a.2, a.3, a.4, a.5),
+            QuantType::Q5_1 => each::<Q5_1>(a.0, a.1, a.2, a.3, a.4, a.5),
+            QuantType::IQ4NL => each::<Iq4Nl>(a.0, a.1, a.2, a.3, a.4, a.5),
+            other => unreachable!("{} has no fused tile", other.name()),
+        }
+    }
+}
+
+/// `R` weight rows of `L` (`rb` bytes apart) times `N` activation rows,
+/// each block's weights decoded in registers ([`Block::weights`]) and
+/// used by every activation row: the order of [`weights_dot`].
+#[inline(always)]
+unsafe fn blocks_dot<L: Block, const R: usize, const N: usize>(
+    raw: *const u8,
+    rb: usize,
+    x: *const f32,
+    k: usize,
+) -> [[f32; N]; R] {
+    // SAFETY (whole body): R rows of k / 32 blocks at raw (`rb` apart), N
+    // rows of k floats at x (caller).
+    unsafe {
+        let mut lo = [[_mm512_setzero_ps(); N]; R];
+        let mut hi = [[_mm512_setzero_ps(); N]; R];
+        for c in 0..k / 32 {
+            let mut w = [[_mm512_setzero_ps(); 2]; R];
+            for (i, w) in w.iter_mut().enumerate() {
+                *w = L::weights(raw.add(i * rb + c * L::BYTES));
+            }
+            for t in 0..N {
+                let x0 = _mm512_loadu_ps(x.add(t * k + 32 * c));
+                let x1 = _mm512_loadu_ps(x.add(t * k + 32 * c + 16));
+                for i in 0..R {
+                    lo[i][t] = _mm512_fmadd_ps(w[i][0], x0, lo[i][t]);
+                    hi[i][t] = _mm512_fmadd_ps(w[i][1], x1, hi[i][t]);
+                }
+            }
+        }
+        let mut sums = [[0.0f32; N]; R];
+        for i in 0..R {
+            for t in 0..N {
+                sums[i][t] = hsum16(_mm512_add_ps(lo[i][t], hi[i][t]));
+            }
+        }
+        sums
+    }
+}

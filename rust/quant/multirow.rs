@@ -13,7 +13,12 @@
 //! tail columns one by one. So a row gives the same bits alone
 //! (matrix-vector) or in any batch, and the tests check it. The AVX-512
 //! build's own formats (`avx512::covers`) unpack a row into its weights,
-//! `scale * code`, and run `avx512::weights_tile` in that build's order.
+//! `scale * code`, and run `avx512::weights_tile` in that build's order;
+//! batches of up to [`FUSED_MAX_N`] rows of its 32-value formats skip the
+//! unpacking and decode each block inside the tile
+//! (`avx512::blocks_tile`, the same weights and order): the band's decode
+//! into floats cost a fixed 55-100 us per 1536 x 576 product whatever the
+//! batch, more than the tiles' own FMAs at 2-4 rows.
 //!
 //! Block formats: tiles of [`CR`] weight rows x [`CN`] activation rows
 //! (`codes_dot`): a group's dots for the whole tile live in registers (one
@@ -186,8 +191,11 @@ unsafe fn unpack_float<S: Store>(
         #[cfg(target_arch = "x86_64")]
         qtype if avx512 && super::avx512::covers(qtype) => {
             // The AVX-512 build's weights, `scale * code`, decoded straight
-            // into floats (its order, avx512.rs); the offsets for the terms.
-            super::unpack::scales_only::<S>(qtype, raw, scale, offset);
+            // into floats (its order, avx512.rs); the offsets for the terms
+            // (the tiles never read `scale`).
+            if qtype.has_offsets() {
+                super::unpack::scales_only::<S>(qtype, raw, scale, offset);
+            }
             // SAFETY: AVX-512 present (caller); `raw` is one whole row, `w`
             // holds `cols` floats.
             unsafe { super::avx512::weights_as_floats(qtype, raw, w.as_mut_ptr()) };
@@ -244,6 +252,9 @@ pub(crate) unsafe fn run_rows<S: Store, const AVX512: bool>(
     scratch.scale.resize(R_TILE * groups, 0.0);
     scratch.offset.resize(R_TILE * groups, 0.0);
     let n = job.n;
+    // Short batches of the AVX-512 build's 32-value formats decode their
+    // weights inside the tiles (`avx512::blocks_tile`), not into floats.
+    let fused = AVX512 && n <= FUSED_MAX_N && avx512_fuses(qtype);
     // The offset terms' tables, eight activation rows a register: `ns`
     // lanes a group (zeros past `n`), so every row takes the vector path.
     let ns = n.div_ceil(8) * 8;
@@ -269,6 +280,19 @@ pub(crate) unsafe fn run_rows<S: Store, const AVX512: bool>(
     while r < hi {
         let rt = (hi - r).min(R_TILE);
         for i in 0..rt {
+            if fused {
+                // Decoded in the tiles; the offsets for their terms.
+                if offsets {
+                    let raw = &job.raw[(r + i) * job.row_bytes..(r + i + 1) * job.row_bytes];
+                    super::unpack::scales_only::<S>(
+                        qtype,
+                        raw,
+                        &mut scale[i * groups..(i + 1) * groups],
+                        &mut offset[i * groups..(i + 1) * groups],
+                    );
+                }
+                continue;
+            }
             // SAFETY: AVX-512 present when AVX512 (caller).
             unsafe {
                 unpack_float::<S>(
@@ -327,7 +351,13 @@ pub(crate) unsafe fn run_rows<S: Store, const AVX512: bool>(
         } else {
             let chunks = qtype.group_values() / 8;
             let wide = AVX512 && avx512_covers(qtype);
-            let (cr, cn) = if wide { AVX512_TILE } else { (CR, CN) };
+            let (cr, cn) = if fused {
+                FUSED_TILE
+            } else if wide {
+                AVX512_TILE
+            } else {
+                (CR, CN)
+            };
             let mut i = 0;
             while i < rt {
                 let ri = if rt - i >= cr { cr } else { 1 };
@@ -341,7 +371,18 @@ pub(crate) unsafe fn run_rows<S: Store, const AVX512: bool>(
                         let o = out.add(t * job.rows + r + i);
                         let sub = offsets.then(|| (offs.as_ptr().add(i * ns + t), ns));
                         let row = (w.as_ptr().add(i * k), scale.as_ptr().add(i * groups));
-                        if wide {
+                        if fused {
+                            #[cfg(target_arch = "x86_64")]
+                            super::avx512::blocks_tile(
+                                qtype,
+                                (ri, nt),
+                                (job.raw.as_ptr().add((r + i) * job.row_bytes), job.row_bytes),
+                                (x, k),
+                                sub,
+                                o,
+                                job.rows,
+                            );
+                        } else if wide {
                             #[cfg(target_arch = "x86_64")]
                             super::avx512::weights_tile((ri, nt), row.0, (x, k), sub, o, job.rows);
                         } else {
@@ -468,6 +509,23 @@ const CN: usize = 3;
 const AVX512_TILE: (usize, usize) = (super::avx512::CR, super::avx512::CN);
 #[cfg(not(target_arch = "x86_64"))]
 const AVX512_TILE: (usize, usize) = (CR, CN);
+
+/// The AVX-512 build's fused tile (`avx512::blocks_tile`) and the largest
+/// batch that takes it: it decodes every block once per four
+/// activation rows, so it gains less as the batch grows (`perf_probe` on
+/// an Intel Xeon of the Sapphire Rapids class, best of three alternated
+/// runs, against the band path:
+/// 1.2-1.4x at 2 and 4 rows, 1.0-1.1x at 8, 0.9-1.04x at 16).
+#[cfg(target_arch = "x86_64")]
+const FUSED_TILE: (usize, usize) = (super::avx512::FR, super::avx512::FN);
+#[cfg(not(target_arch = "x86_64"))]
+const FUSED_TILE: (usize, usize) = (CR, CN);
+const FUSED_MAX_N: usize = 8;
+
+/// Whether the AVX-512 build decodes `qtype` inside its batched tiles.
+fn avx512_fuses(qtype: QuantType) -> bool {
+    avx512_covers(qtype) && qtype != QuantType::Q4K
+}
 
 /// Whether the AVX-512 build takes `qtype` with its own tiles.
 fn avx512_covers(qtype: QuantType) -> bool {

@@ -1287,6 +1287,70 @@ fn the_avx512_one_row_kernel_gives_its_batched_tiles_bits_on_every_row_range() {
     }
 }
 
+/// Every batch size gives each activation row the one-row kernel's bits:
+/// the short batches (up to eight rows) decode their blocks inside
+/// `avx512::blocks_tile`, longer ones unpack a band into floats first
+/// (`weights_tile`); both must be the one-row kernel's order. Row counts
+/// off the tiles' 2 and 4, activation counts off their 4 and 3, and the
+/// band path's scales skipped for formats without offsets.
+#[test]
+fn the_avx512_batched_paths_give_one_row_bits_at_every_batch_size() {
+    if !has_avx512() {
+        return;
+    }
+    let mut rng = Rng(47);
+    for qtype in ALL.into_iter().filter(|&t| avx512::covers(t)) {
+        for (rows, blocks) in [(1, 1), (5, 2), (7, 3), (4, 18), (11, 48)] {
+            let cols = blocks * qtype.block_values();
+            let raw = random_rows(qtype, rows, cols, &mut rng);
+            for n in [2usize, 3, 4, 5, 6, 7, 8, 9, 11, 16] {
+                let xs: Vec<f32> = (0..n * cols).map(|_| rng.unit() * 2.0).collect();
+                let mut batch = vec![f32::NAN; n * rows];
+                matmul_with(
+                    Build::Avx512,
+                    false,
+                    qtype,
+                    &raw,
+                    rows,
+                    cols,
+                    &xs,
+                    &mut batch,
+                )
+                .unwrap();
+                for t in 0..n {
+                    let x = &xs[t * cols..(t + 1) * cols];
+                    let xsum = if qtype.has_offsets() {
+                        kernel::group_sums(x, qtype.group_values())
+                    } else {
+                        Vec::new()
+                    };
+                    let job = Job {
+                        qtype,
+                        raw: &raw,
+                        row_bytes: qtype.row_bytes(cols).unwrap(),
+                        rows,
+                        cols,
+                        x,
+                        n: 1,
+                        xsum: &xsum,
+                    };
+                    let mut one = vec![f32::NAN; rows];
+                    // SAFETY: AVX-512 checked; `one` holds `rows` floats.
+                    unsafe { avx512::rows(&job, 0, rows, one.as_mut_ptr()) };
+                    for r in 0..rows {
+                        assert_eq!(
+                            one[r].to_bits(),
+                            batch[t * rows + r].to_bits(),
+                            "{} {rows}x{cols}, {n} activation rows: row {r} of activation {t}",
+                            qtype.name()
+                        );
+                    }
+                }
+            }
+        }
+    }
+}
+
 /// `RLX_SIMD` names the build, so an A/B of the AVX-512 and AVX2 kernels
 /// runs the same binary: `simd_name` says which one runs.
 #[test]

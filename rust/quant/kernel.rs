@@ -508,6 +508,123 @@ pub(crate) mod row1 {
         }
     }
 
+    /// Whether [`blocks_tile`] takes `qtype`.
+    pub(crate) fn fuses(qtype: QuantType) -> bool {
+        covers(qtype) || matches!(qtype, QuantType::Q5_0 | QuantType::Q5_1)
+    }
+
+    /// Activation rows of a fused tile ([`blocks_tile`]): one weight row,
+    /// eight accumulators, its four code chunks, the scale and the dot fill
+    /// fourteen of AVX2's sixteen registers.
+    pub(crate) const FN: usize = 8;
+
+    /// `multirow`'s tile for short batches on AVX2: weight row `raw` (whole
+    /// blocks of `qtype`, a format [`fuses`] takes) decoded block by block
+    /// in registers, as [`rows`] does, times `nt` activation rows (`k`
+    /// apart at `x`), less the offset terms `sub` (activation `t` at `t`),
+    /// into `out` (`out_stride` apart). Each block's dot with each
+    /// activation row, its scaling and the sum are [`rows`]'s operations
+    /// in its order, so the same bits; the row is not unpacked into codes
+    /// first. `nt` at most [`FN`].
+    ///
+    /// # Safety
+    /// AVX2, FMA and F16C present; the row, activations, offset terms and
+    /// outputs in bounds.
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    pub(crate) unsafe fn blocks_tile(
+        qtype: QuantType,
+        nt: usize,
+        raw: *const u8,
+        (x, k): (*const f32, usize),
+        sub: Option<*const f32>,
+        out: *mut f32,
+        out_stride: usize,
+    ) {
+        #[inline(always)]
+        unsafe fn each<L: Block>(
+            nt: usize,
+            raw: *const u8,
+            (x, k): (*const f32, usize),
+            sub: Option<*const f32>,
+            out: *mut f32,
+            out_stride: usize,
+        ) {
+            macro_rules! go {
+                ($n:literal) => {{
+                    // SAFETY: forwarded from the caller.
+                    let res = unsafe { blocks_dot::<L, $n>(raw, x, k) };
+                    for (t, &v) in res.iter().enumerate() {
+                        // SAFETY: t inside the output and the offset terms (caller).
+                        unsafe {
+                            let v = match sub {
+                                Some(offs) => v - *offs.add(t),
+                                None => v,
+                            };
+                            *out.add(t * out_stride) = v;
+                        }
+                    }
+                }};
+            }
+            match nt {
+                1 => go!(1),
+                2 => go!(2),
+                3 => go!(3),
+                4 => go!(4),
+                5 => go!(5),
+                6 => go!(6),
+                7 => go!(7),
+                _ => go!(8),
+            }
+        }
+        // SAFETY: forwarded.
+        unsafe {
+            match qtype {
+                QuantType::Q8_0 => each::<Q8_0>(nt, raw, (x, k), sub, out, out_stride),
+                QuantType::Q4_0 => each::<Q4_0>(nt, raw, (x, k), sub, out, out_stride),
+                QuantType::Q4_1 => each::<Q4_1>(nt, raw, (x, k), sub, out, out_stride),
+                QuantType::Q5_0 => each::<Q5_0>(nt, raw, (x, k), sub, out, out_stride),
+                QuantType::Q5_1 => each::<Q5_1>(nt, raw, (x, k), sub, out, out_stride),
+                QuantType::IQ4NL => each::<Iq4Nl>(nt, raw, (x, k), sub, out, out_stride),
+                other => unreachable!("{} has no fused AVX2 tile", other.name()),
+            }
+        }
+    }
+
+    /// One weight row of `L` times `N` activation rows in [`rows`]'s order:
+    /// per block a fresh dot of its four code chunks with each activation
+    /// row, `acc = fma(scale, s, acc)`, then `hsum`.
+    #[inline(always)]
+    unsafe fn blocks_dot<L: Block, const N: usize>(
+        raw: *const u8,
+        x: *const f32,
+        k: usize,
+    ) -> [f32; N] {
+        // SAFETY (whole body): k / 32 blocks at raw, N rows of k floats at
+        // x (caller); AVX2, FMA and F16C present (caller).
+        unsafe {
+            let mut acc = [_mm256_setzero_ps(); N];
+            for c in 0..k / 32 {
+                let b = raw.add(c * L::BYTES);
+                let q = L::chunks(b);
+                let a = _mm256_set1_ps(L::scale(b));
+                for (t, acc) in acc.iter_mut().enumerate() {
+                    let xp = x.add(t * k + c * 32);
+                    let mut s = _mm256_mul_ps(q[0], _mm256_loadu_ps(xp));
+                    for (j, &q) in q.iter().enumerate().skip(1) {
+                        s = _mm256_fmadd_ps(q, _mm256_loadu_ps(xp.add(8 * j)), s);
+                    }
+                    *acc = _mm256_fmadd_ps(a, s, *acc);
+                }
+            }
+            let mut sums = [0.0f32; N];
+            for (o, &a) in sums.iter_mut().zip(&acc) {
+                *o = Avx2::hsum(a);
+            }
+            sums
+        }
+    }
+
     /// A format of 32-value blocks: the codes, scale and offset of the
     /// block at `b`, as `unpack.rs` gives them.
     trait Block {

@@ -116,7 +116,7 @@ impl Store for super::simd::Neon {
 #[target_feature(enable = "avx2,fma,f16c")]
 pub(crate) unsafe fn rows_avx2(job: &Job<'_>, lo: usize, hi: usize, out: *mut f32, s: &mut Wide) {
     // SAFETY: forwarded; AVX2, FMA and F16C were checked by the caller.
-    unsafe { run_rows::<super::simd::Avx2, false>(job, lo, hi, out, s) }
+    unsafe { run_rows::<super::simd::Avx2, false, true>(job, lo, hi, out, s) }
 }
 
 /// The AVX-512 build: its own sixteen-lane tiles for the formats
@@ -125,13 +125,13 @@ pub(crate) unsafe fn rows_avx2(job: &Job<'_>, lo: usize, hi: usize, out: *mut f3
 #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl")]
 pub(crate) unsafe fn rows_avx512(job: &Job<'_>, lo: usize, hi: usize, out: *mut f32, s: &mut Wide) {
     // SAFETY: forwarded; AVX-512 F/BW/VL, AVX2, FMA and F16C checked by the caller.
-    unsafe { run_rows::<super::simd::Avx2, true>(job, lo, hi, out, s) }
+    unsafe { run_rows::<super::simd::Avx2, true, true>(job, lo, hi, out, s) }
 }
 
 #[cfg(target_arch = "aarch64")]
 pub(crate) unsafe fn rows_neon(job: &Job<'_>, lo: usize, hi: usize, out: *mut f32, s: &mut Wide) {
     // SAFETY: forwarded; NEON is part of aarch64.
-    unsafe { run_rows::<super::simd::Neon, false>(job, lo, hi, out, s) }
+    unsafe { run_rows::<super::simd::Neon, false, false>(job, lo, hi, out, s) }
 }
 
 pub(crate) unsafe fn rows_portable(
@@ -142,7 +142,7 @@ pub(crate) unsafe fn rows_portable(
     s: &mut Wide,
 ) {
     // SAFETY: forwarded.
-    unsafe { run_rows::<super::simd::Portable, false>(job, lo, hi, out, s) }
+    unsafe { run_rows::<super::simd::Portable, false, false>(job, lo, hi, out, s) }
 }
 
 /// Weight row `row` of `job` into `w` (`cols` floats): float formats their
@@ -233,7 +233,7 @@ unsafe fn unpack_float<S: Store>(
 /// other thread may write the columns `lo..hi` meanwhile. `S` must be
 /// usable on this CPU, and AVX-512 F/BW/VL too when `AVX512`.
 #[inline(always)]
-pub(crate) unsafe fn run_rows<S: Store, const AVX512: bool>(
+pub(crate) unsafe fn run_rows<S: Store, const AVX512: bool, const AVX2: bool>(
     job: &Job<'_>,
     lo: usize,
     hi: usize,
@@ -255,6 +255,8 @@ pub(crate) unsafe fn run_rows<S: Store, const AVX512: bool>(
     // Short batches of the AVX-512 build's 32-value formats decode their
     // weights inside the tiles (`avx512::blocks_tile`), not into floats.
     let fused = AVX512 && n <= FUSED_MAX_N && avx512_fuses(qtype);
+    // The AVX2 build likewise (`kernel::row1::blocks_tile`, its order).
+    let fused2 = AVX2 && !AVX512 && n <= FUSED_MAX_N && row1_fuses(qtype);
     // The offset terms' tables, eight activation rows a register: `ns`
     // lanes a group (zeros past `n`), so every row takes the vector path.
     let ns = n.div_ceil(8) * 8;
@@ -280,6 +282,19 @@ pub(crate) unsafe fn run_rows<S: Store, const AVX512: bool>(
     while r < hi {
         let rt = (hi - r).min(R_TILE);
         for i in 0..rt {
+            if fused2 {
+                // Decoded in the tiles; the offsets for their terms.
+                if offsets {
+                    let raw = &job.raw[(r + i) * job.row_bytes..(r + i + 1) * job.row_bytes];
+                    super::unpack::scales_only::<S>(
+                        qtype,
+                        raw,
+                        &mut scale[i * groups..(i + 1) * groups],
+                        &mut offset[i * groups..(i + 1) * groups],
+                    );
+                }
+                continue;
+            }
             if fused {
                 // Decoded in the tiles; the offsets for their terms.
                 if offsets {
@@ -335,7 +350,30 @@ pub(crate) unsafe fn run_rows<S: Store, const AVX512: bool>(
                 }
             }
         }
-        if groups == 0 {
+        if fused2 {
+            // (Never on other architectures: `row1_fuses` is false there.)
+            #[cfg(target_arch = "x86_64")]
+            for i in 0..rt {
+                let mut t = 0;
+                while t < n {
+                    let nt = (n - t).min(ROW1_FN);
+                    // SAFETY: row r + i of `raw`; x holds rows t..t + nt; out
+                    // is n x rows (caller); AVX2, FMA and F16C (AVX2).
+                    unsafe {
+                        super::kernel::row1::blocks_tile(
+                            qtype,
+                            nt,
+                            job.raw.as_ptr().add((r + i) * job.row_bytes),
+                            (job.x.as_ptr().add(t * k), k),
+                            offsets.then(|| offs.as_ptr().add(i * ns + t)),
+                            out.add(t * job.rows + r + i),
+                            job.rows,
+                        );
+                    }
+                    t += nt;
+                }
+            }
+        } else if groups == 0 {
             let mut t = 0;
             while t < n {
                 let nt = (n - t).min(N_TILE);
@@ -521,6 +559,20 @@ const FUSED_TILE: (usize, usize) = (super::avx512::FR, super::avx512::FN);
 #[cfg(not(target_arch = "x86_64"))]
 const FUSED_TILE: (usize, usize) = (CR, CN);
 const FUSED_MAX_N: usize = 8;
+
+#[cfg(target_arch = "x86_64")]
+const ROW1_FN: usize = super::kernel::row1::FN;
+
+/// Whether the AVX2 build decodes `qtype` inside its batched tiles.
+fn row1_fuses(qtype: QuantType) -> bool {
+    #[cfg(target_arch = "x86_64")]
+    return super::kernel::row1::fuses(qtype);
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        let _ = qtype;
+        false
+    }
+}
 
 /// Whether the AVX-512 build decodes `qtype` inside its batched tiles.
 fn avx512_fuses(qtype: QuantType) -> bool {

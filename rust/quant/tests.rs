@@ -1287,36 +1287,27 @@ fn the_avx512_one_row_kernel_gives_its_batched_tiles_bits_on_every_row_range() {
     }
 }
 
-/// Every batch size gives each activation row the one-row kernel's bits:
-/// the short batches (up to eight rows) decode their blocks inside
-/// `avx512::blocks_tile`, longer ones unpack a band into floats first
-/// (`weights_tile`); both must be the one-row kernel's order. Row counts
-/// off the tiles' 2 and 4, activation counts off their 4 and 3, and the
-/// band path's scales skipped for formats without offsets.
-#[test]
-fn the_avx512_batched_paths_give_one_row_bits_at_every_batch_size() {
-    if !has_avx512() {
-        return;
-    }
-    let mut rng = Rng(47);
-    for qtype in ALL.into_iter().filter(|&t| avx512::covers(t)) {
+/// Every batch size gives each activation row `one_row`'s bits under
+/// `build`: the short batches (up to eight rows) decode their blocks inside
+/// the tiles (`avx512::blocks_tile`, `kernel::row1::blocks_tile`), longer
+/// ones unpack a band first; both must be the one-row kernel's order. Row
+/// counts off the tiles' 2 and 4, activation counts off their 4, 3 and 8.
+#[cfg(target_arch = "x86_64")]
+fn batches_give_one_row_bits(
+    build: Build,
+    formats: impl Fn(QuantType) -> bool,
+    one_row: unsafe fn(&Job<'_>, usize, usize, *mut f32),
+    seed: u64,
+) {
+    let mut rng = Rng(seed);
+    for qtype in ALL.into_iter().filter(|&t| formats(t)) {
         for (rows, blocks) in [(1, 1), (5, 2), (7, 3), (4, 18), (11, 48)] {
             let cols = blocks * qtype.block_values();
             let raw = random_rows(qtype, rows, cols, &mut rng);
             for n in [2usize, 3, 4, 5, 6, 7, 8, 9, 11, 16] {
                 let xs: Vec<f32> = (0..n * cols).map(|_| rng.unit() * 2.0).collect();
                 let mut batch = vec![f32::NAN; n * rows];
-                matmul_with(
-                    Build::Avx512,
-                    false,
-                    qtype,
-                    &raw,
-                    rows,
-                    cols,
-                    &xs,
-                    &mut batch,
-                )
-                .unwrap();
+                matmul_with(build, false, qtype, &raw, rows, cols, &xs, &mut batch).unwrap();
                 for t in 0..n {
                     let x = &xs[t * cols..(t + 1) * cols];
                     let xsum = if qtype.has_offsets() {
@@ -1335,8 +1326,9 @@ fn the_avx512_batched_paths_give_one_row_bits_at_every_batch_size() {
                         xsum: &xsum,
                     };
                     let mut one = vec![f32::NAN; rows];
-                    // SAFETY: AVX-512 checked; `one` holds `rows` floats.
-                    unsafe { avx512::rows(&job, 0, rows, one.as_mut_ptr()) };
+                    // SAFETY: the build is usable (callers check); `one`
+                    // holds `rows` floats.
+                    unsafe { one_row(&job, 0, rows, one.as_mut_ptr()) };
                     for r in 0..rows {
                         assert_eq!(
                             one[r].to_bits(),
@@ -1349,6 +1341,28 @@ fn the_avx512_batched_paths_give_one_row_bits_at_every_batch_size() {
             }
         }
     }
+}
+
+#[cfg(target_arch = "x86_64")]
+#[test]
+fn the_avx512_batched_paths_give_one_row_bits_at_every_batch_size() {
+    if !has_avx512() {
+        return;
+    }
+    batches_give_one_row_bits(Build::Avx512, avx512::covers, avx512::rows, 47);
+}
+
+#[cfg(target_arch = "x86_64")]
+#[test]
+fn the_avx2_batched_paths_give_one_row_bits_at_every_batch_size() {
+    if !has_avx2() {
+        return;
+    }
+    unsafe fn one_row(job: &Job<'_>, lo: usize, hi: usize, out: *mut f32) {
+        // SAFETY: forwarded (AVX2 checked by the test).
+        unsafe { kernel::row1::rows_by(job, lo, hi, out, 0) }
+    }
+    batches_give_one_row_bits(Build::Avx2, kernel::row1::fuses, one_row, 53);
 }
 
 /// `RLX_SIMD` names the build, so an A/B of the AVX-512 and AVX2 kernels

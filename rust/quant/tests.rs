@@ -88,10 +88,17 @@ fn shapes(qtype: QuantType) -> Vec<usize> {
 /// the 256-value K-quant blocks.
 fn probe_formats(default: &str) -> Vec<(QuantType, usize, usize)> {
     let list = std::env::var("QT").unwrap_or_else(|_| default.into());
+    // `QS=ROWSxCOLS` (e.g. 576x1536, SmolLM2's down projection) for every format.
+    let shape = std::env::var("QS").ok().map(|s| {
+        let (r, c) = s.split_once('x').expect("QS=ROWSxCOLS");
+        (r.parse().unwrap(), c.parse().unwrap())
+    });
     list.split(',')
         .map(|name| {
             let qtype = ALL.into_iter().find(|t| t.name() == name).unwrap();
-            if qtype.block_values() == 256 {
+            if let Some((rows, cols)) = shape {
+                (qtype, rows, cols)
+            } else if qtype.block_values() == 256 {
                 (qtype, 576, 1536)
             } else {
                 (qtype, 1536, 576)

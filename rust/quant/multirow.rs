@@ -18,7 +18,8 @@
 //! unpacking and decode each block inside the tile
 //! (`avx512::blocks_tile`, the same weights and order): the band's decode
 //! into floats cost a fixed 55-100 us per 1536 x 576 product whatever the
-//! batch, more than the tiles' own FMAs at 2-4 rows.
+//! batch, more than the tiles' own FMAs at 2-4 rows. The AVX2 build does
+//! the same for the same formats (`kernel::row1::blocks_tile`, its order).
 //!
 //! Block formats: tiles of [`CR`] weight rows x [`CN`] activation rows
 //! (`codes_dot`): a group's dots for the whole tile live in registers (one

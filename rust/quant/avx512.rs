@@ -588,18 +588,8 @@ pub(crate) unsafe fn weights_tile(
         ($r:literal, $n:literal) => {{
             // SAFETY: forwarded from the caller.
             let res = unsafe { weights_dot::<$r, $n>(w, x, k) };
-            for (i, row) in res.iter().enumerate() {
-                for (t, &v) in row.iter().enumerate() {
-                    // SAFETY: (t, i) inside the output and the offset terms (caller).
-                    unsafe {
-                        let v = match sub {
-                            Some((offs, stride)) => v - *offs.add(i * stride + t),
-                            None => v,
-                        };
-                        *out.add(t * out_stride + i) = v;
-                    }
-                }
-            }
+            // SAFETY: forwarded from the caller.
+            unsafe { super::multirow::store_tile(&res, sub, out, out_stride) };
         }};
     }
     match (rt, nt) {
@@ -707,18 +697,8 @@ pub(crate) unsafe fn blocks_tile(
             ($r:expr, $n:expr) => {{
                 // SAFETY: forwarded from the caller.
                 let res = unsafe { blocks_dot::<L, { $r }, { $n }>(raw, rb, x, k) };
-                for (i, row) in res.iter().enumerate() {
-                    for (t, &v) in row.iter().enumerate() {
-                        // SAFETY: (t, i) inside the output and the offset terms (caller).
-                        unsafe {
-                            let v = match sub {
-                                Some((offs, stride)) => v - *offs.add(i * stride + t),
-                                None => v,
-                            };
-                            *out.add(t * out_stride + i) = v;
-                        }
-                    }
-                }
+                // SAFETY: forwarded from the caller.
+                unsafe { super::multirow::store_tile(&res, sub, out, out_stride) };
             }};
         }
         macro_rules! by_n {

@@ -54,6 +54,16 @@ pub(crate) fn group_sums(x: &[f32], group: usize) -> Vec<f32> {
         .collect()
 }
 
+/// What a [`Job`]'s `xsum` holds for `qtype`: the group sums of `x` for
+/// formats with offsets, nothing for the others.
+pub(crate) fn offset_sums(qtype: QuantType, x: &[f32]) -> Vec<f32> {
+    if qtype.has_offsets() {
+        group_sums(x, qtype.group_values())
+    } else {
+        Vec::new()
+    }
+}
+
 /// Per-thread buffers for unpacked rows (grown once, then reused).
 #[derive(Default)]
 pub(crate) struct Scratch {

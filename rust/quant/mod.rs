@@ -299,11 +299,7 @@ pub(crate) fn matmul_with(
     if n == 0 || rows == 0 {
         return Ok(());
     }
-    let xsum = if qtype.has_offsets() {
-        kernel::group_sums(x, qtype.group_values())
-    } else {
-        Vec::new()
-    };
+    let xsum = kernel::offset_sums(qtype, x);
     let job = Job {
         qtype,
         raw,

@@ -283,20 +283,7 @@ pub(crate) unsafe fn run_rows<S: Store, const AVX512: bool, const AVX2: bool>(
     while r < hi {
         let rt = (hi - r).min(R_TILE);
         for i in 0..rt {
-            if fused2 {
-                // Decoded in the tiles; the offsets for their terms.
-                if offsets {
-                    let raw = &job.raw[(r + i) * job.row_bytes..(r + i + 1) * job.row_bytes];
-                    super::unpack::scales_only::<S>(
-                        qtype,
-                        raw,
-                        &mut scale[i * groups..(i + 1) * groups],
-                        &mut offset[i * groups..(i + 1) * groups],
-                    );
-                }
-                continue;
-            }
-            if fused {
+            if fused || fused2 {
                 // Decoded in the tiles; the offsets for their terms.
                 if offsets {
                     let raw = &job.raw[(r + i) * job.row_bytes..(r + i + 1) * job.row_bytes];
@@ -484,6 +471,33 @@ unsafe fn tile<S: Lanes>(
     }
 }
 
+/// A tile's results `res` (weight row `i`, activation row `t`) less the
+/// offset terms `sub` (at `i * stride + t`), written to `out` (activation
+/// row `t`, weight row `i` at `t * out_stride + i`).
+///
+/// # Safety
+/// Every `(t, i)` inside the output and the offset terms.
+#[inline(always)]
+pub(crate) unsafe fn store_tile<const R: usize, const N: usize>(
+    res: &[[f32; N]; R],
+    sub: Option<(*const f32, usize)>,
+    out: *mut f32,
+    out_stride: usize,
+) {
+    for (i, row) in res.iter().enumerate() {
+        for (t, &v) in row.iter().enumerate() {
+            // SAFETY: (t, i) inside the output and the offset terms (caller).
+            unsafe {
+                let v = match sub {
+                    Some((offs, stride)) => v - *offs.add(i * stride + t),
+                    None => v,
+                };
+                *out.add(t * out_stride + i) = v;
+            }
+        }
+    }
+}
+
 /// `rt` weight rows of codes as floats (`w`, `k` apart, with their
 /// `groups` group scales a row at `scale`) times `nt` activation rows (`k`
 /// apart at `x`), less the offset terms `sub` (row `i`, activation `t` at
@@ -503,18 +517,8 @@ unsafe fn codes_tile<S: Lanes>(
         ($r:literal, $c:literal, $n:literal) => {{
             // SAFETY: forwarded from the caller.
             let res = unsafe { codes_dot::<S, $r, $c, $n>(w, scale, groups, x, k) };
-            for (i, row) in res.iter().enumerate() {
-                for (t, &v) in row.iter().enumerate() {
-                    // SAFETY: (t, i) inside the output and the offset terms (caller).
-                    unsafe {
-                        let v = match sub {
-                            Some((offs, stride)) => v - *offs.add(i * stride + t),
-                            None => v,
-                        };
-                        *out.add(t * out_stride + i) = v;
-                    }
-                }
-            }
+            // SAFETY: forwarded from the caller.
+            unsafe { store_tile(&res, sub, out, out_stride) };
         }};
     }
     macro_rules! shapes {

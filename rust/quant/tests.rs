@@ -444,11 +444,7 @@ fn perf_probe() {
                 let t0 = cpu();
                 for _ in 0..reps {
                     // SAFETY: out is n x rows.
-                    let xsum = if qtype.has_offsets() {
-                        kernel::group_sums(&x, qtype.group_values())
-                    } else {
-                        Vec::new()
-                    };
+                    let xsum = kernel::offset_sums(qtype, &x);
                     let job = Job {
                         qtype,
                         raw: &raw,
@@ -1049,11 +1045,7 @@ fn the_one_row_kernel_gives_the_general_tiles_bits() {
         for (rows, cols) in [(1, 32), (3, 64), (13, 96), (37, 160), (4, 32), (8, 64)] {
             let raw = random_rows(qtype, rows, cols, &mut rng);
             let x: Vec<f32> = (0..cols).map(|_| rng.unit() * 2.0).collect();
-            let xsum = if qtype.has_offsets() {
-                kernel::group_sums(&x, qtype.group_values())
-            } else {
-                Vec::new()
-            };
+            let xsum = kernel::offset_sums(qtype, &x);
             let job = Job {
                 qtype,
                 raw: &raw,
@@ -1114,11 +1106,7 @@ fn exact_cold_probe() {
         let copies = (96 << 20) / one.len();
         let cold: Vec<Vec<u8>> = (0..copies).map(|_| one.clone()).collect();
         let x: Vec<f32> = (0..cols).map(|_| rng.unit()).collect();
-        let xsum = if qtype.has_offsets() {
-            kernel::group_sums(&x, qtype.group_values())
-        } else {
-            Vec::new()
-        };
+        let xsum = kernel::offset_sums(qtype, &x);
         let mut out = vec![0.0f32; rows];
         let mut go = |raw: &[u8], route: usize| {
             let job = Job {
@@ -1259,11 +1247,7 @@ fn the_avx512_one_row_kernel_gives_its_batched_tiles_bits_on_every_row_range() {
             )
             .unwrap();
             let x = &x3[cols..2 * cols];
-            let xsum = if qtype.has_offsets() {
-                kernel::group_sums(x, qtype.group_values())
-            } else {
-                Vec::new()
-            };
+            let xsum = kernel::offset_sums(qtype, x);
             let job = Job {
                 qtype,
                 raw: &raw,
@@ -1317,11 +1301,7 @@ fn batches_give_one_row_bits(
                 matmul_with(build, false, qtype, &raw, rows, cols, &xs, &mut batch).unwrap();
                 for t in 0..n {
                     let x = &xs[t * cols..(t + 1) * cols];
-                    let xsum = if qtype.has_offsets() {
-                        kernel::group_sums(x, qtype.group_values())
-                    } else {
-                        Vec::new()
-                    };
+                    let xsum = kernel::offset_sums(qtype, x);
                     let job = Job {
                         qtype,
                         raw: &raw,

@@ -29,14 +29,29 @@
 //! rounding. As in the exact mode, an element's operations do not depend
 //! on the batch, its place in it or the threads.
 //!
-//! On CPUs with AVX-512 VNNI and VL (chosen at run time, [`has_vnni`]) the
-//! same lanes come from `vpdpbusd` (four byte products summed in 32 bits,
-//! never saturating): two or more activation rows run register tiles of
-//! 4 weight rows x up to 8 activation rows on codes unpacked once per band
-//! (`vnni`; two activation rows share each 512-bit operation), one row the one-row kernels with `vpdpbusd` in place of
-//! `maddubs` + `madd` (not Q8_0 and Q6_K, which measured slower). The float
-//! operations and their order are unchanged, so the bits are the AVX2
-//! build's.
+//! On CPUs with AVX-512 VNNI and VL (chosen at run time, [`has_vnni`]):
+//!
+//! - the **32-value-block formats** (Q8_0, Q4_0, Q4_1, Q5_0, Q5_1,
+//!   IQ4_NL) total each block's 32 products exactly in one int32 and run
+//!   the portable build's float operations, block by block
+//!   `acc = acc + (scale_b * d_b) * float(total_b)` (`sums`), so the
+//!   **portable bits**, in one row and in every batch. A batch's 512-bit
+//!   lanes are 16 outputs (two weight rows x eight activation rows), so 64
+//!   byte products cost one `vpdpbusd` and a quarter of a float operation;
+//!   one row totals 16 rows' lanes with a tree of shuffles.
+//! - the **K-quants and IQ4_XS** keep the eight lanes above, from
+//!   `vpdpbusd` (four byte products summed in 32 bits, never saturating):
+//!   two or more activation rows run register tiles of 4 weight rows x up
+//!   to 8 activation rows on codes unpacked once per band (`vnni`; two
+//!   activation rows share each 512-bit operation), one row the one-row
+//!   kernels with `vpdpbusd` in place of `maddubs` + `madd` (not Q6_K,
+//!   which measured slower). The float operations and their order are
+//!   unchanged, so the bits are the AVX2 build's.
+//!
+//! The portable build sums each block (or group) in integers the same way,
+//! so on VNNI CPUs the block formats' bits are the portable build's and
+//! differ from the AVX2 build's in the last places (both within float32
+//! rounding of the exact product).
 //!
 //! Float formats (F32, F16, BF16) have no codes and run the exact kernels.
 
@@ -51,6 +66,9 @@ use super::simd::{Lanes, Portable};
 use super::unpack::{codes_in_registers, scales_only, unpack_row};
 use super::{best_build, check, Build, OutPtr, CHUNKS_PER_THREAD, PARALLEL_BYTES};
 use crate::error::{CoreError, CoreResult};
+
+#[cfg(target_arch = "x86_64")]
+mod sums;
 
 /// Values per activation block for weights of `qtype` (32: Q8_0, 256:
 /// Q8_K), or `None` for the float formats, which have no fast kernel.
@@ -75,6 +93,46 @@ pub struct QActs {
     pub cols: usize,
     pub codes: Vec<i8>,
     pub scales: Vec<f32>,
+    /// The block-total kernels' slab tables of these rows, built by the
+    /// first product that needs them and shared by every later one (a
+    /// decode step's matrices and their chunks on every thread).
+    pub(crate) slabs: SlabCache,
+}
+
+/// 64 bytes on a cache line.
+#[derive(Clone, Copy, Default, Debug, PartialEq)]
+#[repr(C, align(64))]
+pub(crate) struct Line(pub [i32; 16]);
+
+/// Activation rows laid out for the block-total kernels (`sums`), slabs of
+/// eight rows: row `m`'s values in lanes `2m` and `2m + 1`, zeros past the
+/// last row.
+#[derive(Debug, Default)]
+#[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
+pub(crate) struct Slabs {
+    /// Quarter `q` (four codes) of block `c`, slab `s`: `(s * blocks + c) * 8 + q`.
+    pub x: Vec<Line>,
+    /// `-sum x` of block `c`, slab `s`: `s * blocks + c`.
+    pub negsum: Vec<Line>,
+    /// The block scales, 16 lanes at `(s * blocks + c) * 16`.
+    pub d: Vec<f32>,
+}
+
+/// A cache of [`Slabs`]: never part of the value (equal and cloned empty).
+#[derive(Debug, Default)]
+#[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
+pub(crate) struct SlabCache(pub std::sync::OnceLock<Slabs>);
+
+impl Clone for SlabCache {
+    fn clone(&self) -> Self {
+        SlabCache::default()
+    }
+}
+
+impl PartialEq for SlabCache {
+    fn eq(&self, _: &Self) -> bool {
+        true
+    }
 }
 
 /// Quantise the rows of `x` (`cols` a row) in blocks of `block` (32: Q8_0,
@@ -102,6 +160,7 @@ pub fn quantize(x: &[f32], cols: usize, block: usize) -> CoreResult<QActs> {
             cols,
             codes,
             scales,
+            slabs: SlabCache::default(),
         });
     }
     quantize_blocks(x, &mut codes, &mut scales, block);
@@ -110,6 +169,7 @@ pub fn quantize(x: &[f32], cols: usize, block: usize) -> CoreResult<QActs> {
         cols,
         codes,
         scales,
+        slabs: SlabCache::default(),
     })
 }
 
@@ -276,6 +336,16 @@ struct Scratch {
     /// Formats with offsets: `qsum` transposed, group by group (activation
     /// row `t` of group `g` at `g * ns + t`; VNNI pads `ns` past `n`).
     qsum_t: Vec<f32>,
+    /// Block totals (`sums`): qsum in the slabs' lanes; a band's
+    /// interleaved codes, its scales and offsets.
+    #[cfg(target_arch = "x86_64")]
+    sq: Vec<f32>,
+    #[cfg(target_arch = "x86_64")]
+    wband: Vec<i64>,
+    #[cfg(target_arch = "x86_64")]
+    sband: Vec<f32>,
+    #[cfg(target_arch = "x86_64")]
+    oband: Vec<f32>,
 }
 
 thread_local! {
@@ -300,6 +370,13 @@ struct Job<'a> {
     /// same bits as without).
     #[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
     vnni: bool,
+}
+
+/// Whether VNNI CPUs run `qtype`'s fast products on exact block totals
+/// with the portable float operations (`sums`), so the portable bits.
+#[cfg(all(test, target_arch = "x86_64"))]
+pub(crate) fn block_totals(qtype: QuantType) -> bool {
+    sums::covers(qtype)
 }
 
 /// Whether this CPU has `vpdpbusd` on 256-bit registers (AVX-512 VNNI and
@@ -605,6 +682,17 @@ unsafe fn run(build: Build, job: &Job<'_>, lo: usize, hi: usize, out: *mut f32) 
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2,fma,f16c")]
 unsafe fn rows_avx2(job: &Job<'_>, lo: usize, hi: usize, out: *mut f32, s: &mut Scratch) {
+    if job.vnni && sums::covers(job.qtype) {
+        // SAFETY: forwarded; `job.vnni` only where `has_vnni` found VNNI.
+        unsafe {
+            if job.n == 1 {
+                sums::row1(job, lo, hi, out);
+            } else {
+                sums::rows(job, lo, hi, out, s);
+            }
+        }
+        return;
+    }
     if job.vnni && job.n >= vnni::MIN_ROWS {
         // SAFETY: forwarded; `job.vnni` only where `has_vnni` found VNNI.
         return unsafe { vnni::rows(job, lo, hi, out, s) };

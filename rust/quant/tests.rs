@@ -600,7 +600,11 @@ fn q8_vnni_gives_the_avx2_bits_and_batches_of_1_to_9_rows_their_single_row_bits(
         return;
     }
     let mut rng = Rng(31);
-    for qtype in ALL.into_iter().filter(|t| !t.is_float()) {
+    // The 32-value-block formats total each block instead (their own test).
+    for qtype in ALL
+        .into_iter()
+        .filter(|t| !t.is_float() && !q8::block_totals(*t))
+    {
         for cols in shapes(qtype) {
             for rows in [1, 3, 4, 13] {
                 let mut raw = random_rows(qtype, rows, cols, &mut rng);
@@ -650,6 +654,60 @@ fn q8_vnni_gives_the_avx2_bits_and_batches_of_1_to_9_rows_their_single_row_bits(
     }
 }
 
+/// On VNNI CPUs the 32-value-block formats total each block's products in
+/// integers and run the portable build's float operations: every batch of
+/// 1-19 rows (whole and partial slabs of 8, bands of 16 weight rows and
+/// their tails) gives the portable bits, and so each row its single-row
+/// bits. Fails if a lane is mapped to the wrong output, a block's total is
+/// short of a quarter, or the float operations change order.
+#[cfg(target_arch = "x86_64")]
+#[test]
+fn q8_vnni_block_totals_give_the_portable_bits_at_every_batch_size() {
+    if !has_avx2() || !q8::has_vnni() {
+        eprintln!("no AVX2 + AVX-512 VNNI here: nothing to compare");
+        return;
+    }
+    let mut rng = Rng(37);
+    for qtype in ALL.into_iter().filter(|t| q8::block_totals(*t)) {
+        for cols in shapes(qtype) {
+            for rows in [1, 3, 16, 17, 37] {
+                let mut raw = random_rows(qtype, rows, cols, &mut rng);
+                if qtype == QuantType::Q8_0 {
+                    // The extreme codes: -128 and 127 (any byte is a code).
+                    raw[2] = 0x80;
+                    raw[3] = 0x7f;
+                }
+                let x: Vec<f32> = (0..19 * cols).map(|_| rng.unit() * 3.0).collect();
+                for n in (1..=19).filter(|n| *n <= 10 || *n >= 16) {
+                    let xs = &x[..n * cols];
+                    let (mut a, mut b) = (vec![0.0f32; n * rows], vec![0.0f32; n * rows]);
+                    q8::matmul_with_vnni(
+                        Build::Avx2,
+                        true,
+                        true,
+                        qtype,
+                        &raw,
+                        rows,
+                        cols,
+                        xs,
+                        &mut a,
+                    )
+                    .unwrap();
+                    q8::matmul_with(Build::Portable, false, qtype, &raw, rows, cols, xs, &mut b)
+                        .unwrap();
+                    for (i, (&a, &b)) in a.iter().zip(&b).enumerate() {
+                        assert!(
+                            a.to_bits() == b.to_bits(),
+                            "{} {rows}x{cols} n={n} output {i}: vnni {a} portable {b}",
+                            qtype.name()
+                        );
+                    }
+                }
+            }
+        }
+    }
+}
+
 /// The fast mode's kernels alone for 1, 2, 4, 8 and 16 activation rows, the
 /// AVX2 and the VNNI kernels interleaved in one run (one thread, CPU time,
 /// best of many short trials): `QT=Q8_0,Q4_0,Q4_K,Q6_K cargo test --release
@@ -661,7 +719,14 @@ fn q8_batch_probe() {
     for (qtype, rows, cols) in probe_formats("Q8_0,Q4_0,Q5_0,Q4_K,Q6_K") {
         let name = qtype.name();
         let raw = random_rows(qtype, rows, cols, &mut rng);
-        for n in [1usize, 2, 4, 8, 16] {
+        // NS: the batch sizes (comma-separated); ONLY=vnni skips the AVX2 kernels.
+        let ns: Vec<usize> = std::env::var("NS")
+            .unwrap_or_else(|_| "1,2,4,8,16".into())
+            .split(',')
+            .map(|v| v.trim().parse().expect("NS: numbers"))
+            .collect();
+        let only_vnni = std::env::var("ONLY").as_deref() == Ok("vnni");
+        for n in ns {
             let x: Vec<f32> = (0..n * cols).map(|_| rng.unit()).collect();
             let acts = q8::quantize(&x, cols, q8::act_block(qtype).unwrap()).unwrap();
             let mut out = vec![0.0f32; n * rows];
@@ -669,6 +734,9 @@ fn q8_batch_probe() {
             let mut best = [f64::MAX; 2];
             for _ in 0..60 {
                 for (b, vnni) in best.iter_mut().zip([false, true]) {
+                    if only_vnni && !vnni {
+                        continue;
+                    }
                     let t = CpuClock::now();
                     for _ in 0..reps {
                         q8::matmul_quantized_as(

@@ -1,0 +1,524 @@
+//! The VNNI kernels of the 32-value-block formats (Q8_0, Q4_0, Q4_1, Q5_0,
+//! Q5_1, IQ4_NL): every block's integer dot product totalled exactly, then
+//! the portable route's float operations, so the portable build's bits.
+//!
+//! The eight-lane kernels (`super::rows`, `super::vnni`) turn every four
+//! byte products into a float and multiply-add it: three float operations
+//! per 32 products of each weight row and activation row, which bounds a
+//! batch at about two of the integer unit's operations per 64 products.
+//! Here each block's 32 products are one exact int32 total, and per output
+//! and block the float work is the portable one:
+//!
+//! ```text
+//! acc = acc + (scale_b * d_b) * float(total_b)      (block by block from 0)
+//! off = off + offset_b * qsum_b                       (block by block from 0)
+//! result = acc - off
+//! ```
+//!
+//! - **Batches** ([`rows`]): each 512-bit lane is one (weight row,
+//!   activation row) output: lane `2m + h` is weight row `2j + h` times
+//!   activation row `m` of a slab of eight. `vpdpbusd` takes the pair's
+//!   four codes of a block's quarter `q` broadcast from an interleaved band
+//!   and the eight activation rows' four codes of that quarter, duplicated;
+//!   eight of them total a block for 16 outputs. So 64 byte products cost
+//!   one integer operation and a quarter of a float one.
+//! - **One row** ([`row1`]): two weight rows' blocks in one `vpdpbusd`
+//!   against the activation block twice, eight lanes a row, and a tree of
+//!   shuffles and adds totalling 16 rows' lanes into 16 lanes, one a row.
+//!
+//! The codes go in unsigned: `u = code + bias` (stored nibbles for Q4_0 and
+//! Q5_0 in [`row1`], `code + 128` otherwise), the total being `sum u * x -
+//! bias * sum x` with no rounding or saturation anywhere.
+
+use std::arch::x86_64::*;
+
+use super::x86::{self, Block};
+use super::{Job, Line, QActs, QuantType, Scratch, Slabs};
+
+/// Weight rows a band holds (eight pairs).
+const BAND: usize = 16;
+/// Activation rows a slab holds.
+const SLAB: usize = 8;
+
+/// Whether `qtype` runs these kernels on a VNNI CPU.
+pub(super) fn covers(qtype: QuantType) -> bool {
+    matches!(
+        qtype,
+        QuantType::Q8_0
+            | QuantType::Q4_0
+            | QuantType::Q4_1
+            | QuantType::Q5_0
+            | QuantType::Q5_1
+            | QuantType::IQ4NL
+    )
+}
+
+/// One activation row times rows `lo..hi` (a format [`covers`] takes).
+///
+/// # Safety
+/// AVX2, FMA, F16C, AVX-512 F/BW/VL/VNNI present; `job.n == 1`; `out`
+/// holds `rows` floats and nobody else writes `lo..hi` of it.
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+pub(super) unsafe fn row1(job: &Job<'_>, lo: usize, hi: usize, out: *mut f32) {
+    // SAFETY: forwarded.
+    unsafe {
+        match job.qtype {
+            QuantType::Q8_0 => row1_of::<x86::Q8_0>(job, lo, hi, out),
+            QuantType::Q4_0 => row1_of::<x86::Q4_0>(job, lo, hi, out),
+            QuantType::Q4_1 => row1_of::<x86::Q4_1>(job, lo, hi, out),
+            QuantType::Q5_0 => row1_of::<x86::Q5_0>(job, lo, hi, out),
+            QuantType::Q5_1 => row1_of::<x86::Q5_1>(job, lo, hi, out),
+            QuantType::IQ4NL => row1_of::<x86::Iq4Nl>(job, lo, hi, out),
+            other => unreachable!("{} has no block-total kernel", other.name()),
+        }
+    }
+}
+
+/// The 16 lanes' int32 totals of `p[j]` (lanes 0-7 weight row `2j`, 8-15
+/// row `2j + 1`): lane `i` the sum of row `i`'s eight lanes.
+#[inline(always)]
+unsafe fn totals(p: [__m512i; 8]) -> __m512i {
+    // SAFETY: AVX-512 F present (caller).
+    unsafe {
+        // Rows 4i..4i + 4, four lanes each: a row's two 128-bit quarters added.
+        let mut q = [_mm512_setzero_si512(); 4];
+        for (i, q) in q.iter_mut().enumerate() {
+            let (a, b) = (p[2 * i], p[2 * i + 1]);
+            *q = _mm512_add_epi32(
+                _mm512_shuffle_i64x2::<0x88>(a, b),
+                _mm512_shuffle_i64x2::<0xdd>(a, b),
+            );
+        }
+        // Rows 8i..8i + 8, two lanes each; then 16 rows, one lane each.
+        let r0 = pairs(q[0], q[1]);
+        let r1 = pairs(q[2], q[3]);
+        pairs(r0, r1)
+    }
+}
+
+/// Lanes `2i` and `2i + 1` of `a` then of `b` (32 lanes) added: lane `i`.
+#[inline(always)]
+unsafe fn pairs(a: __m512i, b: __m512i) -> __m512i {
+    // SAFETY: AVX-512 F present (caller).
+    unsafe {
+        let even = _mm512_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30);
+        let odd = _mm512_setr_epi32(1, 3, 5, 7, 9, 11, 13, 15, 17, 19, 21, 23, 25, 27, 29, 31);
+        _mm512_add_epi32(
+            _mm512_permutex2var_epi32(a, even, b),
+            _mm512_permutex2var_epi32(a, odd, b),
+        )
+    }
+}
+
+/// [`row1`] for the format `L`: bands of 16 rows (the last one's missing
+/// rows repeat row `hi - 1` and are not written).
+#[inline(always)]
+unsafe fn row1_of<L: Block>(job: &Job<'_>, lo: usize, hi: usize, out: *mut f32) {
+    let chunks = job.cols / 32;
+    let rb = job.row_bytes;
+    let xq = job.acts.codes.as_ptr();
+    let xd = job.acts.scales.as_ptr();
+    // Unsigned codes: nibbles as stored, or the signed codes + 128.
+    let bias: i32 = if L::SIGNED { 128 } else { i32::from(L::BIAS) };
+    // SAFETY (whole body): rows lo..hi of `raw` hold `chunks` blocks of
+    // L::BYTES (every row index below is clamped into lo..hi); `xq`/`xd`
+    // one row of `cols` codes and `chunks` scales; `qsum` (offsets) one
+    // entry per block; `out[lo..hi]` is ours.
+    unsafe {
+        // -bias * sum x of each block.
+        let mut xsum = Vec::with_capacity(chunks);
+        for c in 0..chunks {
+            let s: i32 = (0..32).map(|j| i32::from(*xq.add(32 * c + j))).sum();
+            xsum.push(-bias * s);
+        }
+        let flip = _mm512_set1_epi8(-128);
+        let mut r = lo;
+        while r < hi {
+            let live = (hi - r).min(BAND);
+            let row = |i: usize| job.raw.as_ptr().add((r + i.min(live - 1)) * rb);
+            let mut at = [0i32; BAND];
+            for (i, at) in at.iter_mut().enumerate() {
+                *at = (row(i) as usize - row(0) as usize) as i32;
+            }
+            let at = _mm512_loadu_si512(at.as_ptr().cast());
+            let base = row(0);
+            let mut acc = _mm512_setzero_ps();
+            let mut off = _mm512_setzero_ps();
+            // The band after the next one, a block column per block: a
+            // decode step streams its weights from memory.
+            let ahead = job.raw.as_ptr().wrapping_add((r + 2 * BAND) * rb);
+            let span = BAND * L::BYTES;
+            for (c, &excess) in xsum.iter().enumerate() {
+                let mut line = 0;
+                while line < span {
+                    _mm_prefetch::<_MM_HINT_T0>(ahead.wrapping_add(c * span + line).cast());
+                    line += 64;
+                }
+                let xv = _mm512_broadcast_i64x4(_mm256_loadu_si256(xq.add(32 * c).cast()));
+                let mut p = [_mm512_setzero_si512(); 8];
+                for (j, p) in p.iter_mut().enumerate() {
+                    let (a, b) = (
+                        row(2 * j).add(c * L::BYTES),
+                        row(2 * j + 1).add(c * L::BYTES),
+                    );
+                    let w =
+                        _mm512_inserti64x4::<1>(_mm512_castsi256_si512(L::stored(a)), L::stored(b));
+                    let u = if L::SIGNED {
+                        _mm512_xor_si512(w, flip)
+                    } else {
+                        w
+                    };
+                    *p = _mm512_dpbusd_epi32(_mm512_setzero_si512(), u, xv);
+                }
+                let t = _mm512_add_epi32(totals(p), _mm512_set1_epi32(excess));
+                // Each block's first four bytes: its float16 scale (and a
+                // Q4_1 / Q5_1 offset above it).
+                let head = _mm512_i32gather_epi32::<1>(at, base.add(c * L::BYTES).cast());
+                let scale = _mm512_cvtph_ps(_mm512_cvtepi32_epi16(head));
+                let cf = _mm512_mul_ps(scale, _mm512_set1_ps(*xd.add(c)));
+                acc = _mm512_add_ps(acc, _mm512_mul_ps(cf, _mm512_cvtepi32_ps(t)));
+                if L::OFFSET {
+                    let m = _mm512_cvtph_ps(_mm512_cvtepi32_epi16(_mm512_srli_epi32::<16>(head)));
+                    let o = _mm512_sub_ps(_mm512_setzero_ps(), m);
+                    let q = _mm512_set1_ps(*job.qsum.get_unchecked(c));
+                    off = _mm512_add_ps(off, _mm512_mul_ps(o, q));
+                }
+            }
+            let v = if L::OFFSET {
+                _mm512_sub_ps(acc, off)
+            } else {
+                acc
+            };
+            let mask = if live == BAND {
+                !0u16
+            } else {
+                (1u16 << live) - 1
+            };
+            _mm512_mask_storeu_ps(out.add(r), mask, v);
+            r += live;
+        }
+    }
+}
+
+/// Rows `lo..hi` of `job` (`n >= 2` activation rows, a format [`covers`]
+/// takes): bands of 16 weight rows decoded straight from their blocks into
+/// codes interleaved by pairs, times slabs of 8 activation rows.
+///
+/// # Safety
+/// As [`row1`], with `out` holding `n * rows` floats.
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+pub(super) unsafe fn rows(job: &Job<'_>, lo: usize, hi: usize, out: *mut f32, s: &mut Scratch) {
+    // SAFETY: forwarded.
+    unsafe {
+        match job.qtype {
+            QuantType::Q8_0 => rows_of::<x86::Q8_0>(job, lo, hi, out, s),
+            QuantType::Q4_0 => rows_of::<x86::Q4_0>(job, lo, hi, out, s),
+            QuantType::Q4_1 => rows_of::<x86::Q4_1>(job, lo, hi, out, s),
+            QuantType::Q5_0 => rows_of::<x86::Q5_0>(job, lo, hi, out, s),
+            QuantType::Q5_1 => rows_of::<x86::Q5_1>(job, lo, hi, out, s),
+            QuantType::IQ4NL => rows_of::<x86::Iq4Nl>(job, lo, hi, out, s),
+            other => unreachable!("{} has no block-total kernel", other.name()),
+        }
+    }
+}
+
+/// [`rows`] for the format `L`.
+#[inline(always)]
+unsafe fn rows_of<L: Pairs>(job: &Job<'_>, lo: usize, hi: usize, out: *mut f32, s: &mut Scratch) {
+    let (k, n) = (job.cols, job.n);
+    let chunks = k / 32;
+    let slabs = n.div_ceil(SLAB);
+    let offsets = L::OFFSET;
+    // The codes go in as `code + 2^shift` (none for Q4_1, Q5_1).
+    let shift: Option<u32> = if L::SIGNED {
+        Some(7)
+    } else if L::BIAS != 0 {
+        Some(L::BIAS.trailing_zeros())
+    } else {
+        None
+    };
+    debug_assert!(L::SIGNED || L::BIAS == 0 || L::BIAS.count_ones() == 1);
+    let tables = acts_slabs(job.acts);
+    // Once per call: qsum in the slabs' lanes (offsets).
+    s.sq.clear();
+    s.sq.resize(if offsets { slabs * chunks * 16 } else { 0 }, 0.0);
+    if offsets {
+        for t in 0..n {
+            let (sl, m) = (t / SLAB, t % SLAB);
+            for c in 0..chunks {
+                let q = job.qsum[t * chunks + c];
+                let at = (sl * chunks + c) * 16;
+                s.sq[at + 2 * m] = q;
+                s.sq[at + 2 * m + 1] = q;
+            }
+        }
+    }
+    // A band: pair j's quarter q of block c at (j * chunks + c) * 8 + q, the
+    // two rows' four unsigned codes side by side; block c's scales
+    // (offsets) of the 16 rows at c * 16.
+    s.wband.resize(BAND / 2 * chunks * 8, 0);
+    s.sband.resize(BAND * chunks, 0.0);
+    s.oband.resize(if offsets { BAND * chunks } else { 0 }, 0.0);
+    let rb = job.row_bytes;
+    let mut r = lo;
+    while r < hi {
+        let live = (hi - r).min(BAND);
+        // SAFETY (whole block): rows r..r + live of `raw` hold `chunks`
+        // blocks of L::BYTES (missing rows repeat row r + live - 1); the
+        // band's buffers are sized above.
+        unsafe {
+            let row = |i: usize| job.raw.as_ptr().add((r + i.min(live - 1)) * rb);
+            let mut at = [0i32; BAND];
+            for (i, at) in at.iter_mut().enumerate() {
+                *at = (row(i) as usize - row(0) as usize) as i32;
+            }
+            let at = _mm512_loadu_si512(at.as_ptr().cast());
+            let w = s.wband.as_mut_ptr().cast::<__m256i>();
+            // The band after the next one, a block column per block (as
+            // in `row1_of`).
+            let ahead = job.raw.as_ptr().wrapping_add((r + 2 * BAND) * rb);
+            let span = BAND * L::BYTES;
+            for c in 0..chunks {
+                let mut line = 0;
+                while line < span {
+                    _mm_prefetch::<_MM_HINT_T0>(ahead.wrapping_add(c * span + line).cast());
+                    line += 64;
+                }
+                for j in 0..BAND / 2 {
+                    let (a, b) = (
+                        row(2 * j).add(c * L::BYTES),
+                        row(2 * j + 1).add(c * L::BYTES),
+                    );
+                    let (q03, q47) = L::pair(a, b);
+                    let dst = w.add((j * chunks + c) * 2);
+                    _mm256_storeu_si256(dst, q03);
+                    _mm256_storeu_si256(dst.add(1), q47);
+                }
+                let head = _mm512_i32gather_epi32::<1>(at, row(0).add(c * L::BYTES).cast());
+                let scale = _mm512_cvtph_ps(_mm512_cvtepi32_epi16(head));
+                _mm512_storeu_ps(s.sband.as_mut_ptr().add(c * 16), scale);
+                if offsets {
+                    let m = _mm512_cvtph_ps(_mm512_cvtepi32_epi16(_mm512_srli_epi32::<16>(head)));
+                    let o = _mm512_sub_ps(_mm512_setzero_ps(), m);
+                    _mm512_storeu_ps(s.oband.as_mut_ptr().add(c * 16), o);
+                }
+            }
+        }
+        for sl in 0..slabs {
+            // SAFETY: the slab's tables and the band are filled; out is n x rows.
+            unsafe { tile(job, tables, s, r, live, sl, shift, offsets, out) };
+        }
+        r += live;
+    }
+}
+
+/// The slab tables of `acts` (block 32), built on first use.
+fn acts_slabs(acts: &QActs) -> &Slabs {
+    acts.slabs.0.get_or_init(|| {
+        let (k, chunks) = (acts.cols, acts.cols / 32);
+        let n = acts.codes.len() / k;
+        let slabs = n.div_ceil(SLAB);
+        let mut t = Slabs {
+            x: vec![Line::default(); slabs * chunks * 8],
+            negsum: vec![Line::default(); slabs * chunks],
+            d: vec![0.0; slabs * chunks * 16],
+        };
+        for (row, codes) in acts.codes.chunks_exact(k).enumerate() {
+            let (sl, m) = (row / SLAB, row % SLAB);
+            for (c, block) in codes.chunks_exact(32).enumerate() {
+                let at = sl * chunks + c;
+                for (q, four) in block.chunks_exact(4).enumerate() {
+                    let v = i32::from_le_bytes([
+                        four[0] as u8,
+                        four[1] as u8,
+                        four[2] as u8,
+                        four[3] as u8,
+                    ]);
+                    t.x[at * 8 + q].0[2 * m..2 * m + 2].fill(v);
+                }
+                let sum: i32 = block.iter().map(|&v| i32::from(v)).sum();
+                t.negsum[at].0[2 * m..2 * m + 2].fill(-sum);
+                t.d[at * 16 + 2 * m..at * 16 + 2 * m + 2].fill(acts.scales[row * chunks + c]);
+            }
+        }
+        t
+    })
+}
+
+/// A 32-value-block format's codes of one block of two rows, unsigned
+/// (`code + BIAS`, or `code + 128` for signed formats), interleaved by
+/// quarters: `[a q0, b q0, a q1, b q1, a q2, b q2, a q3, b q3]` then the
+/// same for quarters 4-7 (four bytes each).
+trait Pairs: Block {
+    /// # Safety
+    /// AVX2 present; `BYTES` readable bytes at `a` and at `b`.
+    #[inline(always)]
+    unsafe fn pair(a: *const u8, b: *const u8) -> (__m256i, __m256i) {
+        // SAFETY: forwarded.
+        unsafe {
+            let (mut sa, mut sb) = (Self::stored(a), Self::stored(b));
+            if Self::SIGNED {
+                let flip = _mm256_set1_epi8(-128);
+                sa = _mm256_xor_si256(sa, flip);
+                sb = _mm256_xor_si256(sb, flip);
+            }
+            // [a0 b0 a1 b1 | a4 b4 a5 b5] and [a2 b2 a3 b3 | a6 b6 a7 b7].
+            let lo = _mm256_unpacklo_epi32(sa, sb);
+            let hi = _mm256_unpackhi_epi32(sa, sb);
+            (
+                _mm256_permute2x128_si256::<0x20>(lo, hi),
+                _mm256_permute2x128_si256::<0x31>(lo, hi),
+            )
+        }
+    }
+}
+
+/// Nibble blocks (16 bytes at `skip`): the low nibbles are codes 0-15, the
+/// high ones 16-31; `[low a | low b]` and `[high a | high b]` permuted.
+///
+/// # Safety
+/// AVX2 present; 16 readable bytes at `a + skip` and `b + skip`.
+#[inline(always)]
+unsafe fn nibble_pair(a: *const u8, b: *const u8, skip: usize) -> (__m256i, __m256i) {
+    // SAFETY: forwarded.
+    unsafe {
+        let v = _mm256_loadu2_m128i(b.add(skip).cast(), a.add(skip).cast());
+        let m = _mm256_set1_epi8(15);
+        let order = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7);
+        let low = _mm256_and_si256(v, m);
+        let high = _mm256_and_si256(_mm256_srli_epi16::<4>(v), m);
+        (
+            _mm256_permutevar8x32_epi32(low, order),
+            _mm256_permutevar8x32_epi32(high, order),
+        )
+    }
+}
+
+impl Pairs for x86::Q8_0 {}
+impl Pairs for x86::Q5_0 {}
+impl Pairs for x86::Q5_1 {}
+impl Pairs for x86::Q4_0 {
+    #[inline(always)]
+    unsafe fn pair(a: *const u8, b: *const u8) -> (__m256i, __m256i) {
+        // SAFETY: forwarded; nibbles after `d`.
+        unsafe { nibble_pair(a, b, 2) }
+    }
+}
+impl Pairs for x86::Q4_1 {
+    #[inline(always)]
+    unsafe fn pair(a: *const u8, b: *const u8) -> (__m256i, __m256i) {
+        // SAFETY: forwarded; nibbles after `d`, `m`.
+        unsafe { nibble_pair(a, b, 4) }
+    }
+}
+impl Pairs for x86::Iq4Nl {
+    #[inline(always)]
+    unsafe fn pair(a: *const u8, b: *const u8) -> (__m256i, __m256i) {
+        // SAFETY: forwarded; nibbles after `d` index the table, + 128.
+        unsafe {
+            let t = _mm256_broadcastsi128_si256(_mm_loadu_si128(
+                crate::quant::unpack::IQ4_VALUES.as_ptr().cast(),
+            ));
+            let t = _mm256_xor_si256(t, _mm256_set1_epi8(-128));
+            let (lo, hi) = nibble_pair(a, b, 2);
+            (_mm256_shuffle_epi8(t, lo), _mm256_shuffle_epi8(t, hi))
+        }
+    }
+}
+
+/// The band's 16 weight rows (`live` of them real) times slab `sl` of
+/// activation rows, into `out`.
+///
+/// # Safety
+/// As [`rows`]; the band and the slab's tables filled.
+#[inline(always)]
+#[allow(clippy::too_many_arguments)]
+unsafe fn tile(
+    job: &Job<'_>,
+    tables: &Slabs,
+    s: &Scratch,
+    r: usize,
+    live: usize,
+    sl: usize,
+    shift: Option<u32>,
+    offsets: bool,
+    out: *mut f32,
+) {
+    const P: usize = BAND / 2;
+    let chunks = job.cols / 32;
+    // SAFETY (whole body): the tables hold `chunks` blocks of this slab and
+    // of the band's P pairs; out is n x rows.
+    unsafe {
+        let xs = tables.x.as_ptr().add(sl * chunks * 8);
+        let negsum = tables.negsum.as_ptr().add(sl * chunks);
+        let dx = tables.d.as_ptr().add(sl * chunks * 16);
+        let w = s.wband.as_ptr();
+        // Pair j's two scales (offsets) of block c: f64 c * 8 + j.
+        let sp = s.sband.as_ptr().cast::<f64>();
+        let mut acc = [_mm512_setzero_ps(); P];
+        for c in 0..chunks {
+            // Two chains a pair (even and odd quarters), so sixteen
+            // `vpdpbusd` chains hide its latency; integers, so exact.
+            // -bias * sum x: the unsigned codes' excess.
+            let init = match shift {
+                Some(sh) => _mm512_sll_epi32(
+                    _mm512_load_si512(negsum.add(c).cast()),
+                    _mm_cvtsi32_si128(sh as i32),
+                ),
+                None => _mm512_setzero_si512(),
+            };
+            let mut t = [init; P];
+            let mut u = [_mm512_setzero_si512(); P];
+            for q in (0..8).step_by(2) {
+                let xv = _mm512_load_si512(xs.add(c * 8 + q).cast());
+                let xw = _mm512_load_si512(xs.add(c * 8 + q + 1).cast());
+                for j in 0..P {
+                    let wp = w.add((j * chunks + c) * 8 + q);
+                    t[j] = _mm512_dpbusd_epi32(t[j], _mm512_set1_epi64(wp.read()), xv);
+                    u[j] = _mm512_dpbusd_epi32(u[j], _mm512_set1_epi64(wp.add(1).read()), xw);
+                }
+            }
+            let d = _mm512_loadu_ps(dx.add(c * 16));
+            for (j, acc) in acc.iter_mut().enumerate() {
+                let sc = _mm512_castpd_ps(_mm512_set1_pd(sp.add(c * 8 + j).read_unaligned()));
+                let cf = _mm512_mul_ps(sc, d);
+                let total = _mm512_add_epi32(t[j], u[j]);
+                *acc = _mm512_add_ps(*acc, _mm512_mul_ps(cf, _mm512_cvtepi32_ps(total)));
+            }
+        }
+        if offsets {
+            let op = s.oband.as_ptr().cast::<f64>();
+            let qs = s.sq.as_ptr().add(sl * chunks * 16);
+            let mut off = [_mm512_setzero_ps(); P];
+            for c in 0..chunks {
+                let q = _mm512_loadu_ps(qs.add(c * 16));
+                for (j, off) in off.iter_mut().enumerate() {
+                    let o = _mm512_castpd_ps(_mm512_set1_pd(op.add(c * 8 + j).read_unaligned()));
+                    *off = _mm512_add_ps(*off, _mm512_mul_ps(o, q));
+                }
+            }
+            for (acc, off) in acc.iter_mut().zip(off) {
+                *acc = _mm512_sub_ps(*acc, off);
+            }
+        }
+        let (n, rows) = (job.n, job.rows);
+        let mut v = [0.0f32; 16];
+        for (j, acc) in acc.iter().enumerate() {
+            if 2 * j >= live {
+                break;
+            }
+            _mm512_storeu_ps(v.as_mut_ptr(), *acc);
+            for m in 0..SLAB {
+                let t = sl * SLAB + m;
+                if t >= n {
+                    break;
+                }
+                for h in 0..2 {
+                    if 2 * j + h < live {
+                        *out.add(t * rows + r + 2 * j + h) = v[2 * m + h];
+                    }
+                }
+            }
+        }
+    }
+}

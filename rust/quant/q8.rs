@@ -68,6 +68,8 @@ use super::{best_build, check, Build, OutPtr, CHUNKS_PER_THREAD, PARALLEL_BYTES}
 use crate::error::{CoreError, CoreResult};
 
 #[cfg(target_arch = "x86_64")]
+mod amx;
+#[cfg(target_arch = "x86_64")]
 mod sums;
 
 /// Values per activation block for weights of `qtype` (32: Q8_0, 256:
@@ -116,6 +118,12 @@ pub(crate) struct Slabs {
     pub negsum: Vec<Line>,
     /// The block scales, 16 lanes at `(s * blocks + c) * 16`.
     pub d: Vec<f32>,
+    /// AMX: block `c` of slab `s` in VNNI order (quarter `q` of row `m` at
+    /// byte `32 q + 4 m`), four lines at `(s * blocks + c) * 4`.
+    pub b: Vec<Line>,
+    /// AMX: the block scales of row `m` in lanes `m` and `8 + m`, at
+    /// `(s * blocks + c) * 16`.
+    pub d2: Vec<f32>,
 }
 
 /// A cache of [`Slabs`]: never part of the value (equal and cloned empty).
@@ -341,6 +349,8 @@ struct Scratch {
     #[cfg(target_arch = "x86_64")]
     sq: Vec<f32>,
     #[cfg(target_arch = "x86_64")]
+    sq2: Vec<f32>,
+    #[cfg(target_arch = "x86_64")]
     wband: Vec<i64>,
     #[cfg(target_arch = "x86_64")]
     sband: Vec<f32>,
@@ -370,6 +380,33 @@ struct Job<'a> {
     /// same bits as without).
     #[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
     vnni: bool,
+    /// Whether the block-total batches may run on AMX (with `vnni`; the
+    /// same bits as without).
+    #[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
+    amx: bool,
+}
+
+thread_local! {
+    /// Tests: products started on this thread leave AMX out.
+    #[cfg(all(test, target_arch = "x86_64"))]
+    pub(crate) static NO_AMX: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+}
+
+/// Whether products of a VNNI job may use AMX here.
+fn amx_for(vnni: bool) -> bool {
+    #[cfg(target_arch = "x86_64")]
+    {
+        #[cfg(test)]
+        if NO_AMX.with(|c| c.get()) {
+            return false;
+        }
+        vnni && amx::available()
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        let _ = vnni;
+        false
+    }
 }
 
 /// Whether VNNI CPUs run `qtype`'s fast products on exact block totals
@@ -561,6 +598,7 @@ pub(crate) fn matmul_quantized_as(
         acts,
         qsum: &qsum,
         vnni,
+        amx: amx_for(vnni),
     };
     let ptr = OutPtr(out.as_mut_ptr());
     let threads = rayon::current_num_threads();
@@ -638,6 +676,7 @@ pub(crate) unsafe fn rows_into(
         acts,
         qsum,
         vnni: vnni_for(best_build()),
+        amx: amx_for(vnni_for(best_build())),
     };
     // SAFETY: forwarded (`out` is n x rows).
     unsafe { run(best_build(), &job, lo, hi, out) };

@@ -658,8 +658,9 @@ fn q8_vnni_gives_the_avx2_bits_and_batches_of_1_to_9_rows_their_single_row_bits(
 /// integers and run the portable build's float operations: every batch of
 /// 1-19 rows (whole and partial slabs of 8, bands of 16 weight rows and
 /// their tails) gives the portable bits, and so each row its single-row
-/// bits. Fails if a lane is mapped to the wrong output, a block's total is
-/// short of a quarter, or the float operations change order.
+/// bits, on AMX (where the CPU has it) and on `vpdpbusd`. Fails if a lane
+/// is mapped to the wrong output, a block's total is short of a quarter,
+/// or the float operations change order.
 #[cfg(target_arch = "x86_64")]
 #[test]
 fn q8_vnni_block_totals_give_the_portable_bits_at_every_batch_size() {
@@ -678,10 +679,15 @@ fn q8_vnni_block_totals_give_the_portable_bits_at_every_batch_size() {
                     raw[3] = 0x7f;
                 }
                 let x: Vec<f32> = (0..19 * cols).map(|_| rng.unit() * 3.0).collect();
-                for n in (1..=19).filter(|n| *n <= 10 || *n >= 16) {
+                for (n, no_amx) in (1..=19)
+                    .filter(|n| *n <= 10 || *n >= 16)
+                    .flat_map(|n| [(n, false), (n, true)])
+                {
                     let xs = &x[..n * cols];
                     let (mut a, mut b) = (vec![0.0f32; n * rows], vec![0.0f32; n * rows]);
-                    q8::matmul_with_vnni(
+                    // With AMX where this CPU has it, and without.
+                    q8::NO_AMX.with(|c| c.set(no_amx));
+                    let got = q8::matmul_with_vnni(
                         Build::Avx2,
                         true,
                         true,
@@ -691,14 +697,15 @@ fn q8_vnni_block_totals_give_the_portable_bits_at_every_batch_size() {
                         cols,
                         xs,
                         &mut a,
-                    )
-                    .unwrap();
+                    );
+                    q8::NO_AMX.with(|c| c.set(false));
+                    got.unwrap();
                     q8::matmul_with(Build::Portable, false, qtype, &raw, rows, cols, xs, &mut b)
                         .unwrap();
                     for (i, (&a, &b)) in a.iter().zip(&b).enumerate() {
                         assert!(
                             a.to_bits() == b.to_bits(),
-                            "{} {rows}x{cols} n={n} output {i}: vnni {a} portable {b}",
+                            "{} {rows}x{cols} n={n} output {i} (no AMX {no_amx}): vnni {a} portable {b}",
                             qtype.name()
                         );
                     }

@@ -110,38 +110,30 @@ pub(super) unsafe fn block<const ODD: bool>(
     xb: *const i8,
     totals: *mut i32,
 ) {
-    // SAFETY (both arms): forwarded; the tiles are the configured shapes.
-    unsafe {
-        if ODD {
-            asm!(
-                "tilezero tmm3",
-                "tileloadd tmm0, [{w} + {ws} * 1]",
-                "tileloadd tmm1, [{x} + {xs} * 1]",
-                "tdpbssd tmm3, tmm0, tmm1",
-                "tilestored [{t} + {ts} * 1], tmm3",
-                w = in(reg) w,
-                ws = in(reg) stride,
-                x = in(reg) xb,
-                xs = in(reg) 32usize,
-                t = in(reg) totals,
-                ts = in(reg) 32usize,
-                options(nostack),
-            );
-        } else {
-            asm!(
-                "tilezero tmm2",
-                "tileloadd tmm0, [{w} + {ws} * 1]",
-                "tileloadd tmm1, [{x} + {xs} * 1]",
-                "tdpbssd tmm2, tmm0, tmm1",
-                "tilestored [{t} + {ts} * 1], tmm2",
-                w = in(reg) w,
-                ws = in(reg) stride,
-                x = in(reg) xb,
-                xs = in(reg) 32usize,
-                t = in(reg) totals,
-                ts = in(reg) 32usize,
-                options(nostack),
-            );
-        }
+    macro_rules! block_in {
+        ($tmm:literal) => {
+            // SAFETY: forwarded; the tiles are the configured shapes.
+            unsafe {
+                asm!(
+                    concat!("tilezero ", $tmm),
+                    "tileloadd tmm0, [{w} + {ws} * 1]",
+                    "tileloadd tmm1, [{x} + {xs} * 1]",
+                    concat!("tdpbssd ", $tmm, ", tmm0, tmm1"),
+                    concat!("tilestored [{t} + {ts} * 1], ", $tmm),
+                    w = in(reg) w,
+                    ws = in(reg) stride,
+                    x = in(reg) xb,
+                    xs = in(reg) 32usize,
+                    t = in(reg) totals,
+                    ts = in(reg) 32usize,
+                    options(nostack),
+                )
+            }
+        };
+    }
+    if ODD {
+        block_in!("tmm3")
+    } else {
+        block_in!("tmm2")
     }
 }

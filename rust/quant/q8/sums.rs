@@ -372,6 +372,40 @@ struct AmxBand {
     cstride: usize,
 }
 
+/// Writes a band's outputs of slab `sl`: pair `j`'s lane `2m + h` (or
+/// `8h + m` when `by_row`) is weight row `r + 2j + h` times activation row
+/// `8 sl + m`; rows past `live` and `n` are not written.
+///
+/// # Safety
+/// AVX-512 F present; out is n x rows.
+#[inline(always)]
+unsafe fn store(
+    job: &Job<'_>,
+    acc: &[__m512; BAND / 2],
+    r: usize,
+    live: usize,
+    sl: usize,
+    by_row: bool,
+    out: *mut f32,
+) {
+    let (n, rows) = (job.n, job.rows);
+    let mut v = [0.0f32; 16];
+    for (j, acc) in acc.iter().enumerate() {
+        if 2 * j >= live {
+            break;
+        }
+        // SAFETY: AVX-512 F present (caller); 16 floats.
+        unsafe { _mm512_storeu_ps(v.as_mut_ptr(), *acc) };
+        for m in 0..SLAB.min(n.saturating_sub(sl * SLAB)) {
+            for h in 0..2.min(live - 2 * j) {
+                let lane = if by_row { 8 * h + m } else { 2 * m + h };
+                // SAFETY: (sl * SLAB + m, r + 2j + h) inside the output.
+                unsafe { *out.add((sl * SLAB + m) * rows + r + 2 * j + h) = v[lane] };
+            }
+        }
+    }
+}
+
 /// Lanes 0-7 `2j`, lanes 8-15 `2j + 1`: pair `j`'s rows from 16 lanes.
 #[inline(always)]
 unsafe fn pick(j: usize) -> __m512i {
@@ -458,25 +492,7 @@ unsafe fn amx_tile(
                 *acc = _mm512_sub_ps(*acc, off);
             }
         }
-        let (n, rows) = (job.n, job.rows);
-        let mut v = [0.0f32; 16];
-        for (j, acc) in acc.iter().enumerate() {
-            if 2 * j >= live {
-                break;
-            }
-            _mm512_storeu_ps(v.as_mut_ptr(), *acc);
-            for m in 0..SLAB {
-                let t = sl * SLAB + m;
-                if t >= n {
-                    break;
-                }
-                for h in 0..2 {
-                    if 2 * j + h < live {
-                        *out.add(t * rows + r + 2 * j + h) = v[8 * h + m];
-                    }
-                }
-            }
-        }
+        store(job, &acc, r, live, sl, true, out);
     }
 }
 
@@ -686,24 +702,6 @@ unsafe fn tile(
                 *acc = _mm512_sub_ps(*acc, off);
             }
         }
-        let (n, rows) = (job.n, job.rows);
-        let mut v = [0.0f32; 16];
-        for (j, acc) in acc.iter().enumerate() {
-            if 2 * j >= live {
-                break;
-            }
-            _mm512_storeu_ps(v.as_mut_ptr(), *acc);
-            for m in 0..SLAB {
-                let t = sl * SLAB + m;
-                if t >= n {
-                    break;
-                }
-                for h in 0..2 {
-                    if 2 * j + h < live {
-                        *out.add(t * rows + r + 2 * j + h) = v[2 * m + h];
-                    }
-                }
-            }
-        }
+        store(job, &acc, r, live, sl, false, out);
     }
 }

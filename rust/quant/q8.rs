@@ -32,8 +32,9 @@
 //! On CPUs with AVX-512 VNNI and VL (chosen at run time, [`has_vnni`]):
 //!
 //! - the **32-value-block formats** (Q8_0, Q4_0, Q4_1, Q5_0, Q5_1,
-//!   IQ4_NL, and Q4_K as eight blocks of 32 with the scales and offsets
-//!   `unpack.rs` gives them) total each block's 32 products exactly in one int32 and run
+//!   IQ4_NL; Q4_K and Q6_K as eight blocks of 32 with the scales and
+//!   offsets `unpack.rs` gives them, Q6_K's in halves of 16) total each
+//!   block's products exactly in one int32 and run
 //!   the portable build's float operations, block by block
 //!   `acc = acc + (scale_b * d_b) * float(total_b)` (`sums`), so the
 //!   **portable bits**, in one row and in every batch. A batch's 512-bit
@@ -117,6 +118,9 @@ pub(crate) struct Slabs {
     pub x: Vec<Line>,
     /// `-sum x` of block `c`, slab `s`: `s * blocks + c`.
     pub negsum: Vec<Line>,
+    /// `-sum x` of the halves of block `c` (groups of 16, Q6_K): half `h`
+    /// at `(s * blocks + c) * 2 + h`.
+    pub negsum16: Vec<Line>,
     /// The block scales, 16 lanes at `(s * blocks + c) * 16`.
     pub d: Vec<f32>,
     /// AMX: block `c` of slab `s` in VNNI order (quarter `q` of row `m` at
@@ -729,10 +733,14 @@ unsafe fn rows_avx2(job: &Job<'_>, lo: usize, hi: usize, out: *mut f32, s: &mut 
     if job.vnni && sums::covers(job.qtype) {
         // SAFETY: forwarded; `job.vnni` only where `has_vnni` found VNNI.
         unsafe {
-            if job.n == 1 {
-                sums::row1(job, lo, hi, out);
-            } else {
-                sums::rows(job, lo, hi, out, s);
+            // One to three activation rows: the one-row kernel, each band
+            // decoded once for all of them (two or three rows cost the
+            // batch tiles about what eight do); the same bits either way.
+            match job.n {
+                1 => sums::row1(job, 0, lo, hi, out),
+                2 => sums::row2(job, 0, lo, hi, out),
+                3 => sums::row3(job, 0, lo, hi, out),
+                _ => sums::rows(job, lo, hi, out, s),
             }
         }
         return;

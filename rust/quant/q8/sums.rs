@@ -1,7 +1,8 @@
 //! The VNNI kernels of the 32-value-block formats (Q8_0, Q4_0, Q4_1, Q5_0,
-//! Q5_1, IQ4_NL, and Q4_K read as eight blocks of 32 a 256-value block,
-//! [`Q4k`]): every block's integer dot product totalled exactly, then the
-//! portable route's float operations, so the portable build's bits.
+//! Q5_1, IQ4_NL; Q4_K and Q6_K read as eight blocks of 32 a 256-value
+//! block, [`Q4k`], [`Q6k`], Q6_K's totalled by halves, its groups of 16):
+//! every block's integer dot product totalled exactly, then the portable
+//! route's float operations, so the portable build's bits.
 //!
 //! The eight-lane kernels (`super::rows`, `super::vnni`) turn every four
 //! byte products into a float and multiply-add it: three float operations
@@ -52,26 +53,58 @@ pub(super) fn covers(qtype: QuantType) -> bool {
             | QuantType::Q5_1
             | QuantType::IQ4NL
             | QuantType::Q4K
+            | QuantType::Q6K
     )
 }
 
-/// One activation row times rows `lo..hi` (a format [`covers`] takes).
+/// Activation row `t` times rows `lo..hi` (a format [`covers`] takes).
 ///
 /// # Safety
-/// AVX2, FMA, F16C, AVX-512 F/BW/VL/VNNI present; `job.n == 1`; `out`
-/// holds `rows` floats and nobody else writes `lo..hi` of it.
+/// AVX2, FMA, F16C, AVX-512 F/BW/VL/VNNI present; `t < job.n`; `out`
+/// holds `rows` floats (row `t`'s outputs) and nobody else writes `lo..hi`
+/// of it.
 #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
-pub(super) unsafe fn row1(job: &Job<'_>, lo: usize, hi: usize, out: *mut f32) {
+pub(super) unsafe fn row1(job: &Job<'_>, t: usize, lo: usize, hi: usize, out: *mut f32) {
+    // SAFETY: forwarded.
+    unsafe { few::<1>(job, t, lo, hi, out) }
+}
+
+/// Activation rows `t` and `t + 1` times rows `lo..hi`: [`row1`]'s
+/// kernel decoding each band once for both (the same bits as one by one).
+///
+/// # Safety
+/// As [`row1`], with `t + 1 < job.n` and `out` holding row `t`'s outputs
+/// then row `t + 1`'s, `rows` apart.
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+pub(super) unsafe fn row2(job: &Job<'_>, t: usize, lo: usize, hi: usize, out: *mut f32) {
+    // SAFETY: forwarded.
+    unsafe { few::<2>(job, t, lo, hi, out) }
+}
+
+/// [`row2`] for rows `t..t + 3`.
+///
+/// # Safety
+/// As [`row2`], with `t + 2 < job.n` and three rows of outputs.
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+pub(super) unsafe fn row3(job: &Job<'_>, t: usize, lo: usize, hi: usize, out: *mut f32) {
+    // SAFETY: forwarded.
+    unsafe { few::<3>(job, t, lo, hi, out) }
+}
+
+/// [`row1_of`] for `job`'s format.
+#[inline(always)]
+unsafe fn few<const N: usize>(job: &Job<'_>, t: usize, lo: usize, hi: usize, out: *mut f32) {
     // SAFETY: forwarded.
     unsafe {
         match job.qtype {
-            QuantType::Q8_0 => row1_of::<x86::Q8_0>(job, lo, hi, out),
-            QuantType::Q4_0 => row1_of::<x86::Q4_0>(job, lo, hi, out),
-            QuantType::Q4_1 => row1_of::<x86::Q4_1>(job, lo, hi, out),
-            QuantType::Q5_0 => row1_of::<x86::Q5_0>(job, lo, hi, out),
-            QuantType::Q5_1 => row1_of::<x86::Q5_1>(job, lo, hi, out),
-            QuantType::IQ4NL => row1_of::<x86::Iq4Nl>(job, lo, hi, out),
-            QuantType::Q4K => row1_of::<Q4k>(job, lo, hi, out),
+            QuantType::Q8_0 => row1_of::<x86::Q8_0, N>(job, t, lo, hi, out),
+            QuantType::Q4_0 => row1_of::<x86::Q4_0, N>(job, t, lo, hi, out),
+            QuantType::Q4_1 => row1_of::<x86::Q4_1, N>(job, t, lo, hi, out),
+            QuantType::Q5_0 => row1_of::<x86::Q5_0, N>(job, t, lo, hi, out),
+            QuantType::Q5_1 => row1_of::<x86::Q5_1, N>(job, t, lo, hi, out),
+            QuantType::IQ4NL => row1_of::<x86::Iq4Nl, N>(job, t, lo, hi, out),
+            QuantType::Q4K => row1_of::<Q4k, N>(job, t, lo, hi, out),
+            QuantType::Q6K => row1_of::<Q6k, N>(job, t, lo, hi, out),
             other => unreachable!("{} has no block-total kernel", other.name()),
         }
     }
@@ -99,6 +132,31 @@ unsafe fn totals(p: [__m512i; 8]) -> __m512i {
     }
 }
 
+/// [`totals`] by halves (groups of 16): lane `i` of the first result is
+/// the sum of row `i`'s lanes 0-3 (its first 16 values), of the second its
+/// lanes 4-7. Each row's four lanes of a half are a 128-bit quarter, so
+/// two rounds of adjacent sums give a lane per (row, half), rows 0-7 in
+/// the first register and 8-15 in the second, halves alternating.
+#[inline(always)]
+unsafe fn halves(p: [__m512i; 8]) -> [__m512i; 2] {
+    // SAFETY: AVX-512 F present (caller).
+    unsafe {
+        let r = [
+            pairs(p[0], p[1]),
+            pairs(p[2], p[3]),
+            pairs(p[4], p[5]),
+            pairs(p[6], p[7]),
+        ];
+        let (lo, hi) = (pairs(r[0], r[1]), pairs(r[2], r[3]));
+        let even = _mm512_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30);
+        let odd = _mm512_setr_epi32(1, 3, 5, 7, 9, 11, 13, 15, 17, 19, 21, 23, 25, 27, 29, 31);
+        [
+            _mm512_permutex2var_epi32(lo, even, hi),
+            _mm512_permutex2var_epi32(lo, odd, hi),
+        ]
+    }
+}
+
 /// Lanes `2i` and `2i + 1` of `a` then of `b` (32 lanes) added: lane `i`.
 #[inline(always)]
 unsafe fn pairs(a: __m512i, b: __m512i) -> __m512i {
@@ -113,31 +171,56 @@ unsafe fn pairs(a: __m512i, b: __m512i) -> __m512i {
     }
 }
 
-/// [`row1`] for the format `L`: bands of 16 rows (the last one's missing
-/// rows repeat row `hi - 1` and are not written).
+/// [`row1`] for the format `L` and activation rows `t..t + N` (each
+/// band's codes decoded once for the `N`): bands of 16 rows (the last
+/// one's missing rows repeat row `hi - 1` and are not written); row
+/// `t + i`'s outputs at `out + i * rows`.
 #[inline(always)]
-unsafe fn row1_of<L: Pairs>(job: &Job<'_>, lo: usize, hi: usize, out: *mut f32) {
+unsafe fn row1_of<L: Pairs, const N: usize>(
+    job: &Job<'_>,
+    t: usize,
+    lo: usize,
+    hi: usize,
+    out: *mut f32,
+) {
     let chunks = job.cols / 32;
     let rb = job.row_bytes;
-    let xq = job.acts.codes.as_ptr();
-    let xd = job.acts.scales.as_ptr();
     // Activation blocks of 32 or 256 (the K-quants): block c / per.
     let per = job.acts.block / 32;
+    debug_assert!(t + N <= job.n);
+    // SAFETY: rows t..t + N of the activations (codes, scales, qsum).
+    let (xq, xd, qsum): ([*const i8; N], [*const f32; N], [*const f32; N]) = unsafe {
+        (
+            std::array::from_fn(|i| job.acts.codes.as_ptr().add((t + i) * job.cols)),
+            std::array::from_fn(|i| job.acts.scales.as_ptr().add((t + i) * chunks / per)),
+            std::array::from_fn(|i| job.qsum.as_ptr().wrapping_add((t + i) * chunks)),
+        )
+    };
     // Formats whose scales are not a block's head: the band's scales
     // (offsets) of block c at c * 16, from `unpack.rs`.
-    let mut kscales = vec![0.0f32; if L::UNPACKED { 2 * 16 * chunks } else { 0 }];
+    let groups = if L::G16 { 2 * chunks } else { chunks };
+    let mut kscales = vec![0.0f32; if L::UNPACKED { 2 * 16 * groups } else { 0 }];
     // Unsigned codes: nibbles as stored, or the signed codes + 128.
     let bias: i32 = if L::SIGNED { 128 } else { i32::from(L::BIAS) };
     // SAFETY (whole body): rows lo..hi of `raw` hold `chunks` blocks of
     // L::BYTES (every row index below is clamped into lo..hi); `xq`/`xd`
-    // one row of `cols` codes and `chunks` scales; `qsum` (offsets) one
-    // entry per block; `out[lo..hi]` is ours.
+    // rows of `cols` codes and `chunks` scales; `qsum` (offsets) one entry
+    // per block; `out[lo..hi]` of each row is ours.
     unsafe {
-        // -bias * sum x of each block.
-        let mut xsum = Vec::with_capacity(chunks);
+        // -bias * sum x of each block (of each half of it: groups of 16),
+        // row by row.
+        let mut xsum = vec![[0i32; N]; chunks];
+        let mut xsum16 = vec![[0i32; N]; if L::G16 { 2 * chunks } else { 0 }];
         for c in 0..chunks {
-            let s: i32 = (0..32).map(|j| i32::from(*xq.add(32 * c + j))).sum();
-            xsum.push(-bias * s);
+            for i in 0..N {
+                let s: i32 = (0..32).map(|j| i32::from(*xq[i].add(32 * c + j))).sum();
+                xsum[c][i] = -bias * s;
+                if L::G16 {
+                    let h: i32 = (0..16).map(|j| i32::from(*xq[i].add(32 * c + j))).sum();
+                    xsum16[2 * c][i] = -bias * h;
+                    xsum16[2 * c + 1][i] = -bias * (s - h);
+                }
+            }
         }
         let flip = _mm512_set1_epi8(-128);
         let mut r = lo;
@@ -153,34 +236,51 @@ unsafe fn row1_of<L: Pairs>(job: &Job<'_>, lo: usize, hi: usize, out: *mut f32) 
             if L::UNPACKED {
                 band_scales::<L>(job, r, live, &mut kscales);
             }
-            let mut acc = _mm512_setzero_ps();
-            let mut off = _mm512_setzero_ps();
+            let mut acc = [_mm512_setzero_ps(); N];
+            let mut off = [_mm512_setzero_ps(); N];
             // The band after the next one, a block column per block: a
             // decode step streams its weights from memory.
             let ahead = job.raw.as_ptr().wrapping_add((r + 2 * BAND) * rb);
             let span = BAND * L::BYTES;
-            for (c, &excess) in xsum.iter().enumerate() {
+            for c in 0..chunks {
                 let mut line = 0;
                 while line < span {
                     _mm_prefetch::<_MM_HINT_T0>(ahead.wrapping_add(c * span + line).cast());
                     line += 64;
                 }
-                let xv = _mm512_broadcast_i64x4(_mm256_loadu_si256(xq.add(32 * c).cast()));
-                let mut p = [_mm512_setzero_si512(); 8];
-                for (j, p) in p.iter_mut().enumerate() {
-                    let (a, b) = (row(2 * j), row(2 * j + 1));
-                    let w = _mm512_inserti64x4::<1>(
-                        _mm512_castsi256_si512(L::stored_at(a, c)),
-                        L::stored_at(b, c),
-                    );
+                let xv: [__m512i; N] = std::array::from_fn(|i| {
+                    _mm512_broadcast_i64x4(_mm256_loadu_si256(xq[i].add(32 * c).cast()))
+                });
+                let mut p = [[_mm512_setzero_si512(); 8]; N];
+                for j in 0..8 {
+                    let w = L::stored2(row(2 * j), row(2 * j + 1), c);
                     let u = if L::SIGNED {
                         _mm512_xor_si512(w, flip)
                     } else {
                         w
                     };
-                    *p = _mm512_dpbusd_epi32(_mm512_setzero_si512(), u, xv);
+                    for (p, xv) in p.iter_mut().zip(&xv) {
+                        p[j] = _mm512_dpbusd_epi32(_mm512_setzero_si512(), u, *xv);
+                    }
                 }
-                let t = _mm512_add_epi32(totals(p), _mm512_set1_epi32(excess));
+                if L::G16 {
+                    // Lanes 0-3 of a row are its first 16 values, 4-7 the rest:
+                    // each half totalled and scaled alone, in order.
+                    for i in 0..N {
+                        let both = halves(p[i]);
+                        for (h, half) in both.into_iter().enumerate() {
+                            let tt = _mm512_add_epi32(
+                                half,
+                                _mm512_set1_epi32(xsum16.get_unchecked(2 * c + h)[i]),
+                            );
+                            let scale = _mm512_loadu_ps(kscales.as_ptr().add((2 * c + h) * 16));
+                            let cf = _mm512_mul_ps(scale, _mm512_set1_ps(*xd[i].add(c / per)));
+                            acc[i] =
+                                _mm512_add_ps(acc[i], _mm512_mul_ps(cf, _mm512_cvtepi32_ps(tt)));
+                        }
+                    }
+                    continue;
+                }
                 // Each block's first four bytes: its float16 scale (and a
                 // Q4_1 / Q5_1 offset above it).
                 let head = if L::UNPACKED {
@@ -193,31 +293,38 @@ unsafe fn row1_of<L: Pairs>(job: &Job<'_>, lo: usize, hi: usize, out: *mut f32) 
                 } else {
                     _mm512_cvtph_ps(_mm512_cvtepi32_epi16(head))
                 };
-                let cf = _mm512_mul_ps(scale, _mm512_set1_ps(*xd.add(c / per)));
-                acc = _mm512_add_ps(acc, _mm512_mul_ps(cf, _mm512_cvtepi32_ps(t)));
-                if L::OFFSET {
-                    let o = if L::UNPACKED {
-                        _mm512_loadu_ps(kscales.as_ptr().add((chunks + c) * 16))
-                    } else {
-                        let m =
-                            _mm512_cvtph_ps(_mm512_cvtepi32_epi16(_mm512_srli_epi32::<16>(head)));
-                        _mm512_sub_ps(_mm512_setzero_ps(), m)
-                    };
-                    let q = _mm512_set1_ps(*job.qsum.get_unchecked(c));
-                    off = _mm512_add_ps(off, _mm512_mul_ps(o, q));
+                let o = if !L::OFFSET {
+                    _mm512_setzero_ps()
+                } else if L::UNPACKED {
+                    _mm512_loadu_ps(kscales.as_ptr().add((chunks + c) * 16))
+                } else {
+                    let m = _mm512_cvtph_ps(_mm512_cvtepi32_epi16(_mm512_srli_epi32::<16>(head)));
+                    _mm512_sub_ps(_mm512_setzero_ps(), m)
+                };
+                for i in 0..N {
+                    let tt =
+                        _mm512_add_epi32(totals(p[i]), _mm512_set1_epi32(xsum.get_unchecked(c)[i]));
+                    let cf = _mm512_mul_ps(scale, _mm512_set1_ps(*xd[i].add(c / per)));
+                    acc[i] = _mm512_add_ps(acc[i], _mm512_mul_ps(cf, _mm512_cvtepi32_ps(tt)));
+                    if L::OFFSET {
+                        let q = _mm512_set1_ps(*qsum[i].add(c));
+                        off[i] = _mm512_add_ps(off[i], _mm512_mul_ps(o, q));
+                    }
                 }
             }
-            let v = if L::OFFSET {
-                _mm512_sub_ps(acc, off)
-            } else {
-                acc
-            };
             let mask = if live == BAND {
                 !0u16
             } else {
                 (1u16 << live) - 1
             };
-            _mm512_mask_storeu_ps(out.add(r), mask, v);
+            for i in 0..N {
+                let v = if L::OFFSET {
+                    _mm512_sub_ps(acc[i], off[i])
+                } else {
+                    acc[i]
+                };
+                _mm512_mask_storeu_ps(out.add(i * job.rows + r), mask, v);
+            }
             r += live;
         }
     }
@@ -241,6 +348,7 @@ pub(super) unsafe fn rows(job: &Job<'_>, lo: usize, hi: usize, out: *mut f32, s:
             QuantType::Q5_1 => rows_of::<x86::Q5_1>(job, lo, hi, out, s),
             QuantType::IQ4NL => rows_of::<x86::Iq4Nl>(job, lo, hi, out, s),
             QuantType::Q4K => rows_of::<Q4k>(job, lo, hi, out, s),
+            QuantType::Q6K => rows_of::<Q6k>(job, lo, hi, out, s),
             other => unreachable!("{} has no block-total kernel", other.name()),
         }
     }
@@ -297,8 +405,9 @@ unsafe fn rows_of<L: Pairs>(job: &Job<'_>, lo: usize, hi: usize, out: *mut f32, 
     // two rows' four unsigned codes side by side; block c's scales
     // (offsets) of the 16 rows at c * 16.
     s.wband.resize(BAND / 2 * chunks * 8, 0);
-    s.sband.resize(BAND * chunks, 0.0);
-    s.oband.resize(if offsets { BAND * chunks } else { 0 }, 0.0);
+    let groups = if L::G16 { 2 * chunks } else { chunks };
+    s.sband.resize(BAND * groups, 0.0);
+    s.oband.resize(if offsets { BAND * groups } else { 0 }, 0.0);
     let rb = job.row_bytes;
     let mut r = lo;
     while r < hi {
@@ -348,8 +457,17 @@ unsafe fn rows_of<L: Pairs>(job: &Job<'_>, lo: usize, hi: usize, out: *mut f32, 
                     if amx {
                         break;
                     }
-                    let (q03, q47) = L::pair_at(row(2 * j), row(2 * j + 1), c);
                     let dst = w.add((j * chunks + c) * 2);
+                    if L::UNPACKED {
+                        // Both rows decoded in one register, their four-code
+                        // quarters interleaved by one permutation.
+                        let both = L::stored2(row(2 * j), row(2 * j + 1), c);
+                        let order =
+                            _mm512_setr_epi32(0, 8, 1, 9, 2, 10, 3, 11, 4, 12, 5, 13, 6, 14, 7, 15);
+                        _mm512_storeu_si512(dst.cast(), _mm512_permutexvar_epi32(order, both));
+                        continue;
+                    }
+                    let (q03, q47) = L::pair_at(row(2 * j), row(2 * j + 1), c);
                     _mm256_storeu_si256(dst, q03);
                     _mm256_storeu_si256(dst.add(1), q47);
                 }
@@ -369,12 +487,12 @@ unsafe fn rows_of<L: Pairs>(job: &Job<'_>, lo: usize, hi: usize, out: *mut f32, 
         if L::UNPACKED {
             // The band's scales and offsets: block c's at c * 16 (as the
             // gathers above lay them out).
-            s.kband.resize(2 * 16 * chunks, 0.0);
+            s.kband.resize(2 * 16 * groups, 0.0);
             // SAFETY: AVX-512 F present (caller); kband sized above.
             unsafe { band_scales::<L>(job, r, live, &mut s.kband) };
-            s.sband.copy_from_slice(&s.kband[..16 * chunks]);
+            s.sband.copy_from_slice(&s.kband[..16 * groups]);
             if offsets {
-                s.oband.copy_from_slice(&s.kband[16 * chunks..]);
+                s.oband.copy_from_slice(&s.kband[16 * groups..]);
             }
         }
         for sl in 0..slabs {
@@ -395,7 +513,7 @@ unsafe fn rows_of<L: Pairs>(job: &Job<'_>, lo: usize, hi: usize, out: *mut f32, 
                     };
                     amx_tile(job, tables, s, &band, r, live, sl, offsets, out);
                 } else {
-                    tile(job, tables, s, r, live, sl, shift, offsets, out);
+                    tile(job, tables, s, r, live, sl, shift, offsets, L::G16, out);
                 }
             }
         }
@@ -560,6 +678,7 @@ fn acts_slabs(acts: &QActs) -> &Slabs {
         let mut t = Slabs {
             x: vec![Line::default(); slabs * chunks * 8],
             negsum: vec![Line::default(); slabs * chunks],
+            negsum16: vec![Line::default(); slabs * chunks * 2],
             d: vec![0.0; slabs * chunks * 16],
             b: vec![Line::default(); slabs * chunks * 4],
             d2: vec![0.0; slabs * chunks * 16],
@@ -580,6 +699,9 @@ fn acts_slabs(acts: &QActs) -> &Slabs {
                 }
                 let sum: i32 = block.iter().map(|&v| i32::from(v)).sum();
                 t.negsum[at].0[2 * m..2 * m + 2].fill(-sum);
+                let first: i32 = block[..16].iter().map(|&v| i32::from(v)).sum();
+                t.negsum16[at * 2].0[2 * m..2 * m + 2].fill(-first);
+                t.negsum16[at * 2 + 1].0[2 * m..2 * m + 2].fill(first - sum);
                 // Blocks of 32 or 256 (the K-quants): block c / per.
                 let d = acts.scales[(row * chunks + c) / (acts.block / 32)];
                 t.d[at * 16 + 2 * m..at * 16 + 2 * m + 2].fill(d);
@@ -599,6 +721,9 @@ trait Pairs: Block {
     /// Scales and offsets from `unpack.rs` ([`band_scales`]), not from
     /// each block's head; block `c` at [`Pairs::stored_at`].
     const UNPACKED: bool = false;
+    /// Groups of 16 values (two scales a block, Q6_K): each half of a
+    /// block totalled and scaled alone.
+    const G16: bool = false;
 
     /// Block `c`'s 32 codes as stored, of the row at `row`.
     ///
@@ -608,6 +733,21 @@ trait Pairs: Block {
     unsafe fn stored_at(row: *const u8, c: usize) -> __m256i {
         // SAFETY: forwarded.
         unsafe { Self::stored(row.add(c * Self::BYTES)) }
+    }
+
+    /// Block `c`'s codes as stored of the rows at `a` (low half) and `b`.
+    ///
+    /// # Safety
+    /// AVX-512 F present; both rows hold block `c`.
+    #[inline(always)]
+    unsafe fn stored2(a: *const u8, b: *const u8, c: usize) -> __m512i {
+        // SAFETY: forwarded.
+        unsafe {
+            _mm512_inserti64x4::<1>(
+                _mm512_castsi256_si512(Self::stored_at(a, c)),
+                Self::stored_at(b, c),
+            )
+        }
     }
 
     /// [`Pairs::pair`] of block `c` of the rows at `a` and `b`.
@@ -749,6 +889,20 @@ impl Pairs for Q4k {
     const UNPACKED: bool = true;
 
     #[inline(always)]
+    unsafe fn stored2(a: *const u8, b: *const u8, c: usize) -> __m512i {
+        let (at, high) = Self::at(c);
+        // SAFETY: forwarded; both rows' nibbles in one register.
+        unsafe {
+            let v = _mm512_inserti64x4::<1>(
+                _mm512_castsi256_si512(_mm256_loadu_si256(a.add(at).cast())),
+                _mm256_loadu_si256(b.add(at).cast()),
+            );
+            let v = if high { _mm512_srli_epi16::<4>(v) } else { v };
+            _mm512_and_si512(v, _mm512_set1_epi8(15))
+        }
+    }
+
+    #[inline(always)]
     unsafe fn stored_at(row: *const u8, c: usize) -> __m256i {
         // SAFETY: forwarded.
         unsafe { Self::nibbles(row, c) }
@@ -759,6 +913,141 @@ impl Pairs for Q4k {
         // SAFETY: forwarded.
         unsafe {
             let (sa, sb) = (Self::nibbles(a, c), Self::nibbles(b, c));
+            let lo = _mm256_unpacklo_epi32(sa, sb);
+            let hi = _mm256_unpackhi_epi32(sa, sb);
+            (
+                _mm256_permute2x128_si256::<0x20>(lo, hi),
+                _mm256_permute2x128_si256::<0x31>(lo, hi),
+            )
+        }
+    }
+}
+
+/// Q6_K's band scales for [`band_scales`]: group `g` (of 16 values) of
+/// row `i` at `g * 16 + i`, `d * sc_g` (`sc_g` int8) as `unpack.rs`.
+///
+/// # Safety
+/// As [`band_scales`], `into` holding `16 * cols / 16` floats.
+#[inline(always)]
+unsafe fn q6k_scales(job: &Job<'_>, r: usize, live: usize, into: &mut [f32]) {
+    let (supers, rb) = (job.cols / 256, job.row_bytes);
+    debug_assert!(into.len() >= 16 * 16 * supers);
+    // SAFETY (whole body): every gathered word lies in a row of the band
+    // (bytes 192-209 of each 210-byte block).
+    unsafe {
+        let base = job.raw.as_ptr().add(r * rb);
+        let mut at = [0i32; BAND];
+        for (i, at) in at.iter_mut().enumerate() {
+            *at = (i.min(live - 1) * rb) as i32;
+        }
+        let at = _mm512_loadu_si512(at.as_ptr().cast());
+        let dst = into.as_mut_ptr();
+        for sb in 0..supers {
+            let b = base.add(sb * 210);
+            // `d` is bytes 208-209: the top half of the word at 206.
+            let dw = _mm512_i32gather_epi32::<1>(at, b.add(206).cast());
+            let d = _mm512_cvtph_ps(_mm512_cvtepi32_epi16(_mm512_srli_epi32::<16>(dw)));
+            for w in 0..4 {
+                let word = _mm512_i32gather_epi32::<1>(at, b.add(192 + 4 * w).cast());
+                for j in 0..4 {
+                    let sc = match j {
+                        0 => _mm512_srai_epi32::<24>(_mm512_slli_epi32::<24>(word)),
+                        1 => _mm512_srai_epi32::<24>(_mm512_slli_epi32::<16>(word)),
+                        2 => _mm512_srai_epi32::<24>(_mm512_slli_epi32::<8>(word)),
+                        _ => _mm512_srai_epi32::<24>(word),
+                    };
+                    let g = sb * 16 + 4 * w + j;
+                    _mm512_storeu_ps(dst.add(g * 16), _mm512_mul_ps(d, _mm512_cvtepi32_ps(sc)));
+                }
+            }
+        }
+    }
+}
+
+/// Q6_K as eight blocks of 32 values a 256-value block (210 bytes: 128 of
+/// low nibbles `ql`, 64 of high bit pairs `qh`, 16 int8 scales, `d`):
+/// block `k` of a half `h` of 128 values takes the low (`k < 2`) or high
+/// nibbles of `ql[64h + 32 (k % 2)..]` and bits `2k..2k + 2` of
+/// `qh[32h..]`, codes 0-63 stored (`code + 32`); groups of 16, scale
+/// `d * sc_g` as `unpack.rs` computes it.
+struct Q6k;
+
+impl Q6k {
+    /// # Safety
+    /// AVX2 present; the row holds block `c`.
+    #[inline(always)]
+    unsafe fn stored(row: *const u8, c: usize) -> __m256i {
+        let (sb, k) = (c / 8, c % 8);
+        let (h, k) = (k / 4, k % 4);
+        let at = sb * 210;
+        // SAFETY: forwarded.
+        unsafe {
+            let ql = _mm256_loadu_si256(row.add(at + 64 * h + 32 * (k % 2)).cast());
+            let qh = _mm256_loadu_si256(row.add(at + 128 + 32 * h).cast());
+            let low = if k >= 2 {
+                _mm256_srli_epi16::<4>(ql)
+            } else {
+                ql
+            };
+            let low = _mm256_and_si256(low, _mm256_set1_epi8(15));
+            let high = _mm256_srl_epi16(qh, _mm_cvtsi32_si128(2 * k as i32));
+            let high = _mm256_slli_epi16::<4>(_mm256_and_si256(high, _mm256_set1_epi8(3)));
+            _mm256_or_si256(low, high)
+        }
+    }
+}
+
+impl Block for Q6k {
+    /// A 256-value block's bytes over its eight blocks of 32, rounded up
+    /// (prefetching only).
+    const BYTES: usize = 27;
+    const BIAS: i8 = 32;
+    unsafe fn stored(_: *const u8) -> __m256i {
+        unreachable!("Q6_K blocks are read with stored_at")
+    }
+}
+
+impl Pairs for Q6k {
+    const UNPACKED: bool = true;
+    const G16: bool = true;
+
+    #[inline(always)]
+    unsafe fn stored2(a: *const u8, b: *const u8, c: usize) -> __m512i {
+        let (sb, k) = (c / 8, c % 8);
+        let (h, k) = (k / 4, k % 4);
+        let (lo, hi) = (sb * 210 + 64 * h + 32 * (k % 2), sb * 210 + 128 + 32 * h);
+        // SAFETY: forwarded; both rows' halves decoded in one register.
+        unsafe {
+            let two = |at: usize| {
+                _mm512_inserti64x4::<1>(
+                    _mm512_castsi256_si512(_mm256_loadu_si256(a.add(at).cast())),
+                    _mm256_loadu_si256(b.add(at).cast()),
+                )
+            };
+            let (ql, qh) = (two(lo), two(hi));
+            let low = if k >= 2 {
+                _mm512_srli_epi16::<4>(ql)
+            } else {
+                ql
+            };
+            let low = _mm512_and_si512(low, _mm512_set1_epi8(15));
+            let high = _mm512_srl_epi16(qh, _mm_cvtsi32_si128(2 * k as i32));
+            let high = _mm512_slli_epi16::<4>(_mm512_and_si512(high, _mm512_set1_epi8(3)));
+            _mm512_or_si512(low, high)
+        }
+    }
+
+    #[inline(always)]
+    unsafe fn stored_at(row: *const u8, c: usize) -> __m256i {
+        // SAFETY: forwarded.
+        unsafe { Self::stored(row, c) }
+    }
+
+    #[inline(always)]
+    unsafe fn pair_at(a: *const u8, b: *const u8, c: usize) -> (__m256i, __m256i) {
+        // SAFETY: forwarded.
+        unsafe {
+            let (sa, sb) = (Self::stored(a, c), Self::stored(b, c));
             let lo = _mm256_unpacklo_epi32(sa, sb);
             let hi = _mm256_unpackhi_epi32(sa, sb);
             (
@@ -780,8 +1069,13 @@ impl Pairs for Q4k {
 /// `32 * chunks` floats.
 #[inline(always)]
 unsafe fn band_scales<L: Pairs>(job: &Job<'_>, r: usize, live: usize, into: &mut [f32]) {
-    debug_assert!(L::UNPACKED && job.qtype == QuantType::Q4K);
+    debug_assert!(L::UNPACKED && matches!(job.qtype, QuantType::Q4K | QuantType::Q6K));
     let (chunks, rb) = (job.cols / 32, job.row_bytes);
+    if L::G16 {
+        // SAFETY: forwarded.
+        unsafe { q6k_scales(job, r, live, into) };
+        return;
+    }
     debug_assert!(into.len() >= 32 * chunks);
     // SAFETY (whole body): every gathered word lies in a row of the band.
     unsafe {
@@ -852,6 +1146,7 @@ unsafe fn tile(
     sl: usize,
     shift: Option<u32>,
     offsets: bool,
+    g16: bool,
     out: *mut f32,
 ) {
     const P: usize = BAND / 2;
@@ -861,6 +1156,7 @@ unsafe fn tile(
     unsafe {
         let xs = tables.x.as_ptr().add(sl * chunks * 8);
         let negsum = tables.negsum.as_ptr().add(sl * chunks);
+        let negsum16 = tables.negsum16.as_ptr().add(sl * chunks * 2);
         let dx = tables.d.as_ptr().add(sl * chunks * 16);
         let w = s.wband.as_ptr();
         // Pair j's two scales (offsets) of block c: f64 c * 8 + j.
@@ -870,25 +1166,47 @@ unsafe fn tile(
             // Two chains a pair (even and odd quarters), so sixteen
             // `vpdpbusd` chains hide its latency; integers, so exact.
             // -bias * sum x: the unsigned codes' excess.
-            let init = match shift {
-                Some(sh) => _mm512_sll_epi32(
-                    _mm512_load_si512(negsum.add(c).cast()),
-                    _mm_cvtsi32_si128(sh as i32),
-                ),
+            let excess = |at: *const Line| match shift {
+                Some(sh) => {
+                    _mm512_sll_epi32(_mm512_load_si512(at.cast()), _mm_cvtsi32_si128(sh as i32))
+                }
                 None => _mm512_setzero_si512(),
             };
-            let mut t = [init; P];
-            let mut u = [_mm512_setzero_si512(); P];
-            for q in (0..8).step_by(2) {
-                let xv = _mm512_load_si512(xs.add(c * 8 + q).cast());
-                let xw = _mm512_load_si512(xs.add(c * 8 + q + 1).cast());
+            // Groups of 16: `t` the first half's quarters (0-3), `u` the
+            // second's, each with its own excess; else even and odd quarters.
+            let (mut t, mut u) = if g16 {
+                (
+                    [excess(negsum16.add(2 * c)); P],
+                    [excess(negsum16.add(2 * c + 1)); P],
+                )
+            } else {
+                ([excess(negsum.add(c)); P], [_mm512_setzero_si512(); P])
+            };
+            for step in 0..4 {
+                let (qa, qb) = if g16 {
+                    (step, step + 4)
+                } else {
+                    (2 * step, 2 * step + 1)
+                };
+                let xv = _mm512_load_si512(xs.add(c * 8 + qa).cast());
+                let xw = _mm512_load_si512(xs.add(c * 8 + qb).cast());
                 for j in 0..P {
-                    let wp = w.add((j * chunks + c) * 8 + q);
-                    t[j] = _mm512_dpbusd_epi32(t[j], _mm512_set1_epi64(wp.read()), xv);
-                    u[j] = _mm512_dpbusd_epi32(u[j], _mm512_set1_epi64(wp.add(1).read()), xw);
+                    let wp = w.add((j * chunks + c) * 8);
+                    t[j] = _mm512_dpbusd_epi32(t[j], _mm512_set1_epi64(wp.add(qa).read()), xv);
+                    u[j] = _mm512_dpbusd_epi32(u[j], _mm512_set1_epi64(wp.add(qb).read()), xw);
                 }
             }
             let d = _mm512_loadu_ps(dx.add(c * 16));
+            if g16 {
+                for (j, acc) in acc.iter_mut().enumerate() {
+                    for (h, total) in [(0, t[j]), (1, u[j])] {
+                        let at = sp.add((2 * c + h) * 8 + j).read_unaligned();
+                        let cf = _mm512_mul_ps(_mm512_castpd_ps(_mm512_set1_pd(at)), d);
+                        *acc = _mm512_add_ps(*acc, _mm512_mul_ps(cf, _mm512_cvtepi32_ps(total)));
+                    }
+                }
+                continue;
+            }
             for (j, acc) in acc.iter_mut().enumerate() {
                 let sc = _mm512_castpd_ps(_mm512_set1_pd(sp.add(c * 8 + j).read_unaligned()));
                 let cf = _mm512_mul_ps(sc, d);

@@ -750,7 +750,9 @@ trait Pairs: Block {
         }
     }
 
-    /// [`Pairs::pair`] of block `c` of the rows at `a` and `b`.
+    /// [`Pairs::pair`] of block `c` of the rows at `a` and `b` (formats
+    /// with [`Pairs::UNPACKED`] scales are interleaved from
+    /// [`Pairs::stored2`] instead, one permutation for both rows).
     ///
     /// # Safety
     /// AVX2 present; both rows hold block `c`.
@@ -860,19 +862,6 @@ impl Q4k {
     fn at(c: usize) -> (usize, bool) {
         ((c / 8) * 144 + 16 + 32 * ((c % 8) / 2), c % 2 == 1)
     }
-
-    /// # Safety
-    /// AVX2 present; the row holds block `c`.
-    #[inline(always)]
-    unsafe fn nibbles(row: *const u8, c: usize) -> __m256i {
-        let (at, high) = Self::at(c);
-        // SAFETY: forwarded.
-        unsafe {
-            let v = _mm256_loadu_si256(row.add(at).cast());
-            let v = if high { _mm256_srli_epi16::<4>(v) } else { v };
-            _mm256_and_si256(v, _mm256_set1_epi8(15))
-        }
-    }
 }
 
 impl Block for Q4k {
@@ -881,7 +870,7 @@ impl Block for Q4k {
     const BYTES: usize = 18;
     const OFFSET: bool = true;
     unsafe fn stored(_: *const u8) -> __m256i {
-        unreachable!("Q4_K blocks are read with stored_at")
+        unreachable!("Q4_K blocks are read with stored2")
     }
 }
 
@@ -899,26 +888,6 @@ impl Pairs for Q4k {
             );
             let v = if high { _mm512_srli_epi16::<4>(v) } else { v };
             _mm512_and_si512(v, _mm512_set1_epi8(15))
-        }
-    }
-
-    #[inline(always)]
-    unsafe fn stored_at(row: *const u8, c: usize) -> __m256i {
-        // SAFETY: forwarded.
-        unsafe { Self::nibbles(row, c) }
-    }
-
-    #[inline(always)]
-    unsafe fn pair_at(a: *const u8, b: *const u8, c: usize) -> (__m256i, __m256i) {
-        // SAFETY: forwarded.
-        unsafe {
-            let (sa, sb) = (Self::nibbles(a, c), Self::nibbles(b, c));
-            let lo = _mm256_unpacklo_epi32(sa, sb);
-            let hi = _mm256_unpackhi_epi32(sa, sb);
-            (
-                _mm256_permute2x128_si256::<0x20>(lo, hi),
-                _mm256_permute2x128_si256::<0x31>(lo, hi),
-            )
         }
     }
 }
@@ -972,38 +941,13 @@ unsafe fn q6k_scales(job: &Job<'_>, r: usize, live: usize, into: &mut [f32]) {
 /// `d * sc_g` as `unpack.rs` computes it.
 struct Q6k;
 
-impl Q6k {
-    /// # Safety
-    /// AVX2 present; the row holds block `c`.
-    #[inline(always)]
-    unsafe fn stored(row: *const u8, c: usize) -> __m256i {
-        let (sb, k) = (c / 8, c % 8);
-        let (h, k) = (k / 4, k % 4);
-        let at = sb * 210;
-        // SAFETY: forwarded.
-        unsafe {
-            let ql = _mm256_loadu_si256(row.add(at + 64 * h + 32 * (k % 2)).cast());
-            let qh = _mm256_loadu_si256(row.add(at + 128 + 32 * h).cast());
-            let low = if k >= 2 {
-                _mm256_srli_epi16::<4>(ql)
-            } else {
-                ql
-            };
-            let low = _mm256_and_si256(low, _mm256_set1_epi8(15));
-            let high = _mm256_srl_epi16(qh, _mm_cvtsi32_si128(2 * k as i32));
-            let high = _mm256_slli_epi16::<4>(_mm256_and_si256(high, _mm256_set1_epi8(3)));
-            _mm256_or_si256(low, high)
-        }
-    }
-}
-
 impl Block for Q6k {
     /// A 256-value block's bytes over its eight blocks of 32, rounded up
     /// (prefetching only).
     const BYTES: usize = 27;
     const BIAS: i8 = 32;
     unsafe fn stored(_: *const u8) -> __m256i {
-        unreachable!("Q6_K blocks are read with stored_at")
+        unreachable!("Q6_K blocks are read with stored2")
     }
 }
 
@@ -1034,26 +978,6 @@ impl Pairs for Q6k {
             let high = _mm512_srl_epi16(qh, _mm_cvtsi32_si128(2 * k as i32));
             let high = _mm512_slli_epi16::<4>(_mm512_and_si512(high, _mm512_set1_epi8(3)));
             _mm512_or_si512(low, high)
-        }
-    }
-
-    #[inline(always)]
-    unsafe fn stored_at(row: *const u8, c: usize) -> __m256i {
-        // SAFETY: forwarded.
-        unsafe { Self::stored(row, c) }
-    }
-
-    #[inline(always)]
-    unsafe fn pair_at(a: *const u8, b: *const u8, c: usize) -> (__m256i, __m256i) {
-        // SAFETY: forwarded.
-        unsafe {
-            let (sa, sb) = (Self::stored(a, c), Self::stored(b, c));
-            let lo = _mm256_unpacklo_epi32(sa, sb);
-            let hi = _mm256_unpackhi_epi32(sa, sb);
-            (
-                _mm256_permute2x128_si256::<0x20>(lo, hi),
-                _mm256_permute2x128_si256::<0x31>(lo, hi),
-            )
         }
     }
 }

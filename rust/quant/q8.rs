@@ -123,18 +123,28 @@ pub(crate) struct Slabs {
     pub negsum16: Vec<Line>,
     /// The block scales, 16 lanes at `(s * blocks + c) * 16`.
     pub d: Vec<f32>,
-    /// AMX: block `c` of slab `s` in VNNI order (quarter `q` of row `m` at
+}
+
+/// The same rows laid out for AMX (built only for a product that runs on it).
+#[derive(Debug, Default)]
+#[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
+pub(crate) struct AmxSlabs {
+    /// Block `c` of slab `s` in VNNI order (quarter `q` of row `m` at
     /// byte `32 q + 4 m`), four lines at `(s * blocks + c) * 4`.
     pub b: Vec<Line>,
-    /// AMX: the block scales of row `m` in lanes `m` and `8 + m`, at
+    /// The block scales of row `m` in lanes `m` and `8 + m`, at
     /// `(s * blocks + c) * 16`.
     pub d2: Vec<f32>,
 }
 
-/// A cache of [`Slabs`]: never part of the value (equal and cloned empty).
+/// A cache of [`Slabs`] and [`AmxSlabs`]: never part of the value (equal
+/// and cloned empty).
 #[derive(Debug, Default)]
 #[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
-pub(crate) struct SlabCache(pub std::sync::OnceLock<Slabs>);
+pub(crate) struct SlabCache(
+    pub std::sync::OnceLock<Slabs>,
+    pub std::sync::OnceLock<AmxSlabs>,
+);
 
 impl Clone for SlabCache {
     fn clone(&self) -> Self {

@@ -35,7 +35,7 @@
 use std::arch::x86_64::*;
 
 use super::x86::{self, Block};
-use super::{amx, Job, Line, QActs, QuantType, Scratch, Slabs};
+use super::{amx, AmxSlabs, Job, Line, QActs, QuantType, Scratch, Slabs};
 
 /// Weight rows a band holds (eight pairs).
 const BAND: usize = 16;
@@ -370,11 +370,20 @@ unsafe fn rows_of<L: Pairs>(job: &Job<'_>, lo: usize, hi: usize, out: *mut f32, 
         None
     };
     debug_assert!(L::SIGNED || L::BIAS == 0 || L::BIAS.count_ones() == 1);
-    let tables = acts_slabs(job.acts);
     // AMX for Q8_0, whose codes it reads in place: the nibble formats'
     // decoding into rows for it measured no faster than their `vpdpbusd`
     // tiles (0.9-1.1x at 2-16 rows), Q8_0 1.4-1.7x at 8-16.
     let amx = job.amx && L::SIGNED && L::BYTES == 34;
+    // The tables of the path taken (built by the first product of these
+    // activations that takes it).
+    // SAFETY: AVX-512 F/BW/VNNI present (caller).
+    let tables = unsafe {
+        if amx {
+            Tables::Amx(amx_slabs(job.acts))
+        } else {
+            Tables::Vnni(acts_slabs(job.acts))
+        }
+    };
     // Once per call: qsum in the slabs' lanes (offsets).
     s.sq.clear();
     s.sq.resize(if offsets { slabs * chunks * 16 } else { 0 }, 0.0);
@@ -498,22 +507,25 @@ unsafe fn rows_of<L: Pairs>(job: &Job<'_>, lo: usize, hi: usize, out: *mut f32, 
         for sl in 0..slabs {
             // SAFETY: the slab's tables and the band are filled; out is n x rows.
             unsafe {
-                if amx {
-                    let (a, stride, cstride) = if live == BAND {
-                        (job.raw.as_ptr().add(r * rb + 2).cast::<i8>(), rb, 34)
-                    } else {
-                        (s.codes.as_ptr(), k, 32)
-                    };
-                    let band = AmxBand {
-                        a,
-                        stride,
-                        cstride,
-                        ahead: if sl == 0 { ahead } else { std::ptr::null() },
-                        span,
-                    };
-                    amx_tile(job, tables, s, &band, r, live, sl, offsets, out);
-                } else {
-                    tile(job, tables, s, r, live, sl, shift, offsets, L::G16, out);
+                match tables {
+                    Tables::Amx(tables) => {
+                        let (a, stride, cstride) = if live == BAND {
+                            (job.raw.as_ptr().add(r * rb + 2).cast::<i8>(), rb, 34)
+                        } else {
+                            (s.codes.as_ptr(), k, 32)
+                        };
+                        let band = AmxBand {
+                            a,
+                            stride,
+                            cstride,
+                            ahead: if sl == 0 { ahead } else { std::ptr::null() },
+                            span,
+                        };
+                        amx_tile(job, tables, s, &band, r, live, sl, offsets, out);
+                    }
+                    Tables::Vnni(tables) => {
+                        tile(job, tables, s, r, live, sl, shift, offsets, L::G16, out)
+                    }
                 }
             }
         }
@@ -523,6 +535,13 @@ unsafe fn rows_of<L: Pairs>(job: &Job<'_>, lo: usize, hi: usize, out: *mut f32, 
         // SAFETY: configured above.
         unsafe { amx::release() };
     }
+}
+
+/// The activations' tables for the path a product takes.
+#[derive(Clone, Copy)]
+enum Tables<'a> {
+    Amx(&'a AmxSlabs),
+    Vnni(&'a Slabs),
 }
 
 /// Where an AMX band's signed codes lie: row `i`, block `c` at
@@ -599,7 +618,7 @@ struct Totals([i32; 128]);
 #[allow(clippy::too_many_arguments)]
 unsafe fn amx_tile(
     job: &Job<'_>,
-    tables: &Slabs,
+    tables: &AmxSlabs,
     s: &Scratch,
     band: &AmxBand,
     r: usize,
@@ -670,47 +689,166 @@ unsafe fn amx_tile(
 }
 
 /// The slab tables of `acts` (block 32), built on first use.
-fn acts_slabs(acts: &QActs) -> &Slabs {
-    acts.slabs.0.get_or_init(|| {
-        let (k, chunks) = (acts.cols, acts.cols / 32);
-        let n = acts.codes.len() / k;
-        let slabs = n.div_ceil(SLAB);
-        let mut t = Slabs {
-            x: vec![Line::default(); slabs * chunks * 8],
-            negsum: vec![Line::default(); slabs * chunks],
-            negsum16: vec![Line::default(); slabs * chunks * 2],
-            d: vec![0.0; slabs * chunks * 16],
-            b: vec![Line::default(); slabs * chunks * 4],
-            d2: vec![0.0; slabs * chunks * 16],
+///
+/// # Safety
+/// AVX-512 F/BW/VNNI present.
+#[inline(always)]
+unsafe fn acts_slabs(acts: &QActs) -> &Slabs {
+    // SAFETY: forwarded.
+    acts.slabs.0.get_or_init(|| unsafe { build_slabs(acts) })
+}
+
+/// The AMX tables of `acts`, built on first use.
+///
+/// # Safety
+/// As [`acts_slabs`].
+#[inline(always)]
+unsafe fn amx_slabs(acts: &QActs) -> &AmxSlabs {
+    // SAFETY: forwarded.
+    acts.slabs
+        .1
+        .get_or_init(|| unsafe { build_amx_slabs(acts) })
+}
+
+/// Quarters `q` (lines 0 and 2 of the result's four 128-bit lanes) and
+/// `q + 1` of a slab's block, each row's quarter in two adjacent lanes: the
+/// eight rows' blocks come as four registers of two rows each.
+///
+/// # Safety
+/// AVX-512 F present.
+#[inline(always)]
+unsafe fn slab_block(acts: &QActs, sl: usize, c: usize) -> [__m512i; 8] {
+    let (k, n) = (acts.cols, acts.codes.len() / acts.cols);
+    // SAFETY (whole body): rows below n hold block c.
+    unsafe {
+        let row = |m: usize| {
+            let t = sl * SLAB + m;
+            if t < n {
+                _mm256_loadu_si256(acts.codes.as_ptr().add(t * k + c * 32).cast())
+            } else {
+                _mm256_setzero_si256()
+            }
         };
-        for (row, codes) in acts.codes.chunks_exact(k).enumerate() {
-            let (sl, m) = (row / SLAB, row % SLAB);
-            for (c, block) in codes.chunks_exact(32).enumerate() {
-                let at = sl * chunks + c;
-                for (q, four) in block.chunks_exact(4).enumerate() {
-                    let v = i32::from_le_bytes([
-                        four[0] as u8,
-                        four[1] as u8,
-                        four[2] as u8,
-                        four[3] as u8,
-                    ]);
-                    t.x[at * 8 + q].0[2 * m..2 * m + 2].fill(v);
-                    t.b[at * 4 + q / 2].0[(q % 2) * 8 + m] = v;
+        let two = |m: usize| _mm512_inserti64x4::<1>(_mm512_castsi256_si512(row(m)), row(m + 1));
+        let rows = [two(0), two(2), two(4), two(6)];
+        // Rows 0-3 of the pair's first register pair (lanes 0-7 then 8-15 of
+        // each, 16 apart across the two): quarter q duplicated, then q + 1.
+        let base = _mm512_setr_epi32(0, 0, 8, 8, 16, 16, 24, 24, 1, 1, 9, 9, 17, 17, 25, 25);
+        let mut lines = [_mm512_setzero_si512(); 8];
+        for q in (0..8).step_by(2) {
+            let idx = _mm512_add_epi32(base, _mm512_set1_epi32(q as i32));
+            let lo = _mm512_permutex2var_epi32(rows[0], idx, rows[1]);
+            let hi = _mm512_permutex2var_epi32(rows[2], idx, rows[3]);
+            lines[q] = _mm512_shuffle_i64x2::<0b01_00_01_00>(lo, hi);
+            lines[q + 1] = _mm512_shuffle_i64x2::<0b11_10_11_10>(lo, hi);
+        }
+        lines
+    }
+}
+
+/// Block `c`'s scale of slab `sl`'s rows (zero past the last row).
+fn slab_scales(acts: &QActs, sl: usize, c: usize) -> [f32; SLAB] {
+    let (k, n) = (acts.cols, acts.codes.len() / acts.cols);
+    let (chunks, per) = (k / 32, acts.block / 32);
+    let mut d = [0.0f32; SLAB];
+    for (m, d) in d.iter_mut().enumerate() {
+        let t = sl * SLAB + m;
+        if t < n {
+            // Blocks of 32 or 256 (the K-quants): block c / per.
+            *d = acts.scales[(t * chunks + c) / per];
+        }
+    }
+    d
+}
+
+/// A line from a register.
+///
+/// # Safety
+/// AVX-512 F present.
+#[inline(always)]
+unsafe fn line(v: __m512i) -> Line {
+    let mut l = Line::default();
+    // SAFETY: a line is 64 aligned bytes.
+    unsafe { _mm512_store_si512(l.0.as_mut_ptr().cast(), v) };
+    l
+}
+
+/// [`Slabs`] of `acts`: the codes moved by permutations (one load per row
+/// and block) and the block sums by `vpdpbusd` against ones.
+///
+/// # Safety
+/// AVX-512 F/BW/VNNI present.
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+unsafe fn build_slabs(acts: &QActs) -> Slabs {
+    let (k, n) = (acts.cols, acts.codes.len() / acts.cols);
+    let chunks = k / 32;
+    let slabs = n.div_ceil(SLAB);
+    let mut t = Slabs {
+        x: Vec::with_capacity(slabs * chunks * 8),
+        negsum: Vec::with_capacity(slabs * chunks),
+        negsum16: Vec::with_capacity(slabs * chunks * 2),
+        d: Vec::with_capacity(slabs * chunks * 16),
+    };
+    let ones = _mm512_set1_epi8(1);
+    for sl in 0..slabs {
+        for c in 0..chunks {
+            // SAFETY: AVX-512 present (caller).
+            unsafe {
+                let lines = slab_block(acts, sl, c);
+                let (mut first, mut second) = (_mm512_setzero_si512(), _mm512_setzero_si512());
+                for (q, &v) in lines.iter().enumerate() {
+                    t.x.push(line(v));
+                    if q < 4 {
+                        first = _mm512_dpbusd_epi32(first, ones, v);
+                    } else {
+                        second = _mm512_dpbusd_epi32(second, ones, v);
+                    }
                 }
-                let sum: i32 = block.iter().map(|&v| i32::from(v)).sum();
-                t.negsum[at].0[2 * m..2 * m + 2].fill(-sum);
-                let first: i32 = block[..16].iter().map(|&v| i32::from(v)).sum();
-                t.negsum16[at * 2].0[2 * m..2 * m + 2].fill(-first);
-                t.negsum16[at * 2 + 1].0[2 * m..2 * m + 2].fill(first - sum);
-                // Blocks of 32 or 256 (the K-quants): block c / per.
-                let d = acts.scales[(row * chunks + c) / (acts.block / 32)];
-                t.d[at * 16 + 2 * m..at * 16 + 2 * m + 2].fill(d);
-                t.d2[at * 16 + m] = d;
-                t.d2[at * 16 + 8 + m] = d;
+                let zero = _mm512_setzero_si512();
+                let sum = _mm512_add_epi32(first, second);
+                t.negsum.push(line(_mm512_sub_epi32(zero, sum)));
+                t.negsum16.push(line(_mm512_sub_epi32(zero, first)));
+                t.negsum16.push(line(_mm512_sub_epi32(zero, second)));
+            }
+            for d in slab_scales(acts, sl, c) {
+                t.d.extend([d, d]);
             }
         }
-        t
-    })
+    }
+    t
+}
+
+/// [`AmxSlabs`] of `acts`.
+///
+/// # Safety
+/// AVX-512 F/BW/VNNI present.
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+unsafe fn build_amx_slabs(acts: &QActs) -> AmxSlabs {
+    let (k, n) = (acts.cols, acts.codes.len() / acts.cols);
+    let chunks = k / 32;
+    let slabs = n.div_ceil(SLAB);
+    let mut t = AmxSlabs {
+        b: Vec::with_capacity(slabs * chunks * 4),
+        d2: Vec::with_capacity(slabs * chunks * 16),
+    };
+    // Lanes 2m of quarters 2p and 2p + 1: rows 0-7 of each.
+    let even = _mm512_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30);
+    for sl in 0..slabs {
+        for c in 0..chunks {
+            // SAFETY: AVX-512 present (caller).
+            unsafe {
+                let lines = slab_block(acts, sl, c);
+                for p in 0..4 {
+                    let v = _mm512_permutex2var_epi32(lines[2 * p], even, lines[2 * p + 1]);
+                    t.b.push(line(v));
+                }
+            }
+            let d = slab_scales(acts, sl, c);
+            t.d2.extend(d);
+            t.d2.extend(d);
+        }
+    }
+    t
 }
 
 /// A 32-value-block format's codes of one block of two rows, unsigned

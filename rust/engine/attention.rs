@@ -32,8 +32,9 @@ fn seg_rows(s: &Seg<'_>, hd: usize) -> usize {
     }
 }
 
+/// AVX2, FMA and F16C present (checked once).
 #[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
-fn avx2() -> bool {
+pub(crate) fn avx2() -> bool {
     static HAS: OnceLock<bool> = OnceLock::new();
     *HAS.get_or_init(|| {
         #[cfg(target_arch = "x86_64")]

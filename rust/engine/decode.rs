@@ -27,9 +27,10 @@ use std::sync::Mutex;
 
 use crate::engine::attention::{attend_span, combine, slice_rows, span_of, spans};
 use crate::engine::forward::{
-    head_major, rms_heads, rms_rows, rope, rope_tables, silu, window_start, Model, Step,
+    head_major, rms_heads, rms_rows, rope, rope_tables, window_start, Model, Step,
 };
 use crate::engine::linear::RowPrep;
+use crate::engine::silu::silu_mul;
 use crate::engine::team::{Member, Team};
 use crate::engine::weights::Tensor;
 use crate::kv::{convert_f32_to_f16, f16_to_f32, Dtype, Half, KvCache, Rows};
@@ -466,9 +467,7 @@ impl Model {
                         let (a, z) = (r * inter + lo, r * inter + hi);
                         // SAFETY: columns lo..hi of act are this member's claim.
                         let dst = unsafe { b.act.part(a, z) };
-                        for ((d, &g), &u) in dst.iter_mut().zip(&gate[a..z]).zip(&up[a..z]) {
-                            *d = silu(g) * u;
-                        }
+                        silu_mul(&gate[a..z], &up[a..z], dst);
                     }
                     c = cl.next();
                 }

@@ -12,6 +12,7 @@ use rayon::prelude::*;
 use crate::engine::attention::{attend_group, slice_rows, Scratch};
 use crate::engine::config::{Config, RopeStyle};
 use crate::engine::linear::{gather, matmul, matmul_many, Activations, Part};
+use crate::engine::silu::silu_mul_in_place;
 use crate::engine::team::Team;
 use crate::engine::weights::{Store, Tensor, Weights};
 use crate::kv::{Dtype, Geometry, Half, KvCache};
@@ -245,9 +246,7 @@ impl Model {
             x.iter_mut().zip(&o).for_each(|(a, b)| *a += b);
             rms_rows(&x, &lw.ffn_norm, cfg.rms_norm_eps, &mut h);
             self.mm_many(&h, &mut [(&lw.gate, &mut gate), (&lw.up, &mut up)])?;
-            gate.iter_mut()
-                .zip(&up)
-                .for_each(|(g, &u)| *g = silu(*g) * u);
+            silu_mul_in_place(&mut gate, &up);
             self.mm(&lw.down, &gate, &mut down)?;
             x.iter_mut().zip(&down).for_each(|(a, b)| *a += b);
         }
@@ -358,11 +357,6 @@ pub(crate) fn window_start(window: Option<usize>, pos: usize) -> usize {
         Some(w) if pos + 1 > w => pos + 1 - w,
         _ => 0,
     }
-}
-
-#[inline]
-pub(crate) fn silu(g: f32) -> f32 {
-    g / (1.0 + (-g).exp())
 }
 
 /// RMS-normalise each row of `x` (rows of `w.len()`) and scale by `w`.

@@ -36,8 +36,11 @@ use crate::engine::weights::Tensor;
 use crate::kv::{convert_f32_to_f16, f16_to_f32, Dtype, Half, KvCache, Rows};
 use crate::{CoreError, CoreResult};
 
-/// Weight rows a claimed chunk holds (a multiple of the kernels' 4-row tile).
-const CHUNK: usize = 64;
+/// Weight rows a claimed chunk holds (a multiple of the kernels' 16-row
+/// band). 128 against 64: one sequence's step 5-12% faster (fewer calls,
+/// each with its set-up and first prefetches), eight sequences' the same
+/// within the noise; 32 made eight sequences' 6% slower.
+const CHUNK: usize = 128;
 /// Rows a claimed chunk of the output head holds.
 const HEAD_CHUNK: usize = 512;
 /// Work counters a block uses (one per stage).

@@ -91,6 +91,16 @@ pub(super) unsafe fn row3(job: &Job<'_>, t: usize, lo: usize, hi: usize, out: *m
     unsafe { few::<3>(job, t, lo, hi, out) }
 }
 
+/// [`row2`] for rows `t..t + 4`.
+///
+/// # Safety
+/// As [`row2`], with `t + 3 < job.n` and four rows of outputs.
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+pub(super) unsafe fn row4(job: &Job<'_>, t: usize, lo: usize, hi: usize, out: *mut f32) {
+    // SAFETY: forwarded.
+    unsafe { few::<4>(job, t, lo, hi, out) }
+}
+
 /// [`row1_of`] for `job`'s format.
 #[inline(always)]
 unsafe fn few<const N: usize>(job: &Job<'_>, t: usize, lo: usize, hi: usize, out: *mut f32) {

@@ -32,8 +32,9 @@
 //! On CPUs with AVX-512 VNNI and VL (chosen at run time, [`has_vnni`]):
 //!
 //! - the **32-value-block formats** (Q8_0, Q4_0, Q4_1, Q5_0, Q5_1,
-//!   IQ4_NL; Q4_K and Q6_K as eight blocks of 32 with the scales and
-//!   offsets `unpack.rs` gives them, Q6_K's in halves of 16) total each
+//!   IQ4_NL; Q3_K, Q4_K, Q5_K, Q6_K and IQ4_XS as eight blocks of 32 with
+//!   the scales and offsets `unpack.rs` gives them, Q3_K's and Q6_K's in
+//!   halves of 16) total each
 //!   block's products exactly in one int32 and run
 //!   the portable build's float operations, block by block
 //!   `acc = acc + (scale_b * d_b) * float(total_b)` (`sums`), so the
@@ -41,14 +42,14 @@
 //!   lanes are 16 outputs (two weight rows x eight activation rows), so 64
 //!   byte products cost one `vpdpbusd` and a quarter of a float operation;
 //!   one row totals 16 rows' lanes with a tree of shuffles.
-//! - the **other K-quants and IQ4_XS** keep the eight lanes above, from
+//! - **Q2_K** (groups of 16 with offsets) keeps the eight lanes above, from
 //!   `vpdpbusd` (four byte products summed in 32 bits, never saturating):
 //!   two or more activation rows run register tiles of 4 weight rows x up
 //!   to 8 activation rows on codes unpacked once per band (`vnni`; two
 //!   activation rows share each 512-bit operation), one row the one-row
-//!   kernels with `vpdpbusd` in place of `maddubs` + `madd` (not Q6_K,
-//!   which measured slower). The float operations and their order are
-//!   unchanged, so the bits are the AVX2 build's.
+//!   kernels with `vpdpbusd` in place of `maddubs` + `madd`. The float
+//!   operations and their order are unchanged, so the bits are the AVX2
+//!   build's.
 //!
 //! The portable build sums each block (or group) in integers the same way,
 //! so on VNNI CPUs the block formats' bits are the portable build's and
@@ -746,9 +747,17 @@ unsafe fn rows_avx2(job: &Job<'_>, lo: usize, hi: usize, out: *mut f32, s: &mut 
             // One to three activation rows (four for the K-quants): the
             // one-row kernel, each band decoded once for all of them (two or
             // three rows cost the batch tiles about what eight do); the same
-            // bits either way. Four rows: Q4_K 1.9-2.4x, Q6_K 1.2x the tiles;
-            // Q4_0 0.8-0.9x, so the 32-value formats keep the tiles.
-            let k_quant = matches!(job.qtype, QuantType::Q4K | QuantType::Q6K);
+            // bits either way. Four rows: Q4_K 1.9-2.4x, Q6_K 1.2x, Q5_K
+            // 1.6x, IQ4_XS 1.2x the tiles, Q3_K about the same; Q4_0
+            // 0.8-0.9x, so the 32-value formats keep the tiles.
+            let k_quant = matches!(
+                job.qtype,
+                QuantType::Q3K
+                    | QuantType::Q4K
+                    | QuantType::Q5K
+                    | QuantType::Q6K
+                    | QuantType::IQ4XS
+            );
             match job.n {
                 1 => sums::row1(job, 0, lo, hi, out),
                 2 => sums::row2(job, 0, lo, hi, out),

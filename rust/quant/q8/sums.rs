@@ -1,6 +1,7 @@
 //! The VNNI kernels of the 32-value-block formats (Q8_0, Q4_0, Q4_1, Q5_0,
-//! Q5_1, IQ4_NL; Q4_K and Q6_K read as eight blocks of 32 a 256-value
-//! block, [`Q4k`], [`Q6k`], Q6_K's totalled by halves, its groups of 16):
+//! Q5_1, IQ4_NL; Q3_K, Q4_K, Q5_K, Q6_K and IQ4_XS read as eight blocks of
+//! 32 a 256-value block, [`Q3k`], [`Q4k`], [`Q5k`], [`Q6k`], [`Iq4Xs`],
+//! Q3_K's and Q6_K's totalled by halves, their groups of 16):
 //! every block's integer dot product totalled exactly, then the portable
 //! route's float operations, so the portable build's bits.
 //!
@@ -52,8 +53,11 @@ pub(super) fn covers(qtype: QuantType) -> bool {
             | QuantType::Q5_0
             | QuantType::Q5_1
             | QuantType::IQ4NL
+            | QuantType::Q3K
             | QuantType::Q4K
+            | QuantType::Q5K
             | QuantType::Q6K
+            | QuantType::IQ4XS
     )
 }
 
@@ -113,8 +117,11 @@ unsafe fn few<const N: usize>(job: &Job<'_>, t: usize, lo: usize, hi: usize, out
             QuantType::Q5_0 => row1_of::<x86::Q5_0, N>(job, t, lo, hi, out),
             QuantType::Q5_1 => row1_of::<x86::Q5_1, N>(job, t, lo, hi, out),
             QuantType::IQ4NL => row1_of::<x86::Iq4Nl, N>(job, t, lo, hi, out),
+            QuantType::Q3K => row1_of::<Q3k, N>(job, t, lo, hi, out),
             QuantType::Q4K => row1_of::<Q4k, N>(job, t, lo, hi, out),
+            QuantType::Q5K => row1_of::<Q5k, N>(job, t, lo, hi, out),
             QuantType::Q6K => row1_of::<Q6k, N>(job, t, lo, hi, out),
+            QuantType::IQ4XS => row1_of::<Iq4Xs, N>(job, t, lo, hi, out),
             other => unreachable!("{} has no block-total kernel", other.name()),
         }
     }
@@ -357,8 +364,11 @@ pub(super) unsafe fn rows(job: &Job<'_>, lo: usize, hi: usize, out: *mut f32, s:
             QuantType::Q5_0 => rows_of::<x86::Q5_0>(job, lo, hi, out, s),
             QuantType::Q5_1 => rows_of::<x86::Q5_1>(job, lo, hi, out, s),
             QuantType::IQ4NL => rows_of::<x86::Iq4Nl>(job, lo, hi, out, s),
+            QuantType::Q3K => rows_of::<Q3k>(job, lo, hi, out, s),
             QuantType::Q4K => rows_of::<Q4k>(job, lo, hi, out, s),
+            QuantType::Q5K => rows_of::<Q5k>(job, lo, hi, out, s),
             QuantType::Q6K => rows_of::<Q6k>(job, lo, hi, out, s),
+            QuantType::IQ4XS => rows_of::<Iq4Xs>(job, lo, hi, out, s),
             other => unreachable!("{} has no block-total kernel", other.name()),
         }
     }
@@ -481,6 +491,12 @@ unsafe fn rows_of<L: Pairs>(job: &Job<'_>, lo: usize, hi: usize, out: *mut f32, 
                         // Both rows decoded in one register, their four-code
                         // quarters interleaved by one permutation.
                         let both = L::stored2(row(2 * j), row(2 * j + 1), c);
+                        // Signed codes go in as `code + 128`.
+                        let both = if L::SIGNED {
+                            _mm512_xor_si512(both, _mm512_set1_epi8(-128))
+                        } else {
+                            both
+                        };
                         let order =
                             _mm512_setr_epi32(0, 8, 1, 9, 2, 10, 3, 11, 4, 12, 5, 13, 6, 14, 7, 15);
                         _mm512_storeu_si512(dst.cast(), _mm512_permutexvar_epi32(order, both));
@@ -1040,6 +1056,142 @@ impl Pairs for Q4k {
     }
 }
 
+/// Q5_K as eight blocks of 32 values a 256-value block (176 bytes: `d`,
+/// `dmin`, Q4_K's twelve bytes of scales and mins, 32 bytes of high bits
+/// `qh`, 128 bytes of nibbles laid out as Q4_K's): block `j`'s codes are
+/// its nibbles plus bit `j` of `qh[l]` times 16, 0-31 unsigned; scale
+/// `d * sc_j` and offset `dmin * m_j` as for Q4_K.
+struct Q5k;
+
+impl Block for Q5k {
+    /// A 256-value block's bytes over its eight blocks of 32 (prefetching).
+    const BYTES: usize = 22;
+    const OFFSET: bool = true;
+    unsafe fn stored(_: *const u8) -> __m256i {
+        unreachable!("Q5_K blocks are read with stored2")
+    }
+}
+
+impl Pairs for Q5k {
+    const UNPACKED: bool = true;
+
+    #[inline(always)]
+    unsafe fn stored2(a: *const u8, b: *const u8, c: usize) -> __m512i {
+        let (sb, j) = (c / 8, c % 8);
+        let (qs, qh) = (sb * 176 + 48 + 32 * (j / 2), sb * 176 + 16);
+        // SAFETY: forwarded; both rows' codes in one register.
+        unsafe {
+            let two = |at: usize| {
+                _mm512_inserti64x4::<1>(
+                    _mm512_castsi256_si512(_mm256_loadu_si256(a.add(at).cast())),
+                    _mm256_loadu_si256(b.add(at).cast()),
+                )
+            };
+            let (v, h) = (two(qs), two(qh));
+            let low = if j % 2 == 1 {
+                _mm512_srli_epi16::<4>(v)
+            } else {
+                v
+            };
+            let low = _mm512_and_si512(low, _mm512_set1_epi8(15));
+            // Bit j of each byte (j < 8: no bit of the word's other byte
+            // reaches bit 0 of either byte), times 16.
+            let high = _mm512_srl_epi16(h, _mm_cvtsi32_si128(j as i32));
+            let high = _mm512_slli_epi16::<4>(_mm512_and_si512(high, _mm512_set1_epi8(1)));
+            _mm512_or_si512(low, high)
+        }
+    }
+}
+
+/// IQ4_XS as eight blocks of 32 values a 256-value block (136 bytes: `d`,
+/// the scales' high bit pairs `scales_h`, their low nibbles `scales_l[4]`,
+/// 128 bytes of nibbles, 16 a block: low nibbles values 0-15, high ones
+/// 16-31), the nibbles indexing IQ4_NL's table of signed codes; scale
+/// `d * (ls_j - 32)` as `unpack.rs` computes it.
+struct Iq4Xs;
+
+impl Block for Iq4Xs {
+    /// A 256-value block's bytes over its eight blocks of 32 (prefetching).
+    const BYTES: usize = 17;
+    const SIGNED: bool = true;
+    unsafe fn stored(_: *const u8) -> __m256i {
+        unreachable!("IQ4_XS blocks are read with stored2")
+    }
+}
+
+impl Pairs for Iq4Xs {
+    const UNPACKED: bool = true;
+
+    #[inline(always)]
+    unsafe fn stored2(a: *const u8, b: *const u8, c: usize) -> __m512i {
+        let at = (c / 8) * 136 + 8 + 16 * (c % 8);
+        // SAFETY: forwarded; both rows' 16 bytes, low nibbles then high
+        // ones a row, looked up in the table (128-bit lanes: a, a, b, b).
+        unsafe {
+            let t = _mm512_broadcast_i32x4(_mm_loadu_si128(
+                crate::quant::unpack::IQ4_VALUES.as_ptr().cast(),
+            ));
+            let (va, vb) = (
+                _mm_loadu_si128(a.add(at).cast()),
+                _mm_loadu_si128(b.add(at).cast()),
+            );
+            let m = _mm_set1_epi8(15);
+            let nib = |v: __m128i| {
+                _mm256_inserti128_si256::<1>(
+                    _mm256_castsi128_si256(_mm_and_si128(v, m)),
+                    _mm_and_si128(_mm_srli_epi16::<4>(v), m),
+                )
+            };
+            let idx = _mm512_inserti64x4::<1>(_mm512_castsi256_si512(nib(va)), nib(vb));
+            _mm512_shuffle_epi8(t, idx)
+        }
+    }
+}
+
+/// IQ4_XS's band scales for [`band_scales`]: block `c` of row `i` at
+/// `c * 16 + i`, `d * float(ls - 32)` as `unpack.rs`.
+///
+/// # Safety
+/// As [`band_scales`].
+#[inline(always)]
+unsafe fn iq4xs_scales(job: &Job<'_>, r: usize, live: usize, into: &mut [f32]) {
+    let (supers, rb) = (job.cols / 256, job.row_bytes);
+    debug_assert!(into.len() >= 16 * 8 * supers);
+    // SAFETY (whole body): every gathered word lies in a row of the band
+    // (bytes 0-7 of each 136-byte block).
+    unsafe {
+        let base = job.raw.as_ptr().add(r * rb);
+        let mut at = [0i32; BAND];
+        for (i, at) in at.iter_mut().enumerate() {
+            *at = (i.min(live - 1) * rb) as i32;
+        }
+        let at = _mm512_loadu_si512(at.as_ptr().cast());
+        let dst = into.as_mut_ptr();
+        for sb in 0..supers {
+            let b = base.add(sb * 136);
+            // Bytes 0-1 `d`, 2-3 `scales_h`; 4-7 `scales_l`.
+            let head = _mm512_i32gather_epi32::<1>(at, b.cast());
+            let low = _mm512_i32gather_epi32::<1>(at, b.add(4).cast());
+            let d = _mm512_cvtph_ps(_mm512_cvtepi32_epi16(head));
+            let high = _mm512_srli_epi32::<16>(head);
+            for j in 0..8 {
+                let lo = _mm512_and_si512(
+                    _mm512_srl_epi32(low, _mm_cvtsi32_si128(4 * j as i32)),
+                    _mm512_set1_epi32(15),
+                );
+                let hi = _mm512_and_si512(
+                    _mm512_srl_epi32(high, _mm_cvtsi32_si128(2 * j as i32)),
+                    _mm512_set1_epi32(3),
+                );
+                let ls = _mm512_or_si512(lo, _mm512_slli_epi32::<4>(hi));
+                let sc = _mm512_sub_epi32(ls, _mm512_set1_epi32(32));
+                let g = sb * 8 + j;
+                _mm512_storeu_ps(dst.add(g * 16), _mm512_mul_ps(d, _mm512_cvtepi32_ps(sc)));
+            }
+        }
+    }
+}
+
 /// Q6_K's band scales for [`band_scales`]: group `g` (of 16 values) of
 /// row `i` at `g * 16 + i`, `d * sc_g` (`sc_g` int8) as `unpack.rs`.
 ///
@@ -1130,24 +1282,136 @@ impl Pairs for Q6k {
     }
 }
 
+/// Q3_K as eight blocks of 32 values a 256-value block (110 bytes: 32 of
+/// high bits `hmask`, 64 of bit pairs `qs`, twelve bytes of 6-bit scales,
+/// `d`): block `b = 4h + i` takes bits `2i..2i + 2` of `qs[32h..]` and bit
+/// `b` of `hmask[l]` (times 4), codes 0-7 stored (`code + 4`); groups of
+/// 16, scale `d * (sc_g - 32)` as `unpack.rs` computes it.
+struct Q3k;
+
+impl Block for Q3k {
+    /// A 256-value block's bytes over its eight blocks of 32, rounded up
+    /// (prefetching only).
+    const BYTES: usize = 14;
+    const BIAS: i8 = 4;
+    unsafe fn stored(_: *const u8) -> __m256i {
+        unreachable!("Q3_K blocks are read with stored2")
+    }
+}
+
+impl Pairs for Q3k {
+    const UNPACKED: bool = true;
+    const G16: bool = true;
+
+    #[inline(always)]
+    unsafe fn stored2(a: *const u8, b: *const u8, c: usize) -> __m512i {
+        let (sb, k) = (c / 8, c % 8);
+        let (qs, hm) = (sb * 110 + 32 + 32 * (k / 4), sb * 110);
+        // SAFETY: forwarded; both rows' codes in one register.
+        unsafe {
+            let two = |at: usize| {
+                _mm512_inserti64x4::<1>(
+                    _mm512_castsi256_si512(_mm256_loadu_si256(a.add(at).cast())),
+                    _mm256_loadu_si256(b.add(at).cast()),
+                )
+            };
+            let (q, h) = (two(qs), two(hm));
+            // Shifts below 8: bits 0-1 of each byte stay its own.
+            let low = _mm512_srl_epi16(q, _mm_cvtsi32_si128(2 * (k % 4) as i32));
+            let low = _mm512_and_si512(low, _mm512_set1_epi8(3));
+            let high = _mm512_srl_epi16(h, _mm_cvtsi32_si128(k as i32));
+            let high = _mm512_slli_epi16::<2>(_mm512_and_si512(high, _mm512_set1_epi8(1)));
+            _mm512_or_si512(low, high)
+        }
+    }
+}
+
+/// Q3_K's band scales for [`band_scales`]: group `g` (of 16 values) of
+/// row `i` at `g * 16 + i`, `d * (sc_g - 32)` with `sc_g`'s low nibble from
+/// byte `g % 8` (its high nibble for `g >= 8`) and its top two bits from
+/// byte `8 + g % 4` (bits `2 (g / 4)`), as `unpack.rs`.
+///
+/// # Safety
+/// As [`band_scales`], `into` holding `16 * cols / 16` floats.
+#[inline(always)]
+unsafe fn q3k_scales(job: &Job<'_>, r: usize, live: usize, into: &mut [f32]) {
+    let (supers, rb) = (job.cols / 256, job.row_bytes);
+    debug_assert!(into.len() >= 16 * 16 * supers);
+    // SAFETY (whole body): every gathered word lies in a row of the band
+    // (bytes 96-109 of each 110-byte block).
+    unsafe {
+        let base = job.raw.as_ptr().add(r * rb);
+        let mut at = [0i32; BAND];
+        for (i, at) in at.iter_mut().enumerate() {
+            *at = (i.min(live - 1) * rb) as i32;
+        }
+        let at = _mm512_loadu_si512(at.as_ptr().cast());
+        let dst = into.as_mut_ptr();
+        for sb in 0..supers {
+            let b = base.add(sb * 110);
+            // `d` is bytes 108-109: the top half of the word at 106.
+            let dw = _mm512_i32gather_epi32::<1>(at, b.add(106).cast());
+            let d = _mm512_cvtph_ps(_mm512_cvtepi32_epi16(_mm512_srli_epi32::<16>(dw)));
+            let w = [
+                _mm512_i32gather_epi32::<1>(at, b.add(96).cast()),
+                _mm512_i32gather_epi32::<1>(at, b.add(100).cast()),
+                _mm512_i32gather_epi32::<1>(at, b.add(104).cast()),
+            ];
+            for g in 0..16 {
+                let sh = |v: __m512i, bits: usize, mask: i32| {
+                    _mm512_and_si512(
+                        _mm512_srl_epi32(v, _mm_cvtsi32_si128(bits as i32)),
+                        _mm512_set1_epi32(mask),
+                    )
+                };
+                let low = sh(w[(g % 8) / 4], 8 * (g % 4) + 4 * (g / 8), 15);
+                let high = sh(w[2], 8 * (g % 4) + 2 * (g / 4), 3);
+                let ls = _mm512_or_si512(low, _mm512_slli_epi32::<4>(high));
+                let sc = _mm512_sub_epi32(ls, _mm512_set1_epi32(32));
+                _mm512_storeu_ps(
+                    dst.add((sb * 16 + g) * 16),
+                    _mm512_mul_ps(d, _mm512_cvtepi32_ps(sc)),
+                );
+            }
+        }
+    }
+}
+
 /// The scales of the band of rows `r..r + live` (missing rows repeat the
 /// last) at `c * 16 + i` of `into`, their offsets `16 * chunks` further,
-/// one lane a row: for Q4_K `d * sc_j` and `dmin * m_j` of each 256-value
-/// block, the 6-bit `sc_j`, `m_j` unpacked as `unpack.rs`'s
-/// `scale_min_k4` does and the same float multiplications, so its values.
+/// one lane a row: for Q4_K and Q5_K `d * sc_j` and `dmin * m_j` of each
+/// 256-value block, the 6-bit `sc_j`, `m_j` unpacked as `unpack.rs`'s
+/// `scale_min_k4` does and the same float multiplications, so its values
+/// (Q3_K, Q6_K and IQ4_XS: their own, no offsets).
 ///
 /// # Safety
 /// AVX-512 F present; rows `r..r + live` of the job exist; `into` holds
 /// `32 * chunks` floats.
 #[inline(always)]
 unsafe fn band_scales<L: Pairs>(job: &Job<'_>, r: usize, live: usize, into: &mut [f32]) {
-    debug_assert!(L::UNPACKED && matches!(job.qtype, QuantType::Q4K | QuantType::Q6K));
     let (chunks, rb) = (job.cols / 32, job.row_bytes);
-    if L::G16 {
-        // SAFETY: forwarded.
-        unsafe { q6k_scales(job, r, live, into) };
-        return;
-    }
+    // The 256-value block's bytes (Q4_K and Q5_K share their scales).
+    let block = match job.qtype {
+        QuantType::Q6K => {
+            // SAFETY: forwarded.
+            unsafe { q6k_scales(job, r, live, into) };
+            return;
+        }
+        QuantType::IQ4XS => {
+            // SAFETY: forwarded.
+            unsafe { iq4xs_scales(job, r, live, into) };
+            return;
+        }
+        QuantType::Q3K => {
+            // SAFETY: forwarded.
+            unsafe { q3k_scales(job, r, live, into) };
+            return;
+        }
+        QuantType::Q4K => 144,
+        QuantType::Q5K => 176,
+        other => unreachable!("{} has no band scales", other.name()),
+    };
+    debug_assert!(L::UNPACKED);
     debug_assert!(into.len() >= 32 * chunks);
     // SAFETY (whole body): every gathered word lies in a row of the band.
     unsafe {
@@ -1164,7 +1428,7 @@ unsafe fn band_scales<L: Pairs>(job: &Job<'_>, r: usize, live: usize, into: &mut
         );
         let dst = into.as_mut_ptr();
         for sb in 0..chunks / 8 {
-            let b = base.add(sb * 144);
+            let b = base.add(sb * block);
             let head = _mm512_i32gather_epi32::<1>(at, b.cast());
             let d = _mm512_cvtph_ps(_mm512_cvtepi32_epi16(head));
             let dmin = _mm512_cvtph_ps(_mm512_cvtepi32_epi16(_mm512_srli_epi32::<16>(head)));

@@ -31,30 +31,23 @@
 //!
 //! On CPUs with AVX-512 VNNI and VL (chosen at run time, [`has_vnni`]):
 //!
-//! - the **32-value-block formats** (Q8_0, Q4_0, Q4_1, Q5_0, Q5_1,
-//!   IQ4_NL; Q3_K, Q4_K, Q5_K, Q6_K and IQ4_XS as eight blocks of 32 with
-//!   the scales and offsets `unpack.rs` gives them, Q3_K's and Q6_K's in
-//!   halves of 16) total each
-//!   block's products exactly in one int32 and run
-//!   the portable build's float operations, block by block
-//!   `acc = acc + (scale_b * d_b) * float(total_b)` (`sums`), so the
-//!   **portable bits**, in one row and in every batch. A batch's 512-bit
-//!   lanes are 16 outputs (two weight rows x eight activation rows), so 64
-//!   byte products cost one `vpdpbusd` and a quarter of a float operation;
-//!   one row totals 16 rows' lanes with a tree of shuffles.
-//! - **Q2_K** (groups of 16 with offsets) keeps the eight lanes above, from
-//!   `vpdpbusd` (four byte products summed in 32 bits, never saturating):
-//!   two or more activation rows run register tiles of 4 weight rows x up
-//!   to 8 activation rows on codes unpacked once per band (`vnni`; two
-//!   activation rows share each 512-bit operation), one row the one-row
-//!   kernels with `vpdpbusd` in place of `maddubs` + `madd`. The float
-//!   operations and their order are unchanged, so the bits are the AVX2
-//!   build's.
+//! every format (the 32-value-block formats Q8_0, Q4_0, Q4_1, Q5_0, Q5_1,
+//! IQ4_NL; the K-quants and IQ4_XS as eight blocks of 32 with the scales
+//! and offsets `unpack.rs` gives them, Q2_K's, Q3_K's and Q6_K's in halves
+//! of 16) totals each block's products exactly in one int32 and runs the
+//! portable build's float operations, block by block
+//! `acc = acc + (scale_b * d_b) * float(total_b)` (`sums`), so the
+//! **portable bits**, in one row and in every batch. A batch's 512-bit
+//! lanes are 16 outputs (two weight rows x eight activation rows), so 64
+//! byte products cost one `vpdpbusd` and a quarter of a float operation;
+//! one row totals 16 rows' lanes with a tree of shuffles. (Until the
+//! seventeenth session Q2_K, Q3_K, Q5_K and IQ4_XS kept the eight lanes
+//! above on `vpdpbusd`, and were slower in one row than the exact mode.)
 //!
 //! The portable build sums each block (or group) in integers the same way,
-//! so on VNNI CPUs the block formats' bits are the portable build's and
-//! differ from the AVX2 build's in the last places (both within float32
-//! rounding of the exact product).
+//! so on VNNI CPUs the bits are the portable build's and differ from the
+//! AVX2 build's in the last places (both within float32 rounding of the
+//! exact product).
 //!
 //! Float formats (F32, F16, BF16) have no codes and run the exact kernels.
 
@@ -350,13 +343,6 @@ struct Scratch {
     codes: Vec<i8>,
     scale: Vec<f32>,
     offset: Vec<f32>,
-    /// VNNI tiles: two activation rows' codes a line, chunk-major, with
-    /// their init lanes.
-    #[cfg(target_arch = "x86_64")]
-    pairs: Vec<vnni::Pair>,
-    /// VNNI tiles: two activation rows' block scales, eight lanes each.
-    #[cfg(target_arch = "x86_64")]
-    dpair: Vec<f32>,
     /// Formats with offsets: `qsum` transposed, group by group (activation
     /// row `t` of group `g` at `g * ns + t`; VNNI pads `ns` past `n`).
     qsum_t: Vec<f32>,
@@ -752,7 +738,8 @@ unsafe fn rows_avx2(job: &Job<'_>, lo: usize, hi: usize, out: *mut f32, s: &mut 
             // 0.8-0.9x, so the 32-value formats keep the tiles.
             let k_quant = matches!(
                 job.qtype,
-                QuantType::Q3K
+                QuantType::Q2K
+                    | QuantType::Q3K
                     | QuantType::Q4K
                     | QuantType::Q5K
                     | QuantType::Q6K
@@ -768,301 +755,8 @@ unsafe fn rows_avx2(job: &Job<'_>, lo: usize, hi: usize, out: *mut f32, s: &mut 
         }
         return;
     }
-    if job.vnni && job.n >= vnni::MIN_ROWS {
-        // SAFETY: forwarded; `job.vnni` only where `has_vnni` found VNNI.
-        return unsafe { vnni::rows(job, lo, hi, out, s) };
-    }
     // SAFETY: forwarded; AVX2, FMA and F16C were checked by the caller.
     unsafe { rows::<Avx2>(job, lo, hi, out, s) }
-}
-
-/// The VNNI build of several activation rows: each band of weight rows is
-/// unpacked once (as [`rows`] does) and multiplied in register tiles of
-/// 4 weight rows x up to 4 pairs of activation rows with 512-bit
-/// `vpdpbusd` (a pair's two rows in its two halves), which sums
-/// four byte products into each int32 lane: the general route's lane
-/// integers exactly (see [`vnni::rows`]), so the same bits.
-#[cfg(target_arch = "x86_64")]
-mod vnni {
-    use std::arch::x86_64::*;
-
-    use super::{Job, QuantType, Scratch, ROW_TILE};
-    use crate::quant::simd::{Avx2, Lanes};
-    use crate::quant::unpack::{scales_only, unpack_row};
-
-    /// Activation rows from which the VNNI tiles run.
-    pub(super) const MIN_ROWS: usize = 2;
-
-    /// Two activation rows' chunks of 32 codes side by side (rows `2p` and
-    /// `2p + 1`; zeros for a missing second row) and their init lanes: one
-    /// 512-bit `vpdpbusd` gives both rows' eight lanes (the paired tiles).
-    #[derive(Clone, Copy)]
-    #[repr(C, align(64))]
-    pub(super) struct Pair {
-        x: [i8; 64],
-        init: [i32; 16],
-    }
-
-    impl Default for Pair {
-        fn default() -> Self {
-            Pair {
-                x: [0; 64],
-                init: [0; 16],
-            }
-        }
-    }
-
-    /// Rows `lo..hi` of `job` (`n >= MIN_ROWS` activation rows).
-    ///
-    /// Every int32 lane is `sum_j code_j * q_j` over its four bytes, as in
-    /// [`super::rows`]: there the pairs of `maddubs` never saturate (at most
-    /// 2 * 128 * 127), here `vpdpbusd` takes the codes offset to unsigned
-    /// bytes, `code + 128`, and starts from `-128 * sum_j q_j`, with no
-    /// intermediate rounding or saturation at all. The float operations
-    /// per output are [`super::rows`]'s in the same order:
-    /// `acc = fma(scale_g * d_b, float(lane), acc)` chunk by chunk from
-    /// zero, `hsum(acc)`, minus `sum_g offset_g * qsum_g` summed group by
-    /// group from zero (multiply, then add).
-    ///
-    /// # Safety
-    /// AVX2, FMA, F16C, AVX-512 F/BW/VL/VNNI present; `out` holds `n * rows`
-    /// floats and nobody else writes rows `lo..hi` of any activation row.
-    #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
-    pub(super) unsafe fn rows(job: &Job<'_>, lo: usize, hi: usize, out: *mut f32, s: &mut Scratch) {
-        let (k, qtype, n) = (job.cols, job.qtype, job.n);
-        let group = qtype.group_values();
-        let groups = k / group;
-        let chunks = k / 32;
-        let nb = job.acts.scales.len() / n;
-        let in_place = qtype == QuantType::Q8_0;
-        let g16 = group == 16;
-        // Once per call: the activation codes chunk-major in pairs of rows
-        // (pair p = rows 2p and 2p + 1 of chunk c at c * np + p) with their
-        // init lanes, each pair's block scales eight lanes a row, and the
-        // offsets' qsum transposed (row t at g * ns + t, zeros past n).
-        let ns = n + 8;
-        let np = n.div_ceil(2);
-        s.pairs.clear();
-        s.pairs.resize(np * chunks, Pair::default());
-        // SAFETY: n x k activation codes; pairs holds np * chunks pairs.
-        unsafe {
-            let xq = job.acts.codes.as_ptr();
-            let top = _mm256_set1_epi8(-128);
-            for t in 0..n {
-                for c in 0..chunks {
-                    let xv = _mm256_loadu_si256(xq.add(t * k + c * 32).cast());
-                    // (-128 as u8 = 128) * q summed by four, then negated.
-                    let p = _mm256_dpbusd_epi32(_mm256_setzero_si256(), top, xv);
-                    let p = _mm256_sub_epi32(_mm256_setzero_si256(), p);
-                    let pair = s.pairs.as_mut_ptr().add(c * np + t / 2);
-                    let h = t % 2;
-                    let x = (&raw mut (*pair).x).cast::<i8>().add(32 * h);
-                    let init = (&raw mut (*pair).init).cast::<i32>().add(8 * h);
-                    _mm256_store_si256(x.cast(), xv);
-                    _mm256_store_si256(init.cast(), p);
-                }
-            }
-        }
-        // Block b's scales of rows 2p and 2p + 1, eight lanes each, at
-        // (b * np + p) * 16 (zeros for a missing second row).
-        s.dpair.clear();
-        s.dpair.resize(nb * np * 16, 0.0);
-        for t in 0..n {
-            for b in 0..nb {
-                let at = (b * np + t / 2) * 16 + 8 * (t % 2);
-                s.dpair[at..at + 8].fill(job.acts.scales[t * nb + b]);
-            }
-        }
-        if qtype.has_offsets() {
-            s.qsum_t.clear();
-            s.qsum_t.resize(groups * ns, 0.0);
-            for t in 0..n {
-                for g in 0..groups {
-                    s.qsum_t[g * ns + t] = job.qsum[t * groups + g];
-                }
-            }
-        }
-        s.codes.resize(if in_place { 0 } else { ROW_TILE * k }, 0);
-        s.scale.resize(ROW_TILE * groups, 0.0);
-        s.offset.resize(ROW_TILE * groups, 0.0);
-        let mut r = lo;
-        while r < hi {
-            let rt = if hi - r >= ROW_TILE { ROW_TILE } else { 1 };
-            for i in 0..rt {
-                let row = &job.raw[(r + i) * job.row_bytes..(r + i + 1) * job.row_bytes];
-                let (sc, of) = (
-                    &mut s.scale[i * groups..(i + 1) * groups],
-                    &mut s.offset[i * groups..(i + 1) * groups],
-                );
-                if in_place {
-                    scales_only::<Avx2>(qtype, row, sc, of);
-                } else {
-                    unpack_row::<Avx2>(qtype, row, &mut s.codes[i * k..(i + 1) * k], sc, of);
-                }
-            }
-            // Row i, chunk c's 32 codes at codes + i * stride + c * cstride.
-            let (codes, stride, cstride) = if in_place {
-                // SAFETY: row r's first block's codes, after its scale.
-                let p = unsafe { job.raw.as_ptr().add(r * job.row_bytes + 2) };
-                (p.cast::<i8>(), job.row_bytes, 34)
-            } else {
-                (s.codes.as_ptr(), k, 32)
-            };
-            let band = Band {
-                codes,
-                stride,
-                cstride,
-                groups,
-                ns,
-            };
-            let mut t = 0;
-            while t < n {
-                // Up to PMAX / 2 pairs a tile.
-                const PMAX: usize = 8;
-                let pt = (n - t).min(PMAX).div_ceil(2);
-                macro_rules! go2 {
-                    ($r:literal, $p:literal) => {
-                        // SAFETY: rows r..r + $r, pairs t / 2..t / 2 + $p.
-                        unsafe {
-                            if g16 {
-                                tile::<$r, $p, true>(job, &band, s, r, t, out)
-                            } else {
-                                tile::<$r, $p, false>(job, &band, s, r, t, out)
-                            }
-                        }
-                    };
-                }
-                match (rt, pt) {
-                    (4, 4) => go2!(4, 4),
-                    (4, 3) => go2!(4, 3),
-                    (4, 2) => go2!(4, 2),
-                    (4, _) => go2!(4, 1),
-                    (_, 4) => go2!(1, 4),
-                    (_, 3) => go2!(1, 3),
-                    (_, 2) => go2!(1, 2),
-                    _ => go2!(1, 1),
-                }
-                t += 2 * pt;
-            }
-            r += rt;
-        }
-    }
-
-    /// Weight rows `r..r + R` (band rows `0..R`) times the `P` pairs of
-    /// activation rows from row `t` (even), into `out`: two activation rows
-    /// in each 512-bit operation (row `t + 2p` in lanes 0-7, `t + 2p + 1`
-    /// in lanes 8-15), each half doing what one eight-lane accumulator of
-    /// the AVX2 route does: lane integers `init + sum wu * q`, then `acc =
-    /// fma(scale_g * d_b, float(lane), acc)` chunk by chunk (the product
-    /// `scale_g * d_b` formed here, one rounding as there; `G16`: lanes 0-3
-    /// take the chunk's first group's scale, 4-7 its second's), then the
-    /// eight-lane `hsum` of each half. So the same bits, at half the
-    /// operations per product of eight-lane tiles (CPUs with two 512-bit
-    /// ports run twice the lanes an operation; measured on Sapphire Rapids,
-    /// 1.3-1.7x at 2-16 rows).
-    ///
-    /// # Safety
-    /// As [`rows`]; the band holds `R` unpacked rows, the pairs and their
-    /// scales are filled for every activation row.
-    #[inline(always)]
-    unsafe fn tile<const R: usize, const P: usize, const G16: bool>(
-        job: &Job<'_>,
-        band: &Band,
-        s: &mut Scratch,
-        r: usize,
-        t: usize,
-        out: *mut f32,
-    ) {
-        let n = job.n;
-        let np = n.div_ceil(2);
-        let chunks = job.cols / 32;
-        let shift = if job.acts.block == 256 { 3 } else { 0 };
-        let (groups, ns) = (band.groups, band.ns);
-        // SAFETY (whole body): row i < R of the band has `chunks` chunks of
-        // codes and `groups` scales (offsets); pairs and dpair hold every
-        // pair's chunks and block scales; qsum_t has 8 floats of room past
-        // row t; out is n x rows.
-        unsafe {
-            let scale = s.scale.as_ptr();
-            let spread = _mm512_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1, 0, 0, 0, 0, 1, 1, 1, 1);
-            let flip = _mm512_set1_epi8(-128);
-            let mut acc = [[_mm512_setzero_ps(); P]; R];
-            let mut w = [band.codes; R];
-            for (i, w) in w.iter_mut().enumerate() {
-                *w = band.codes.add(i * band.stride);
-            }
-            let mut pair = s.pairs.as_ptr().add(t / 2);
-            let dpair = s.dpair.as_ptr().add(t / 2 * 16);
-            for c in 0..chunks {
-                let mut xv = [_mm512_setzero_si512(); P];
-                let mut dv = [_mm512_setzero_ps(); P];
-                let dp = dpair.add((c >> shift) * np * 16);
-                for p in 0..P {
-                    xv[p] = _mm512_load_si512((&raw const (*pair.add(p)).x).cast());
-                    dv[p] = _mm512_loadu_ps(dp.add(16 * p));
-                }
-                for i in 0..R {
-                    let wv = _mm512_broadcast_i64x4(_mm256_loadu_si256(w[i].cast()));
-                    w[i] = w[i].add(band.cstride);
-                    let wu = _mm512_xor_si512(wv, flip);
-                    let sv = if G16 {
-                        // Lanes 0-3 and 8-11 take the chunk's first scale,
-                        // 4-7 and 12-15 its second.
-                        let two = _mm_castpd_ps(_mm_load_sd(scale.add(i * groups + 2 * c).cast()));
-                        _mm512_permutexvar_ps(spread, _mm512_castps128_ps512(two))
-                    } else {
-                        _mm512_set1_ps(*scale.add(i * groups + c))
-                    };
-                    for p in 0..P {
-                        let init = _mm512_load_si512((&raw const (*pair.add(p)).init).cast());
-                        let q = _mm512_dpbusd_epi32(init, wu, xv[p]);
-                        let cf = _mm512_mul_ps(sv, dv[p]);
-                        acc[i][p] = _mm512_fmadd_ps(cf, _mm512_cvtepi32_ps(q), acc[i][p]);
-                    }
-                }
-                pair = pair.add(np);
-            }
-            let rows = job.rows;
-            for (i, acc) in acc.iter().enumerate() {
-                let mut off = [0.0f32; 8];
-                if job.qtype.has_offsets() {
-                    // As in `tile`: the offset terms of the 2P rows in lanes.
-                    let op = s.offset.as_ptr().add(i * groups);
-                    let qt = s.qsum_t.as_ptr().add(t);
-                    let mut o = _mm256_setzero_ps();
-                    for g in 0..groups {
-                        let m = _mm256_mul_ps(
-                            _mm256_set1_ps(*op.add(g)),
-                            _mm256_loadu_ps(qt.add(g * ns)),
-                        );
-                        o = _mm256_add_ps(o, m);
-                    }
-                    _mm256_storeu_ps(off.as_mut_ptr(), o);
-                }
-                for (p, &a) in acc.iter().enumerate() {
-                    // (The high half through the AVX-512 F extract: no DQ needed.)
-                    let high = _mm512_extractf64x4_pd::<1>(_mm512_castps_pd(a));
-                    let halves = [_mm512_castps512_ps256(a), _mm256_castpd_ps(high)];
-                    for (h, &v) in halves.iter().enumerate() {
-                        let u = 2 * p + h;
-                        if t + u < n {
-                            *out.add((t + u) * rows + r + i) = Avx2::hsum(v) - off[u];
-                        }
-                    }
-                }
-            }
-        }
-    }
-
-    /// Where a band's codes lie (its scales and offsets are in the scratch).
-    struct Band {
-        codes: *const i8,
-        stride: usize,
-        cstride: usize,
-        groups: usize,
-        /// Row stride of the transposed tables (`n + 8`).
-        ns: usize,
-    }
 }
 
 /// How a band's codes are read.
@@ -1333,14 +1027,6 @@ impl Dot for Avx2 {
 
     #[inline(always)]
     unsafe fn row1(job: &Job<'_>, lo: usize, hi: usize, out: *mut f32) -> bool {
-        // Q8_0 (one weight row at a time) and Q6_K measured 0.5x and 0.9x
-        // of their AVX2 passes with `vpdpbusd` (or in the VNNI build at all):
-        // they keep the AVX2 build; the others gain 5-20%.
-        let vnni_pays = !matches!(job.qtype, QuantType::Q8_0 | QuantType::Q6K);
-        if job.vnni && vnni_pays {
-            // SAFETY: forwarded; `job.vnni` only where `has_vnni` found VNNI.
-            return unsafe { row1_vnni(job, lo, hi, out) };
-        }
         // SAFETY: forwarded from the caller.
         unsafe { row1_with::<x86::Maddubs>(job, lo, hi, out) }
     }
@@ -1402,17 +1088,6 @@ unsafe fn row1_with<M: x86::Mac>(job: &Job<'_>, lo: usize, hi: usize, out: *mut 
         }
     }
     true
-}
-
-/// [`row1_with`] on `vpdpbusd` (the same lanes, so the same bits).
-///
-/// # Safety
-/// As [`Dot::row1`], and AVX-512 F/BW/VL/VNNI present.
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
-unsafe fn row1_vnni(job: &Job<'_>, lo: usize, hi: usize, out: *mut f32) -> bool {
-    // SAFETY: forwarded.
-    unsafe { row1_with::<x86::Dpbusd>(job, lo, hi, out) }
 }
 
 /// `R` weight rows of `band` (codes read by `L`) times `N` activation rows.
@@ -1712,30 +1387,6 @@ mod x86 {
         unsafe fn dot_less(term: __m256i, u: __m256i, x: __m256i) -> __m256i {
             // SAFETY: forwarded.
             unsafe { _mm256_sub_epi32(Self::dot(u, x), term) }
-        }
-    }
-
-    /// AVX-512 VNNI + VL: `vpdpbusd`, the four products summed in 32 bits
-    /// (never saturating), so `Maddubs`'s lanes wherever those are exact.
-    pub(super) struct Dpbusd;
-    impl Mac for Dpbusd {
-        #[inline(always)]
-        unsafe fn dot(u: __m256i, x: __m256i) -> __m256i {
-            // SAFETY: AVX-512 VNNI and VL present (caller).
-            unsafe { _mm256_dpbusd_epi32(_mm256_setzero_si256(), u, x) }
-        }
-        #[inline(always)]
-        unsafe fn bias_term(bias: i8, x: __m256i) -> __m256i {
-            // SAFETY: AVX-512 VNNI and VL present (caller).
-            unsafe {
-                let p = Self::dot(_mm256_set1_epi8(bias), x);
-                _mm256_sub_epi32(_mm256_setzero_si256(), p)
-            }
-        }
-        #[inline(always)]
-        unsafe fn dot_less(term: __m256i, u: __m256i, x: __m256i) -> __m256i {
-            // SAFETY: AVX-512 VNNI and VL present (caller).
-            unsafe { _mm256_dpbusd_epi32(term, u, x) }
         }
     }
 

@@ -1,11 +1,12 @@
-//! The VNNI kernels of the 32-value-block formats (Q8_0, Q4_0, Q4_1, Q5_0,
-//! Q5_1, IQ4_NL; Q3_K, Q4_K, Q5_K, Q6_K and IQ4_XS read as eight blocks of
-//! 32 a 256-value block, [`Q3k`], [`Q4k`], [`Q5k`], [`Q6k`], [`Iq4Xs`],
-//! Q3_K's and Q6_K's totalled by halves, their groups of 16):
+//! The VNNI kernels of every quantised format: the 32-value-block ones
+//! (Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, IQ4_NL), and the K-quants and IQ4_XS read
+//! as eight blocks of 32 a 256-value block ([`Q2k`], [`Q3k`], [`Q4k`],
+//! [`Q5k`], [`Q6k`], [`Iq4Xs`]; Q2_K's, Q3_K's and Q6_K's totalled by
+//! halves, their groups of 16):
 //! every block's integer dot product totalled exactly, then the portable
 //! route's float operations, so the portable build's bits.
 //!
-//! The eight-lane kernels (`super::rows`, `super::vnni`) turn every four
+//! The eight-lane kernels (`super::rows`, the AVX2 build's) turn every four
 //! byte products into a float and multiply-add it: three float operations
 //! per 32 products of each weight row and activation row, which bounds a
 //! batch at about two of the integer unit's operations per 64 products.
@@ -53,6 +54,7 @@ pub(super) fn covers(qtype: QuantType) -> bool {
             | QuantType::Q5_0
             | QuantType::Q5_1
             | QuantType::IQ4NL
+            | QuantType::Q2K
             | QuantType::Q3K
             | QuantType::Q4K
             | QuantType::Q5K
@@ -117,6 +119,7 @@ unsafe fn few<const N: usize>(job: &Job<'_>, t: usize, lo: usize, hi: usize, out
             QuantType::Q5_0 => row1_of::<x86::Q5_0, N>(job, t, lo, hi, out),
             QuantType::Q5_1 => row1_of::<x86::Q5_1, N>(job, t, lo, hi, out),
             QuantType::IQ4NL => row1_of::<x86::Iq4Nl, N>(job, t, lo, hi, out),
+            QuantType::Q2K => row1_of::<Q2k, N>(job, t, lo, hi, out),
             QuantType::Q3K => row1_of::<Q3k, N>(job, t, lo, hi, out),
             QuantType::Q4K => row1_of::<Q4k, N>(job, t, lo, hi, out),
             QuantType::Q5K => row1_of::<Q5k, N>(job, t, lo, hi, out),
@@ -205,17 +208,18 @@ unsafe fn row1_of<L: Pairs, const N: usize>(
     // Activation blocks of 32 or 256 (the K-quants): block c / per.
     let per = job.acts.block / 32;
     debug_assert!(t + N <= job.n);
+    // Groups of 32 values, or of 16 (Q2_K, Q3_K, Q6_K); formats whose
+    // scales are not a block's head: the band's scales (offsets) of group
+    // g at g * 16 (16 * groups further), from `unpack.rs`.
+    let groups = if L::G16 { 2 * chunks } else { chunks };
     // SAFETY: rows t..t + N of the activations (codes, scales, qsum).
     let (xq, xd, qsum): ([*const i8; N], [*const f32; N], [*const f32; N]) = unsafe {
         (
             std::array::from_fn(|i| job.acts.codes.as_ptr().add((t + i) * job.cols)),
             std::array::from_fn(|i| job.acts.scales.as_ptr().add((t + i) * chunks / per)),
-            std::array::from_fn(|i| job.qsum.as_ptr().wrapping_add((t + i) * chunks)),
+            std::array::from_fn(|i| job.qsum.as_ptr().wrapping_add((t + i) * groups)),
         )
     };
-    // Formats whose scales are not a block's head: the band's scales
-    // (offsets) of block c at c * 16, from `unpack.rs`.
-    let groups = if L::G16 { 2 * chunks } else { chunks };
     let mut kscales = vec![0.0f32; if L::UNPACKED { 2 * 16 * groups } else { 0 }];
     // Unsigned codes: nibbles as stored, or the signed codes + 128.
     let bias: i32 = if L::SIGNED { 128 } else { i32::from(L::BIAS) };
@@ -294,6 +298,12 @@ unsafe fn row1_of<L: Pairs, const N: usize>(
                             let cf = _mm512_mul_ps(scale, _mm512_set1_ps(*xd[i].add(c / per)));
                             acc[i] =
                                 _mm512_add_ps(acc[i], _mm512_mul_ps(cf, _mm512_cvtepi32_ps(tt)));
+                            if L::OFFSET {
+                                let g = 2 * c + h;
+                                let o = _mm512_loadu_ps(kscales.as_ptr().add((groups + g) * 16));
+                                let q = _mm512_set1_ps(*qsum[i].add(g));
+                                off[i] = _mm512_add_ps(off[i], _mm512_mul_ps(o, q));
+                            }
                         }
                     }
                     continue;
@@ -364,6 +374,7 @@ pub(super) unsafe fn rows(job: &Job<'_>, lo: usize, hi: usize, out: *mut f32, s:
             QuantType::Q5_0 => rows_of::<x86::Q5_0>(job, lo, hi, out, s),
             QuantType::Q5_1 => rows_of::<x86::Q5_1>(job, lo, hi, out, s),
             QuantType::IQ4NL => rows_of::<x86::Iq4Nl>(job, lo, hi, out, s),
+            QuantType::Q2K => rows_of::<Q2k>(job, lo, hi, out, s),
             QuantType::Q3K => rows_of::<Q3k>(job, lo, hi, out, s),
             QuantType::Q4K => rows_of::<Q4k>(job, lo, hi, out, s),
             QuantType::Q5K => rows_of::<Q5k>(job, lo, hi, out, s),
@@ -404,18 +415,20 @@ unsafe fn rows_of<L: Pairs>(job: &Job<'_>, lo: usize, hi: usize, out: *mut f32, 
             Tables::Vnni(acts_slabs(job.acts))
         }
     };
-    // Once per call: qsum in the slabs' lanes (offsets).
+    // Once per call: qsum in the slabs' lanes (offsets), a group (of 32,
+    // or of 16: Q2_K) at a time.
+    let groups = if L::G16 { 2 * chunks } else { chunks };
     s.sq.clear();
-    s.sq.resize(if offsets { slabs * chunks * 16 } else { 0 }, 0.0);
+    s.sq.resize(if offsets { slabs * groups * 16 } else { 0 }, 0.0);
     s.sq2.clear();
     s.sq2
-        .resize(if offsets { slabs * chunks * 16 } else { 0 }, 0.0);
+        .resize(if offsets { slabs * groups * 16 } else { 0 }, 0.0);
     if offsets {
         for t in 0..n {
             let (sl, m) = (t / SLAB, t % SLAB);
-            for c in 0..chunks {
-                let q = job.qsum[t * chunks + c];
-                let at = (sl * chunks + c) * 16;
+            for g in 0..groups {
+                let q = job.qsum[t * groups + g];
+                let at = (sl * groups + g) * 16;
                 s.sq[at + 2 * m] = q;
                 s.sq[at + 2 * m + 1] = q;
                 s.sq2[at + m] = q;
@@ -434,7 +447,6 @@ unsafe fn rows_of<L: Pairs>(job: &Job<'_>, lo: usize, hi: usize, out: *mut f32, 
     // two rows' four unsigned codes side by side; block c's scales
     // (offsets) of the 16 rows at c * 16.
     s.wband.resize(BAND / 2 * chunks * 8, 0);
-    let groups = if L::G16 { 2 * chunks } else { chunks };
     s.sband.resize(BAND * groups, 0.0);
     s.oband.resize(if offsets { BAND * groups } else { 0 }, 0.0);
     let rb = job.row_bytes;
@@ -1282,6 +1294,89 @@ impl Pairs for Q6k {
     }
 }
 
+/// Q2_K as eight blocks of 32 values a 256-value block (84 bytes: sixteen
+/// bytes of 4-bit scales and mins, 64 of bit pairs `qs`, `d`, `dmin`):
+/// block `b = 4h + i` takes bits `2i..2i + 2` of `qs[32h..]`, codes 0-3
+/// unsigned; groups of 16, scale `d * (sc_g & 15)` and offset
+/// `dmin * (sc_g >> 4)` as `unpack.rs` computes them.
+struct Q2k;
+
+impl Block for Q2k {
+    /// A 256-value block's bytes over its eight blocks of 32, rounded up
+    /// (prefetching only).
+    const BYTES: usize = 11;
+    const OFFSET: bool = true;
+    unsafe fn stored(_: *const u8) -> __m256i {
+        unreachable!("Q2_K blocks are read with stored2")
+    }
+}
+
+impl Pairs for Q2k {
+    const UNPACKED: bool = true;
+    const G16: bool = true;
+
+    #[inline(always)]
+    unsafe fn stored2(a: *const u8, b: *const u8, c: usize) -> __m512i {
+        let (sb, k) = (c / 8, c % 8);
+        let at = sb * 84 + 16 + 32 * (k / 4);
+        // SAFETY: forwarded; both rows' codes in one register.
+        unsafe {
+            let q = _mm512_inserti64x4::<1>(
+                _mm512_castsi256_si512(_mm256_loadu_si256(a.add(at).cast())),
+                _mm256_loadu_si256(b.add(at).cast()),
+            );
+            // Shifts below 8: bits 0-1 of each byte stay its own.
+            let q = _mm512_srl_epi16(q, _mm_cvtsi32_si128(2 * (k % 4) as i32));
+            _mm512_and_si512(q, _mm512_set1_epi8(3))
+        }
+    }
+}
+
+/// Q2_K's band scales for [`band_scales`]: group `g` (of 16 values) of
+/// row `i` at `g * 16 + i`, `d * (sc_g & 15)`, and its offset
+/// `dmin * (sc_g >> 4)` `16 * groups` further, as `unpack.rs`.
+///
+/// # Safety
+/// As [`band_scales`], `into` holding `2 * 16 * cols / 16` floats.
+#[inline(always)]
+unsafe fn q2k_scales(job: &Job<'_>, r: usize, live: usize, into: &mut [f32]) {
+    let (supers, rb) = (job.cols / 256, job.row_bytes);
+    let groups = 16 * supers;
+    debug_assert!(into.len() >= 2 * 16 * groups);
+    // SAFETY (whole body): every gathered word lies in a row of the band
+    // (bytes 0-15 and 80-83 of each 84-byte block).
+    unsafe {
+        let base = job.raw.as_ptr().add(r * rb);
+        let mut at = [0i32; BAND];
+        for (i, at) in at.iter_mut().enumerate() {
+            *at = (i.min(live - 1) * rb) as i32;
+        }
+        let at = _mm512_loadu_si512(at.as_ptr().cast());
+        let dst = into.as_mut_ptr();
+        let m4 = _mm512_set1_epi32(15);
+        for sb in 0..supers {
+            let b = base.add(sb * 84);
+            let head = _mm512_i32gather_epi32::<1>(at, b.add(80).cast());
+            let d = _mm512_cvtph_ps(_mm512_cvtepi32_epi16(head));
+            let dmin = _mm512_cvtph_ps(_mm512_cvtepi32_epi16(_mm512_srli_epi32::<16>(head)));
+            for w in 0..4 {
+                let word = _mm512_i32gather_epi32::<1>(at, b.add(4 * w).cast());
+                for j in 0..4 {
+                    let byte = _mm512_srl_epi32(word, _mm_cvtsi32_si128(8 * j as i32));
+                    let sc = _mm512_and_si512(byte, m4);
+                    let m = _mm512_and_si512(_mm512_srli_epi32::<4>(byte), m4);
+                    let g = sb * 16 + 4 * w + j;
+                    _mm512_storeu_ps(dst.add(g * 16), _mm512_mul_ps(d, _mm512_cvtepi32_ps(sc)));
+                    _mm512_storeu_ps(
+                        dst.add((groups + g) * 16),
+                        _mm512_mul_ps(dmin, _mm512_cvtepi32_ps(m)),
+                    );
+                }
+            }
+        }
+    }
+}
+
 /// Q3_K as eight blocks of 32 values a 256-value block (110 bytes: 32 of
 /// high bits `hmask`, 64 of bit pairs `qs`, twelve bytes of 6-bit scales,
 /// `d`): block `b = 4h + i` takes bits `2i..2i + 2` of `qs[32h..]` and bit
@@ -1382,7 +1477,7 @@ unsafe fn q3k_scales(job: &Job<'_>, r: usize, live: usize, into: &mut [f32]) {
 /// one lane a row: for Q4_K and Q5_K `d * sc_j` and `dmin * m_j` of each
 /// 256-value block, the 6-bit `sc_j`, `m_j` unpacked as `unpack.rs`'s
 /// `scale_min_k4` does and the same float multiplications, so its values
-/// (Q3_K, Q6_K and IQ4_XS: their own, no offsets).
+/// (Q2_K, Q3_K, Q6_K and IQ4_XS: their own functions).
 ///
 /// # Safety
 /// AVX-512 F present; rows `r..r + live` of the job exist; `into` holds
@@ -1405,6 +1500,11 @@ unsafe fn band_scales<L: Pairs>(job: &Job<'_>, r: usize, live: usize, into: &mut
         QuantType::Q3K => {
             // SAFETY: forwarded.
             unsafe { q3k_scales(job, r, live, into) };
+            return;
+        }
+        QuantType::Q2K => {
+            // SAFETY: forwarded.
+            unsafe { q2k_scales(job, r, live, into) };
             return;
         }
         QuantType::Q4K => 144,
@@ -1552,12 +1652,13 @@ unsafe fn tile(
         }
         if offsets {
             let op = s.oband.as_ptr().cast::<f64>();
-            let qs = s.sq.as_ptr().add(sl * chunks * 16);
+            let groups = if g16 { 2 * chunks } else { chunks };
+            let qs = s.sq.as_ptr().add(sl * groups * 16);
             let mut off = [_mm512_setzero_ps(); P];
-            for c in 0..chunks {
-                let q = _mm512_loadu_ps(qs.add(c * 16));
+            for g in 0..groups {
+                let q = _mm512_loadu_ps(qs.add(g * 16));
                 for (j, off) in off.iter_mut().enumerate() {
-                    let o = _mm512_castpd_ps(_mm512_set1_pd(op.add(c * 8 + j).read_unaligned()));
+                    let o = _mm512_castpd_ps(_mm512_set1_pd(op.add(g * 8 + j).read_unaligned()));
                     *off = _mm512_add_ps(*off, _mm512_mul_ps(o, q));
                 }
             }

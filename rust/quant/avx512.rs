@@ -1,9 +1,13 @@
 //! The AVX-512 build's kernels for the 32-value-block formats (Q8_0, Q4_0,
-//! Q4_1, Q5_0, Q5_1, IQ4_NL): sixteen float lanes, in **this build's own
-//! order**, shared by its one-row kernel ([`rows`]) and its batched tiles
-//! ([`codes_tile`], called from `multirow`). Every other format runs the
-//! AVX2 kernels (and so the AVX2 order) under this build too; the order
-//! is per format and per build, the same on every path of both.
+//! Q4_1, Q5_0, Q5_1, IQ4_NL) and for Q4_K and IQ4_XS (their 256-value
+//! blocks decoded as eight of 32, [`Super`]): sixteen float lanes, in
+//! **this build's own order**, shared by its one-row kernel ([`rows`]) and
+//! its batched tiles ([`weights_tile`], [`blocks_tile`], called from
+//! `multirow`). Every other format runs the AVX2 kernels (and so the AVX2
+//! order) under this build too; the order is per format and per build, the
+//! same on every path of both. (Q5_K decoded here, its fifth bit through a
+//! 32-entry `vpermt2ps` table, was 1.2x faster for eight activation rows but
+//! 1.2-1.3x slower for one than the AVX2 kernel, so it stays there.)
 //!
 //! **Order (16 lanes).** Each block's weights `scale * code` (exact in
 //! float32: an 11-bit significand times a code of at most 8 bits), values
@@ -53,6 +57,7 @@ pub(crate) fn covers(qtype: QuantType) -> bool {
             | QuantType::Q5_1
             | QuantType::IQ4NL
             | QuantType::Q4K
+            | QuantType::IQ4XS
     )
 }
 
@@ -345,7 +350,8 @@ pub(crate) unsafe fn rows(job: &Job<'_>, lo: usize, hi: usize, out: *mut f32) {
             QuantType::Q5_0 => go::<Q5_0, 4, 8>(job, lo, hi, out),
             QuantType::Q5_1 => go::<Q5_1, 4, 8>(job, lo, hi, out),
             QuantType::IQ4NL => go::<Iq4Nl, 4, 8>(job, lo, hi, out),
-            QuantType::Q4K => q4_k::<4, 4>(job, lo, hi, out),
+            QuantType::Q4K => supers::<Q4k, 4, 4>(job, lo, hi, out),
+            QuantType::IQ4XS => supers::<Iq4Xs, 4, 4>(job, lo, hi, out),
             other => unreachable!("{} has no AVX-512 kernel", other.name()),
         }
     }
@@ -415,18 +421,40 @@ unsafe fn go<L: Block, const WIDE: usize, const AHEAD: usize>(
     }
 }
 
-/// A Q4_K super-block's 256 weights `scale_g * code` (sixteen registers,
-/// values in order), its group scales and offsets as `unpack.rs` gives
-/// them (`k4_scales`: the same floats, so the tiles' weights match).
-/// Values `64c .. 64c + 32` are the low nibbles of `qs[32c ..]`, the next
-/// 32 the high ones; `vpermps` reads the low four bits of each index, so
-/// the low nibbles need no mask.
+/// A 256-value super-block format of this build (Q4_K, IQ4_XS): its
+/// 256 weights `scale_g * code` in sixteen registers, values in order, and
+/// its eight group offsets, with the scales `unpack.rs` gives them (the
+/// same floats, so the tiles' weights match).
+trait Super {
+    const BYTES: usize;
+    const OFFSET: bool;
+    /// # Safety
+    /// AVX-512 F/BW/VL and F16C present; `BYTES` readable bytes at `b`.
+    unsafe fn weights(b: *const u8, off: &mut [f32; 8]) -> [__m512; 16];
+}
+
+/// Q4_K: values `64c .. 64c + 32` are the low nibbles of `qs[32c ..]`, the
+/// next 32 the high ones; `vpermps` reads the low four bits of each index,
+/// so the low nibbles need no mask.
+struct Q4k;
+impl Super for Q4k {
+    const BYTES: usize = 144;
+    const OFFSET: bool = true;
+    #[inline(always)]
+    unsafe fn weights(b: *const u8, off: &mut [f32; 8]) -> [__m512; 16] {
+        // SAFETY: forwarded; 128 bytes of nibbles at 16.
+        unsafe { k_weights(&*b.cast::<[u8; 144]>(), off) }
+    }
+}
+
+/// Q4_K's weights.
 ///
 /// # Safety
 /// AVX-512 F/BW/VL and F16C present.
 #[inline(always)]
-unsafe fn q4_k_weights(b: &[u8; 144], scale: &mut [f32; 8], off: &mut [f32; 8]) -> [__m512; 16] {
-    super::unpack::k4_scales::<Avx2, 144>(b, scale, off);
+unsafe fn k_weights(b: &[u8; 144], off: &mut [f32; 8]) -> [__m512; 16] {
+    let mut scale = [0.0f32; 8];
+    super::unpack::k4_scales::<Avx2, 144>(b, &mut scale, off);
     // SAFETY: 128 bytes of nibbles at 16; AVX-512 present (caller).
     unsafe {
         let t = _mm512_loadu_ps(PLAIN.as_ptr());
@@ -448,14 +476,43 @@ unsafe fn q4_k_weights(b: &[u8; 144], scale: &mut [f32; 8], off: &mut [f32; 8]) 
     }
 }
 
-/// Q4_K's one-row kernel in this build's order: [`go`]'s, with a
-/// super-block's eight 32-value blocks decoded by [`q4_k_weights`]; the
-/// offsets `off += offset_g * X_g` group by group.
+/// IQ4_XS: eight blocks of 32, block `j`'s 16 bytes of nibbles at
+/// `8 + 16 j` (low nibbles values 0-15, high ones 16-31) indexing IQ4_NL's
+/// code book, times `d * (ls_j - 32)` as `unpack.rs` computes it.
+struct Iq4Xs;
+impl Super for Iq4Xs {
+    const BYTES: usize = 136;
+    const OFFSET: bool = false;
+    #[inline(always)]
+    unsafe fn weights(b: *const u8, _: &mut [f32; 8]) -> [__m512; 16] {
+        // SAFETY: forwarded; `d`, `scales_h`, `scales_l`, nibbles at 8.
+        unsafe {
+            let d = half(b);
+            let scales_h = b.add(2).cast::<u16>().read_unaligned();
+            let book = _mm512_loadu_ps(IQ4.as_ptr());
+            let mut w = [_mm512_setzero_ps(); 16];
+            for j in 0..8 {
+                let lo = (*b.add(4 + j / 2) >> (4 * (j % 2))) & 0x0f;
+                let hi = ((scales_h >> (2 * j)) & 3) as u8;
+                let scale = d * ((lo | hi << 4) as i8 - 32) as f32;
+                let t = _mm512_mul_ps(book, _mm512_set1_ps(scale));
+                let i = _mm512_cvtepu8_epi32(_mm_loadu_si128(b.add(8 + 16 * j).cast()));
+                w[2 * j] = _mm512_permutexvar_ps(i, t);
+                w[2 * j + 1] = _mm512_permutexvar_ps(_mm512_srli_epi32::<4>(i), t);
+            }
+            w
+        }
+    }
+}
+
+/// The one-row kernel of a [`Super`] format in this build's order:
+/// [`go`]'s, with a super-block's eight 32-value blocks decoded by
+/// [`Super::weights`]; the offsets `off += offset_g * X_g` group by group.
 ///
 /// # Safety
 /// As [`rows`].
 #[inline(always)]
-unsafe fn q4_k<const WIDE: usize, const AHEAD: usize>(
+unsafe fn supers<S: Super, const WIDE: usize, const AHEAD: usize>(
     job: &Job<'_>,
     lo: usize,
     hi: usize,
@@ -465,9 +522,9 @@ unsafe fn q4_k<const WIDE: usize, const AHEAD: usize>(
     let rb = job.row_bytes;
     let (x, xsum) = (job.x.as_ptr(), job.xsum.as_ptr());
     let mut r = lo;
-    // SAFETY (whole body): rows lo..hi of `raw` hold `supers` blocks of 144
-    // bytes; `x` one row of `cols` floats and `xsum` one sum per 32 values;
-    // `out[lo..hi]` is ours (caller).
+    // SAFETY (whole body): rows lo..hi of `raw` hold `supers` blocks of
+    // S::BYTES; `x` one row of `cols` floats and `xsum` (offsets) one sum
+    // per 32 values; `out[lo..hi]` is ours (caller).
     unsafe {
         macro_rules! tile {
             ($rt:literal) => {{
@@ -475,24 +532,25 @@ unsafe fn q4_k<const WIDE: usize, const AHEAD: usize>(
                 let mut acc = [_mm512_setzero_ps(); $rt];
                 let mut acc2 = [_mm512_setzero_ps(); $rt];
                 let mut off = [0.0f32; $rt];
-                let (mut scale, mut o) = ([0.0f32; 8], [0.0f32; 8]);
+                let mut o = [0.0f32; 8];
                 for c in 0..supers {
                     let xs = x.add(256 * c);
                     for i in 0..$rt {
-                        let p = base.add(i * rb + c * 144);
-                        for l in 0..3 {
+                        let p = base.add(i * rb + c * S::BYTES);
+                        for l in 0..S::BYTES.div_ceil(64) {
                             _mm_prefetch::<_MM_HINT_T0>(p.wrapping_add(AHEAD * rb + 64 * l).cast());
                         }
-                        let b = &*p.cast::<[u8; 144]>();
-                        let w = q4_k_weights(b, &mut scale, &mut o);
+                        let w = S::weights(p, &mut o);
                         for j in 0..8 {
                             let x0 = _mm512_loadu_ps(xs.add(32 * j));
                             let x1 = _mm512_loadu_ps(xs.add(32 * j + 16));
                             acc[i] = _mm512_fmadd_ps(w[2 * j], x0, acc[i]);
                             acc2[i] = _mm512_fmadd_ps(w[2 * j + 1], x1, acc2[i]);
                         }
-                        for g in 0..8 {
-                            off[i] += o[g] * *xsum.add(8 * c + g);
+                        if S::OFFSET {
+                            for g in 0..8 {
+                                off[i] += o[g] * *xsum.add(8 * c + g);
+                            }
                         }
                     }
                 }
@@ -534,6 +592,18 @@ pub(crate) unsafe fn weights_as_floats(qtype: QuantType, raw: &[u8], w: *mut f32
             }
         }
     }
+    #[inline(always)]
+    unsafe fn each_super<S: Super>(raw: &[u8], w: *mut f32) {
+        // SAFETY: whole super-blocks in `raw`, 256 floats of `w` each (caller).
+        unsafe {
+            for c in 0..raw.len() / S::BYTES {
+                let ws = S::weights(raw.as_ptr().add(c * S::BYTES), &mut [0.0; 8]);
+                for (j, v) in ws.iter().enumerate() {
+                    _mm512_storeu_ps(w.add(256 * c + 16 * j), *v);
+                }
+            }
+        }
+    }
     // SAFETY: forwarded.
     unsafe {
         match qtype {
@@ -543,15 +613,8 @@ pub(crate) unsafe fn weights_as_floats(qtype: QuantType, raw: &[u8], w: *mut f32
             QuantType::Q5_0 => each::<Q5_0>(raw, w),
             QuantType::Q5_1 => each::<Q5_1>(raw, w),
             QuantType::IQ4NL => each::<Iq4Nl>(raw, w),
-            QuantType::Q4K => {
-                let mut scale = [0.0f32; 8];
-                for (c, b) in raw.as_chunks::<144>().0.iter().enumerate() {
-                    let ws = q4_k_weights(b, &mut scale, &mut [0.0; 8]);
-                    for (j, v) in ws.iter().enumerate() {
-                        _mm512_storeu_ps(w.add(256 * c + 16 * j), *v);
-                    }
-                }
-            }
+            QuantType::Q4K => each_super::<Q4k>(raw, w),
+            QuantType::IQ4XS => each_super::<Iq4Xs>(raw, w),
             other => unreachable!("{} is not unpacked here", other.name()),
         }
     }

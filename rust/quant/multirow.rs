@@ -581,7 +581,7 @@ fn row1_fuses(qtype: QuantType) -> bool {
 
 /// Whether the AVX-512 build decodes `qtype` inside its batched tiles.
 fn avx512_fuses(qtype: QuantType) -> bool {
-    avx512_covers(qtype) && qtype != QuantType::Q4K
+    avx512_covers(qtype) && qtype.block_values() == 32
 }
 
 /// Whether the AVX-512 build takes `qtype` with its own tiles.

@@ -549,8 +549,9 @@ def main() -> None:
                     quantize(src, path, FTYPES[qname], args.threads)
             else:
                 continue
+            label = "model" if args.model is not None else qname
             print(
-                f"\n== {qname}: {path.name} ({path.stat().st_size / 2**20:.1f} MiB), "
+                f"\n== {label}: {path.name} ({path.stat().st_size / 2**20:.1f} MiB), "
                 f"{args.threads} threads"
             )
             fig = bench_file(

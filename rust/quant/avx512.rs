@@ -1,6 +1,6 @@
 //! The AVX-512 build's kernels for the 32-value-block formats (Q8_0, Q4_0,
-//! Q4_1, Q5_0, Q5_1, IQ4_NL) and for Q4_K and IQ4_XS (their 256-value
-//! blocks decoded as eight of 32, [`Super`]): sixteen float lanes, in
+//! Q4_1, Q5_0, Q5_1, IQ4_NL) and for Q3_K, Q4_K and IQ4_XS (their 256-value
+//! blocks decoded whole, [`Super`]): sixteen float lanes, in
 //! **this build's own order**, shared by its one-row kernel ([`rows`]) and
 //! its batched tiles ([`weights_tile`], [`blocks_tile`], called from
 //! `multirow`). Every other format runs the AVX2 kernels (and so the AVX2
@@ -56,6 +56,7 @@ pub(crate) fn covers(qtype: QuantType) -> bool {
             | QuantType::Q5_0
             | QuantType::Q5_1
             | QuantType::IQ4NL
+            | QuantType::Q3K
             | QuantType::Q4K
             | QuantType::IQ4XS
     )
@@ -164,6 +165,16 @@ static MINUS_8: [f32; 16] = biased(8);
 static MINUS_16: [f32; 16] = biased(16);
 static PLAIN: [f32; 16] = biased(0);
 static IQ4: [f32; 16] = book();
+/// `code - 4` for the eight Q3_K codes, twice (an index's bit 3 is not read).
+static MINUS_4_TWICE: [f32; 16] = {
+    let mut t = [0.0f32; 16];
+    let mut i = 0;
+    while i < 16 {
+        t[i] = ((i % 8) as i32 - 4) as f32;
+        i += 1;
+    }
+    t
+};
 
 /// The 16 bytes of nibbles at `qs` through the table `t`: values 0..16
 /// (the low nibbles), then 16..32 (the high ones).
@@ -352,6 +363,7 @@ pub(crate) unsafe fn rows(job: &Job<'_>, lo: usize, hi: usize, out: *mut f32) {
             QuantType::IQ4NL => go::<Iq4Nl, 4, 8>(job, lo, hi, out),
             QuantType::Q4K => supers::<Q4k, 4, 4>(job, lo, hi, out),
             QuantType::IQ4XS => supers::<Iq4Xs, 4, 4>(job, lo, hi, out),
+            QuantType::Q3K => supers::<Q3k, 4, 4>(job, lo, hi, out),
             other => unreachable!("{} has no AVX-512 kernel", other.name()),
         }
     }
@@ -421,7 +433,7 @@ unsafe fn go<L: Block, const WIDE: usize, const AHEAD: usize>(
     }
 }
 
-/// A 256-value super-block format of this build (Q4_K, IQ4_XS): its
+/// A 256-value super-block format of this build (Q3_K, Q4_K, IQ4_XS): its
 /// 256 weights `scale_g * code` in sixteen registers, values in order, and
 /// its eight group offsets, with the scales `unpack.rs` gives them (the
 /// same floats, so the tiles' weights match).
@@ -473,6 +485,85 @@ unsafe fn k_weights(b: &[u8; 144], off: &mut [f32; 8]) -> [__m512; 16] {
             w[4 * c + 3] = _mm512_permutexvar_ps(_mm512_srli_epi32::<4>(ib), t1);
         }
         w
+    }
+}
+
+/// Q3_K: value `v = 128h + 32i + l` is bits `2i..2i + 2` of `qs[32h + l]`
+/// plus four times bit `4h + i` of `hmask[l]`, minus 4; groups of 16, scale
+/// `d * (sc_g - 32)` as `unpack.rs` computes it (exact in float32: 11 + 6 +
+/// 3 bits). Each register is one group: the bit pair and the high bit
+/// merged by one bit select into an index whose bit 3 is left over, so the
+/// table holds the eight weights twice.
+struct Q3k;
+impl Super for Q3k {
+    const BYTES: usize = 110;
+    const OFFSET: bool = false;
+    #[inline(always)]
+    unsafe fn weights(b: *const u8, _: &mut [f32; 8]) -> [__m512; 16] {
+        // SAFETY: forwarded; hmask at 0, qs at 32, scales at 96, `d` at 108.
+        unsafe {
+            // The sixteen scales in sixteen lanes: bytes 94-109 (the block's
+            // last sixteen) widened, lane g's low nibble from scale byte g % 8
+            // (its high nibble for g >= 8), its top bits from byte 8 + g % 4.
+            let e = _mm512_cvtepu8_epi32(_mm_loadu_si128(b.add(94).cast()));
+            macro_rules! pick {
+                ($($i:expr),*) => {
+                    _mm512_permutexvar_epi32(_mm512_setr_epi32($($i),*), e)
+                };
+            }
+            let low = _mm512_and_si512(
+                _mm512_srlv_epi32(
+                    pick!(2, 3, 4, 5, 6, 7, 8, 9, 2, 3, 4, 5, 6, 7, 8, 9),
+                    _mm512_setr_epi32(0, 0, 0, 0, 0, 0, 0, 0, 4, 4, 4, 4, 4, 4, 4, 4),
+                ),
+                _mm512_set1_epi32(15),
+            );
+            let high = _mm512_and_si512(
+                _mm512_srlv_epi32(
+                    pick!(10, 11, 12, 13, 10, 11, 12, 13, 10, 11, 12, 13, 10, 11, 12, 13),
+                    _mm512_setr_epi32(0, 0, 0, 0, 2, 2, 2, 2, 4, 4, 4, 4, 6, 6, 6, 6),
+                ),
+                _mm512_set1_epi32(3),
+            );
+            let sc = _mm512_sub_epi32(
+                _mm512_or_si512(low, _mm512_slli_epi32::<4>(high)),
+                _mm512_set1_epi32(32),
+            );
+            let mut scales = [0.0f32; 16];
+            _mm512_storeu_ps(
+                scales.as_mut_ptr(),
+                _mm512_mul_ps(_mm512_set1_ps(half(b.add(108))), _mm512_cvtepi32_ps(sc)),
+            );
+            let t = _mm512_loadu_ps(MINUS_4_TWICE.as_ptr());
+            let hm = [
+                _mm512_cvtepu8_epi32(_mm_loadu_si128(b.cast())),
+                _mm512_cvtepu8_epi32(_mm_loadu_si128(b.add(16).cast())),
+            ];
+            let mut w = [_mm512_setzero_ps(); 16];
+            for h in 0..2 {
+                let qs = [
+                    _mm512_cvtepu8_epi32(_mm_loadu_si128(b.add(32 + 32 * h).cast())),
+                    _mm512_cvtepu8_epi32(_mm_loadu_si128(b.add(48 + 32 * h).cast())),
+                ];
+                for i in 0..4 {
+                    let bit = 4 * h + i;
+                    for half in 0..2 {
+                        let g = 8 * h + 2 * i + half;
+                        let q = _mm512_srl_epi32(qs[half], _mm_cvtsi32_si128(2 * i as i32));
+                        let top = if bit <= 2 {
+                            _mm512_sll_epi32(hm[half], _mm_cvtsi32_si128(2 - bit as i32))
+                        } else {
+                            _mm512_srl_epi32(hm[half], _mm_cvtsi32_si128(bit as i32 - 2))
+                        };
+                        // Bits 0-1 from the pair, the rest from `top`.
+                        let idx = _mm512_ternarylogic_epi32::<0xe2>(q, _mm512_set1_epi32(3), top);
+                        let tw = _mm512_mul_ps(t, _mm512_set1_ps(scales[g]));
+                        w[g] = _mm512_permutexvar_ps(idx, tw);
+                    }
+                }
+            }
+            w
+        }
     }
 }
 
@@ -615,6 +706,7 @@ pub(crate) unsafe fn weights_as_floats(qtype: QuantType, raw: &[u8], w: *mut f32
             QuantType::IQ4NL => each::<Iq4Nl>(raw, w),
             QuantType::Q4K => each_super::<Q4k>(raw, w),
             QuantType::IQ4XS => each_super::<Iq4Xs>(raw, w),
+            QuantType::Q3K => each_super::<Q3k>(raw, w),
             other => unreachable!("{} is not unpacked here", other.name()),
         }
     }

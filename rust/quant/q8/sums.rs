@@ -248,11 +248,7 @@ unsafe fn row1_of<L: Pairs, const N: usize>(
         while r < hi {
             let live = (hi - r).min(BAND);
             let row = |i: usize| job.raw.as_ptr().add((r + i.min(live - 1)) * rb);
-            let mut at = [0i32; BAND];
-            for (i, at) in at.iter_mut().enumerate() {
-                *at = (row(i) as usize - row(0) as usize) as i32;
-            }
-            let at = _mm512_loadu_si512(at.as_ptr().cast());
+            let (_, at) = band_rows(job, r, live);
             let base = row(0);
             if L::UNPACKED {
                 band_scales::<L>(job, r, live, &mut kscales);
@@ -462,11 +458,7 @@ unsafe fn rows_of<L: Pairs>(job: &Job<'_>, lo: usize, hi: usize, out: *mut f32, 
         // band's buffers are sized above.
         unsafe {
             let row = |i: usize| job.raw.as_ptr().add((r + i.min(live - 1)) * rb);
-            let mut at = [0i32; BAND];
-            for (i, at) in at.iter_mut().enumerate() {
-                *at = (row(i) as usize - row(0) as usize) as i32;
-            }
-            let at = _mm512_loadu_si512(at.as_ptr().cast());
+            let (_, at) = band_rows(job, r, live);
             let w = s.wband.as_mut_ptr().cast::<__m256i>();
             // AMX reads the signed codes row by row: Q8_0's in place (a
             // whole band), a short band's copied (its last row repeated).
@@ -625,6 +617,27 @@ unsafe fn store(
                 unsafe { *out.add((sl * SLAB + m) * rows + r + 2 * j + h) = v[lane] };
             }
         }
+    }
+}
+
+/// The first row of the band `r..r + live` and its 16 rows' byte offsets
+/// from it, one lane each (missing rows repeat the last): the gathers'
+/// indices.
+///
+/// # Safety
+/// AVX-512 F present; rows `r..r + live` of the job exist.
+#[inline(always)]
+unsafe fn band_rows(job: &Job<'_>, r: usize, live: usize) -> (*const u8, __m512i) {
+    let mut at = [0i32; BAND];
+    for (i, at) in at.iter_mut().enumerate() {
+        *at = (i.min(live - 1) * job.row_bytes) as i32;
+    }
+    // SAFETY: forwarded; row r exists.
+    unsafe {
+        (
+            job.raw.as_ptr().add(r * job.row_bytes),
+            _mm512_loadu_si512(at.as_ptr().cast()),
+        )
     }
 }
 
@@ -1167,17 +1180,12 @@ impl Pairs for Iq4Xs {
 /// As [`band_scales`].
 #[inline(always)]
 unsafe fn iq4xs_scales(job: &Job<'_>, r: usize, live: usize, into: &mut [f32]) {
-    let (supers, rb) = (job.cols / 256, job.row_bytes);
+    let supers = job.cols / 256;
     debug_assert!(into.len() >= 16 * 8 * supers);
     // SAFETY (whole body): every gathered word lies in a row of the band
     // (bytes 0-7 of each 136-byte block).
     unsafe {
-        let base = job.raw.as_ptr().add(r * rb);
-        let mut at = [0i32; BAND];
-        for (i, at) in at.iter_mut().enumerate() {
-            *at = (i.min(live - 1) * rb) as i32;
-        }
-        let at = _mm512_loadu_si512(at.as_ptr().cast());
+        let (base, at) = band_rows(job, r, live);
         let dst = into.as_mut_ptr();
         for sb in 0..supers {
             let b = base.add(sb * 136);
@@ -1211,17 +1219,12 @@ unsafe fn iq4xs_scales(job: &Job<'_>, r: usize, live: usize, into: &mut [f32]) {
 /// As [`band_scales`], `into` holding `16 * cols / 16` floats.
 #[inline(always)]
 unsafe fn q6k_scales(job: &Job<'_>, r: usize, live: usize, into: &mut [f32]) {
-    let (supers, rb) = (job.cols / 256, job.row_bytes);
+    let supers = job.cols / 256;
     debug_assert!(into.len() >= 16 * 16 * supers);
     // SAFETY (whole body): every gathered word lies in a row of the band
     // (bytes 192-209 of each 210-byte block).
     unsafe {
-        let base = job.raw.as_ptr().add(r * rb);
-        let mut at = [0i32; BAND];
-        for (i, at) in at.iter_mut().enumerate() {
-            *at = (i.min(live - 1) * rb) as i32;
-        }
-        let at = _mm512_loadu_si512(at.as_ptr().cast());
+        let (base, at) = band_rows(job, r, live);
         let dst = into.as_mut_ptr();
         for sb in 0..supers {
             let b = base.add(sb * 210);
@@ -1340,18 +1343,13 @@ impl Pairs for Q2k {
 /// As [`band_scales`], `into` holding `2 * 16 * cols / 16` floats.
 #[inline(always)]
 unsafe fn q2k_scales(job: &Job<'_>, r: usize, live: usize, into: &mut [f32]) {
-    let (supers, rb) = (job.cols / 256, job.row_bytes);
+    let supers = job.cols / 256;
     let groups = 16 * supers;
     debug_assert!(into.len() >= 2 * 16 * groups);
     // SAFETY (whole body): every gathered word lies in a row of the band
     // (bytes 0-15 and 80-83 of each 84-byte block).
     unsafe {
-        let base = job.raw.as_ptr().add(r * rb);
-        let mut at = [0i32; BAND];
-        for (i, at) in at.iter_mut().enumerate() {
-            *at = (i.min(live - 1) * rb) as i32;
-        }
-        let at = _mm512_loadu_si512(at.as_ptr().cast());
+        let (base, at) = band_rows(job, r, live);
         let dst = into.as_mut_ptr();
         let m4 = _mm512_set1_epi32(15);
         for sb in 0..supers {
@@ -1430,17 +1428,12 @@ impl Pairs for Q3k {
 /// As [`band_scales`], `into` holding `16 * cols / 16` floats.
 #[inline(always)]
 unsafe fn q3k_scales(job: &Job<'_>, r: usize, live: usize, into: &mut [f32]) {
-    let (supers, rb) = (job.cols / 256, job.row_bytes);
+    let supers = job.cols / 256;
     debug_assert!(into.len() >= 16 * 16 * supers);
     // SAFETY (whole body): every gathered word lies in a row of the band
     // (bytes 96-109 of each 110-byte block).
     unsafe {
-        let base = job.raw.as_ptr().add(r * rb);
-        let mut at = [0i32; BAND];
-        for (i, at) in at.iter_mut().enumerate() {
-            *at = (i.min(live - 1) * rb) as i32;
-        }
-        let at = _mm512_loadu_si512(at.as_ptr().cast());
+        let (base, at) = band_rows(job, r, live);
         let dst = into.as_mut_ptr();
         for sb in 0..supers {
             let b = base.add(sb * 110);
@@ -1484,7 +1477,7 @@ unsafe fn q3k_scales(job: &Job<'_>, r: usize, live: usize, into: &mut [f32]) {
 /// `32 * chunks` floats.
 #[inline(always)]
 unsafe fn band_scales<L: Pairs>(job: &Job<'_>, r: usize, live: usize, into: &mut [f32]) {
-    let (chunks, rb) = (job.cols / 32, job.row_bytes);
+    let chunks = job.cols / 32;
     // The 256-value block's bytes (Q4_K and Q5_K share their scales).
     let block = match job.qtype {
         QuantType::Q6K => {
@@ -1515,12 +1508,7 @@ unsafe fn band_scales<L: Pairs>(job: &Job<'_>, r: usize, live: usize, into: &mut
     debug_assert!(into.len() >= 32 * chunks);
     // SAFETY (whole body): every gathered word lies in a row of the band.
     unsafe {
-        let base = job.raw.as_ptr().add(r * rb);
-        let mut at = [0i32; BAND];
-        for (i, at) in at.iter_mut().enumerate() {
-            *at = (i.min(live - 1) * rb) as i32;
-        }
-        let at = _mm512_loadu_si512(at.as_ptr().cast());
+        let (base, at) = band_rows(job, r, live);
         let (m6, m4, m2) = (
             _mm512_set1_epi32(63),
             _mm512_set1_epi32(15),

@@ -7,10 +7,9 @@ in code compiled without them (a helper that is not ``#[inline(always)]``, a clo
 such cases cost the AVX-512 exact kernels 5-10% (an AVX-512 DQ extract in the sum of a tile's
 accumulators, where DQ is not enabled) and IQ4_XS's batched products 2.3-6x (its unpacking
 called through a shim LLVM left out of line). The symbols are in the wheel, so the disassembly
-names every such call. A stripped extension (CI's manylinux wheel is linked by zig, which
-strips it) has none: ``RLX_CODEGEN_SO`` then names an unstripped build of the same code to
-read instead (``.ci/run`` builds the wheel again with ``maturin build --release``, whose
-linker keeps the symbols: the same compiler and fat LTO give the same kernel instructions).
+names every such call (the release profile keeps them: ``strip = "none"``, since zig, the
+manylinux linker, turns rustc's default debug-info strip into a full one). A stripped build
+has none and skips; ``RLX_CODEGEN_SO`` names another extension to read.
 """
 
 from __future__ import annotations

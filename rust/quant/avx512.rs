@@ -1,13 +1,14 @@
 //! The AVX-512 build's kernels for the 32-value-block formats (Q8_0, Q4_0,
-//! Q4_1, Q5_0, Q5_1, IQ4_NL) and for Q3_K, Q4_K and IQ4_XS (their 256-value
-//! blocks decoded whole, [`Super`]): sixteen float lanes, in
-//! **this build's own order**, shared by its one-row kernel ([`rows`]) and
-//! its batched tiles ([`weights_tile`], [`blocks_tile`], called from
-//! `multirow`). Every other format runs the AVX2 kernels (and so the AVX2
-//! order) under this build too; the order is per format and per build, the
-//! same on every path of both. (Q5_K decoded here, its fifth bit through a
-//! 32-entry `vpermt2ps` table, was 1.2x faster for eight activation rows but
-//! 1.2-1.3x slower for one than the AVX2 kernel, so it stays there.)
+//! Q4_1, Q5_0, Q5_1, IQ4_NL) and for Q3_K, Q4_K, Q5_K and IQ4_XS (their
+//! 256-value blocks decoded 64 values at a time, [`Steps`]): sixteen float
+//! lanes, in **this build's own order**, shared by its one-row kernel
+//! ([`rows`]) and its batched tiles ([`weights_tile`], [`blocks_tile`],
+//! called from `multirow`). Every other format (Q2_K, Q6_K) runs the AVX2
+//! kernels (and so the AVX2 order) under this build too; the order is per
+//! format and per build, the same on every path of both. (Q6_K decoded
+//! here, its six-bit codes made as bytes 64 at a time, then widened and
+//! converted, was 1.3x faster for eight activation rows but 1.03-1.08x
+//! slower for one than the AVX2 kernel, so it stays there.)
 //!
 //! **Order (16 lanes).** Each block's weights `scale * code` (exact in
 //! float32: an 11-bit significand times a code of at most 8 bits), values
@@ -58,6 +59,7 @@ pub(crate) fn covers(qtype: QuantType) -> bool {
             | QuantType::IQ4NL
             | QuantType::Q3K
             | QuantType::Q4K
+            | QuantType::Q5K
             | QuantType::IQ4XS
     )
 }
@@ -361,9 +363,10 @@ pub(crate) unsafe fn rows(job: &Job<'_>, lo: usize, hi: usize, out: *mut f32) {
             QuantType::Q5_0 => go::<Q5_0, 4, 8>(job, lo, hi, out),
             QuantType::Q5_1 => go::<Q5_1, 4, 8>(job, lo, hi, out),
             QuantType::IQ4NL => go::<Iq4Nl, 4, 8>(job, lo, hi, out),
-            QuantType::Q4K => supers::<Q4k, 4, 4>(job, lo, hi, out),
-            QuantType::IQ4XS => supers::<Iq4Xs, 4, 4>(job, lo, hi, out),
-            QuantType::Q3K => supers::<Q3k, 4, 4>(job, lo, hi, out),
+            QuantType::Q4K => steps::<Q4k, 4, 4>(job, lo, hi, out),
+            QuantType::IQ4XS => steps::<Iq4Xs, 4, 4>(job, lo, hi, out),
+            QuantType::Q3K => steps::<Q3k, 4, 4>(job, lo, hi, out),
+            QuantType::Q5K => steps::<Q5k, 4, 4>(job, lo, hi, out),
             other => unreachable!("{} has no AVX-512 kernel", other.name()),
         }
     }
@@ -434,57 +437,117 @@ unsafe fn go<L: Block, const WIDE: usize, const AHEAD: usize>(
 }
 
 /// A 256-value super-block format of this build (Q3_K, Q4_K, IQ4_XS): its
-/// 256 weights `scale_g * code` in sixteen registers, values in order, and
-/// its eight group offsets, with the scales `unpack.rs` gives them (the
-/// same floats, so the tiles' weights match).
-trait Super {
+/// scales first ([`Steps::prep`]: the eight or sixteen group scales, the
+/// eight group offsets), then its weights `scale_g * code` 64 values at a
+/// time, sixteen a register, values in order ([`Steps::step`]), with the
+/// scales `unpack.rs` gives them (the same floats, so the tiles' weights
+/// match). The one-row kernel ([`steps`]) runs every row of a pass through
+/// the same step, so the step's four activation registers are loaded once
+/// a pass and a row's decoding never waits on registers: against decoding
+/// a row's whole super-block into sixteen registers (spilled, with the
+/// sixteen activation registers of the block, in passes of four rows) Q4_K
+/// one row 1.3-1.5x faster.
+trait Steps {
     const BYTES: usize;
     const OFFSET: bool;
+    /// What a super-block's steps share: its group scales, and whatever
+    /// else is decoded once a super-block.
+    type Prep: Copy;
+    /// The super-block's [`Steps::Prep`], and its offsets.
+    ///
     /// # Safety
     /// AVX-512 F/BW/VL and F16C present; `BYTES` readable bytes at `b`.
-    unsafe fn weights(b: *const u8, off: &mut [f32; 8]) -> [__m512; 16];
+    unsafe fn prep(b: *const u8, off: &mut [f32; 8]) -> Self::Prep;
+    /// Values `64 s .. 64 s + 64` as weights, sixteen a register.
+    ///
+    /// # Safety
+    /// As [`Steps::prep`]; `s < 4`; `prep` what [`Steps::prep`] gave for `b`.
+    unsafe fn step(b: *const u8, prep: &Self::Prep, s: usize) -> [__m512; 4];
 }
 
-/// Q4_K: values `64c .. 64c + 32` are the low nibbles of `qs[32c ..]`, the
+/// Q4_K: values `64s .. 64s + 32` are the low nibbles of `qs[32s ..]`, the
 /// next 32 the high ones; `vpermps` reads the low four bits of each index,
 /// so the low nibbles need no mask.
 struct Q4k;
-impl Super for Q4k {
+impl Steps for Q4k {
     const BYTES: usize = 144;
     const OFFSET: bool = true;
+    type Prep = [f32; 8];
     #[inline(always)]
-    unsafe fn weights(b: *const u8, off: &mut [f32; 8]) -> [__m512; 16] {
-        // SAFETY: forwarded; 128 bytes of nibbles at 16.
-        unsafe { k_weights(&*b.cast::<[u8; 144]>(), off) }
+    unsafe fn prep(b: *const u8, off: &mut [f32; 8]) -> [f32; 8] {
+        let mut scale = [0.0f32; 8];
+        // SAFETY: forwarded; a whole block at b.
+        super::unpack::k4_scales::<Avx2, 144>(unsafe { &*b.cast::<[u8; 144]>() }, &mut scale, off);
+        scale
+    }
+    #[inline(always)]
+    unsafe fn step(b: *const u8, scale: &[f32; 8], s: usize) -> [__m512; 4] {
+        // SAFETY: 32 bytes of nibbles at 16 + 32 s; AVX-512 present (caller).
+        unsafe {
+            let t = _mm512_loadu_ps(PLAIN.as_ptr());
+            let qs = b.add(16 + 32 * s);
+            let (t0, t1) = (
+                _mm512_mul_ps(t, _mm512_set1_ps(scale[2 * s])),
+                _mm512_mul_ps(t, _mm512_set1_ps(scale[2 * s + 1])),
+            );
+            let ia = _mm512_cvtepu8_epi32(_mm_loadu_si128(qs.cast()));
+            let ib = _mm512_cvtepu8_epi32(_mm_loadu_si128(qs.add(16).cast()));
+            [
+                _mm512_permutexvar_ps(ia, t0),
+                _mm512_permutexvar_ps(ib, t0),
+                _mm512_permutexvar_ps(_mm512_srli_epi32::<4>(ia), t1),
+                _mm512_permutexvar_ps(_mm512_srli_epi32::<4>(ib), t1),
+            ]
+        }
     }
 }
 
-/// Q4_K's weights.
-///
-/// # Safety
-/// AVX-512 F/BW/VL and F16C present.
-#[inline(always)]
-unsafe fn k_weights(b: &[u8; 144], off: &mut [f32; 8]) -> [__m512; 16] {
-    let mut scale = [0.0f32; 8];
-    super::unpack::k4_scales::<Avx2, 144>(b, &mut scale, off);
-    // SAFETY: 128 bytes of nibbles at 16; AVX-512 present (caller).
-    unsafe {
-        let t = _mm512_loadu_ps(PLAIN.as_ptr());
-        let qs = b.as_ptr().add(16);
-        let mut w = [_mm512_setzero_ps(); 16];
-        for c in 0..4 {
-            let (t0, t1) = (
-                _mm512_mul_ps(t, _mm512_set1_ps(scale[2 * c])),
-                _mm512_mul_ps(t, _mm512_set1_ps(scale[2 * c + 1])),
+/// Q5_K: Q4_K's nibbles (at 48) plus sixteen where the fifth bit is set:
+/// bit `2s` of `qh[l]` for value `64s + l`, bit `2s + 1` for `64s + 32 + l`
+/// (exact: `scale * nibble + 16 * scale` is `scale * code`, a float).
+struct Q5k;
+impl Steps for Q5k {
+    const BYTES: usize = 176;
+    const OFFSET: bool = true;
+    type Prep = [f32; 8];
+    #[inline(always)]
+    unsafe fn prep(b: *const u8, off: &mut [f32; 8]) -> [f32; 8] {
+        let mut scale = [0.0f32; 8];
+        // SAFETY: forwarded; a whole block at b.
+        super::unpack::k4_scales::<Avx2, 176>(unsafe { &*b.cast::<[u8; 176]>() }, &mut scale, off);
+        scale
+    }
+    #[inline(always)]
+    unsafe fn step(b: *const u8, scale: &[f32; 8], s: usize) -> [__m512; 4] {
+        // SAFETY: qh at 16, 32 bytes of nibbles at 48 + 32 s; AVX-512 present (caller).
+        unsafe {
+            let t = _mm512_loadu_ps(PLAIN.as_ptr());
+            let qs = b.add(48 + 32 * s);
+            let (d0, d1) = (
+                _mm512_set1_ps(scale[2 * s]),
+                _mm512_set1_ps(scale[2 * s + 1]),
             );
-            let ia = _mm512_cvtepu8_epi32(_mm_loadu_si128(qs.add(32 * c).cast()));
-            let ib = _mm512_cvtepu8_epi32(_mm_loadu_si128(qs.add(32 * c + 16).cast()));
-            w[4 * c] = _mm512_permutexvar_ps(ia, t0);
-            w[4 * c + 1] = _mm512_permutexvar_ps(ib, t0);
-            w[4 * c + 2] = _mm512_permutexvar_ps(_mm512_srli_epi32::<4>(ia), t1);
-            w[4 * c + 3] = _mm512_permutexvar_ps(_mm512_srli_epi32::<4>(ib), t1);
+            let (t0, t1) = (_mm512_mul_ps(t, d0), _mm512_mul_ps(t, d1));
+            let ia = _mm512_cvtepu8_epi32(_mm_loadu_si128(qs.cast()));
+            let ib = _mm512_cvtepu8_epi32(_mm_loadu_si128(qs.add(16).cast()));
+            let qh = _mm256_loadu_si256(b.add(16).cast());
+            let lo = _mm256_test_epi8_mask(qh, _mm256_set1_epi8(1 << (2 * s)));
+            let hi = _mm256_test_epi8_mask(qh, _mm256_set1_epi8((1u8 << (2 * s + 1)) as i8));
+            let sixteen = _mm512_set1_ps(16.0);
+            let (s0, s1) = (_mm512_mul_ps(sixteen, d0), _mm512_mul_ps(sixteen, d1));
+            let w = [
+                _mm512_permutexvar_ps(ia, t0),
+                _mm512_permutexvar_ps(ib, t0),
+                _mm512_permutexvar_ps(_mm512_srli_epi32::<4>(ia), t1),
+                _mm512_permutexvar_ps(_mm512_srli_epi32::<4>(ib), t1),
+            ];
+            [
+                _mm512_mask_add_ps(w[0], lo as u16, w[0], s0),
+                _mm512_mask_add_ps(w[1], (lo >> 16) as u16, w[1], s0),
+                _mm512_mask_add_ps(w[2], hi as u16, w[2], s1),
+                _mm512_mask_add_ps(w[3], (hi >> 16) as u16, w[3], s1),
+            ]
         }
-        w
     }
 }
 
@@ -495,12 +558,25 @@ unsafe fn k_weights(b: &[u8; 144], off: &mut [f32; 8]) -> [__m512; 16] {
 /// merged by one bit select into an index whose bit 3 is left over, so the
 /// table holds the eight weights twice.
 struct Q3k;
-impl Super for Q3k {
+
+/// A Q3_K super-block's scales, and its high bits and bit pairs widened
+/// once (a step of 64 values needs both halves of `hmask` and a half of
+/// `qs`: widened per step, Q3_K's one row was 1.05x slower than decoding
+/// the super-block whole).
+#[derive(Clone, Copy)]
+struct Q3Prep {
+    scales: [f32; 16],
+    hm: [__m512i; 2],
+    qs: [__m512i; 4],
+}
+
+impl Steps for Q3k {
     const BYTES: usize = 110;
     const OFFSET: bool = false;
+    type Prep = Q3Prep;
     #[inline(always)]
-    unsafe fn weights(b: *const u8, _: &mut [f32; 8]) -> [__m512; 16] {
-        // SAFETY: forwarded; hmask at 0, qs at 32, scales at 96, `d` at 108.
+    unsafe fn prep(b: *const u8, _: &mut [f32; 8]) -> Q3Prep {
+        // SAFETY: forwarded; scales at 96, `d` at 108.
         unsafe {
             // The sixteen scales in sixteen lanes: bytes 94-109 (the block's
             // last sixteen) widened, lane g's low nibble from scale byte g % 8
@@ -534,32 +610,38 @@ impl Super for Q3k {
                 scales.as_mut_ptr(),
                 _mm512_mul_ps(_mm512_set1_ps(half(b.add(108))), _mm512_cvtepi32_ps(sc)),
             );
+            let wide = |at: usize| _mm512_cvtepu8_epi32(_mm_loadu_si128(b.add(at).cast()));
+            Q3Prep {
+                scales,
+                hm: [wide(0), wide(16)],
+                qs: [wide(32), wide(48), wide(64), wide(80)],
+            }
+        }
+    }
+    #[inline(always)]
+    unsafe fn step(_: *const u8, prep: &Q3Prep, s: usize) -> [__m512; 4] {
+        // SAFETY: AVX-512 present (caller).
+        unsafe {
             let t = _mm512_loadu_ps(MINUS_4_TWICE.as_ptr());
-            let hm = [
-                _mm512_cvtepu8_epi32(_mm_loadu_si128(b.cast())),
-                _mm512_cvtepu8_epi32(_mm_loadu_si128(b.add(16).cast())),
-            ];
-            let mut w = [_mm512_setzero_ps(); 16];
-            for h in 0..2 {
-                let qs = [
-                    _mm512_cvtepu8_epi32(_mm_loadu_si128(b.add(32 + 32 * h).cast())),
-                    _mm512_cvtepu8_epi32(_mm_loadu_si128(b.add(48 + 32 * h).cast())),
-                ];
-                for i in 0..4 {
-                    let bit = 4 * h + i;
-                    for half in 0..2 {
-                        let g = 8 * h + 2 * i + half;
-                        let q = _mm512_srl_epi32(qs[half], _mm_cvtsi32_si128(2 * i as i32));
-                        let top = if bit <= 2 {
-                            _mm512_sll_epi32(hm[half], _mm_cvtsi32_si128(2 - bit as i32))
-                        } else {
-                            _mm512_srl_epi32(hm[half], _mm_cvtsi32_si128(bit as i32 - 2))
-                        };
-                        // Bits 0-1 from the pair, the rest from `top`.
-                        let idx = _mm512_ternarylogic_epi32::<0xe2>(q, _mm512_set1_epi32(3), top);
-                        let tw = _mm512_mul_ps(t, _mm512_set1_ps(scales[g]));
-                        w[g] = _mm512_permutexvar_ps(idx, tw);
-                    }
+            let h = s / 2;
+            let (scales, hm) = (&prep.scales, &prep.hm);
+            let qs = [prep.qs[2 * h], prep.qs[2 * h + 1]];
+            let mut w = [_mm512_setzero_ps(); 4];
+            for k in 0..2 {
+                let i = 2 * (s % 2) + k;
+                let bit = 4 * h + i;
+                for half in 0..2 {
+                    let g = 8 * h + 2 * i + half;
+                    let q = _mm512_srl_epi32(qs[half], _mm_cvtsi32_si128(2 * i as i32));
+                    let top = if bit <= 2 {
+                        _mm512_sll_epi32(hm[half], _mm_cvtsi32_si128(2 - bit as i32))
+                    } else {
+                        _mm512_srl_epi32(hm[half], _mm_cvtsi32_si128(bit as i32 - 2))
+                    };
+                    // Bits 0-1 from the pair, the rest from `top`.
+                    let idx = _mm512_ternarylogic_epi32::<0xe2>(q, _mm512_set1_epi32(3), top);
+                    let tw = _mm512_mul_ps(t, _mm512_set1_ps(scales[g]));
+                    w[2 * k + half] = _mm512_permutexvar_ps(idx, tw);
                 }
             }
             w
@@ -571,39 +653,53 @@ impl Super for Q3k {
 /// `8 + 16 j` (low nibbles values 0-15, high ones 16-31) indexing IQ4_NL's
 /// code book, times `d * (ls_j - 32)` as `unpack.rs` computes it.
 struct Iq4Xs;
-impl Super for Iq4Xs {
+impl Steps for Iq4Xs {
     const BYTES: usize = 136;
     const OFFSET: bool = false;
+    type Prep = [f32; 8];
     #[inline(always)]
-    unsafe fn weights(b: *const u8, _: &mut [f32; 8]) -> [__m512; 16] {
-        // SAFETY: forwarded; `d`, `scales_h`, `scales_l`, nibbles at 8.
+    unsafe fn prep(b: *const u8, _: &mut [f32; 8]) -> [f32; 8] {
+        // SAFETY: forwarded; `d`, `scales_h`, `scales_l` at 0, 2, 4.
         unsafe {
             let d = half(b);
             let scales_h = b.add(2).cast::<u16>().read_unaligned();
-            let book = _mm512_loadu_ps(IQ4.as_ptr());
-            let mut w = [_mm512_setzero_ps(); 16];
-            for j in 0..8 {
+            let mut scale = [0.0f32; 8];
+            for (j, s) in scale.iter_mut().enumerate() {
                 let lo = (*b.add(4 + j / 2) >> (4 * (j % 2))) & 0x0f;
                 let hi = ((scales_h >> (2 * j)) & 3) as u8;
-                let scale = d * ((lo | hi << 4) as i8 - 32) as f32;
-                let t = _mm512_mul_ps(book, _mm512_set1_ps(scale));
+                *s = d * ((lo | hi << 4) as i8 - 32) as f32;
+            }
+            scale
+        }
+    }
+    #[inline(always)]
+    unsafe fn step(b: *const u8, scale: &[f32; 8], s: usize) -> [__m512; 4] {
+        // SAFETY: forwarded; blocks 2s and 2s + 1's nibbles at 8 + 32 s.
+        unsafe {
+            let book = _mm512_loadu_ps(IQ4.as_ptr());
+            let mut w = [_mm512_setzero_ps(); 4];
+            for k in 0..2 {
+                let j = 2 * s + k;
+                let t = _mm512_mul_ps(book, _mm512_set1_ps(scale[j]));
                 let i = _mm512_cvtepu8_epi32(_mm_loadu_si128(b.add(8 + 16 * j).cast()));
-                w[2 * j] = _mm512_permutexvar_ps(i, t);
-                w[2 * j + 1] = _mm512_permutexvar_ps(_mm512_srli_epi32::<4>(i), t);
+                w[2 * k] = _mm512_permutexvar_ps(i, t);
+                w[2 * k + 1] = _mm512_permutexvar_ps(_mm512_srli_epi32::<4>(i), t);
             }
             w
         }
     }
 }
 
-/// The one-row kernel of a [`Super`] format in this build's order:
-/// [`go`]'s, with a super-block's eight 32-value blocks decoded by
-/// [`Super::weights`]; the offsets `off += offset_g * X_g` group by group.
+/// The one-row kernel of a [`Steps`] format in this build's order (as
+/// [`go`]'s: two chains, values 0..16 and 16..32 of every block of 32, in
+/// column order), passes of `WIDE` rows each taking one step of 64 values
+/// of every row of the pass before the next; the offsets `off += offset_g *
+/// X_g` group by group.
 ///
 /// # Safety
 /// As [`rows`].
 #[inline(always)]
-unsafe fn supers<S: Super, const WIDE: usize, const AHEAD: usize>(
+unsafe fn steps<S: Steps, const WIDE: usize, const AHEAD: usize>(
     job: &Job<'_>,
     lo: usize,
     hi: usize,
@@ -623,24 +719,31 @@ unsafe fn supers<S: Super, const WIDE: usize, const AHEAD: usize>(
                 let mut acc = [_mm512_setzero_ps(); $rt];
                 let mut acc2 = [_mm512_setzero_ps(); $rt];
                 let mut off = [0.0f32; $rt];
-                let mut o = [0.0f32; 8];
                 for c in 0..supers {
                     let xs = x.add(256 * c);
-                    for i in 0..$rt {
+                    let mut o = [[0.0f32; 8]; $rt];
+                    let prep: [S::Prep; $rt] = std::array::from_fn(|i| {
                         let p = base.add(i * rb + c * S::BYTES);
                         for l in 0..S::BYTES.div_ceil(64) {
                             _mm_prefetch::<_MM_HINT_T0>(p.wrapping_add(AHEAD * rb + 64 * l).cast());
                         }
-                        let w = S::weights(p, &mut o);
-                        for j in 0..8 {
-                            let x0 = _mm512_loadu_ps(xs.add(32 * j));
-                            let x1 = _mm512_loadu_ps(xs.add(32 * j + 16));
-                            acc[i] = _mm512_fmadd_ps(w[2 * j], x0, acc[i]);
-                            acc2[i] = _mm512_fmadd_ps(w[2 * j + 1], x1, acc2[i]);
+                        S::prep(p, &mut o[i])
+                    });
+                    for s in 0..4 {
+                        let xv: [__m512; 4] =
+                            std::array::from_fn(|k| _mm512_loadu_ps(xs.add(64 * s + 16 * k)));
+                        for i in 0..$rt {
+                            let w = S::step(base.add(i * rb + c * S::BYTES), &prep[i], s);
+                            acc[i] = _mm512_fmadd_ps(w[0], xv[0], acc[i]);
+                            acc2[i] = _mm512_fmadd_ps(w[1], xv[1], acc2[i]);
+                            acc[i] = _mm512_fmadd_ps(w[2], xv[2], acc[i]);
+                            acc2[i] = _mm512_fmadd_ps(w[3], xv[3], acc2[i]);
                         }
-                        if S::OFFSET {
+                    }
+                    if S::OFFSET {
+                        for i in 0..$rt {
                             for g in 0..8 {
-                                off[i] += o[g] * *xsum.add(8 * c + g);
+                                off[i] += o[i][g] * *xsum.add(8 * c + g);
                             }
                         }
                     }
@@ -684,13 +787,16 @@ pub(crate) unsafe fn weights_as_floats(qtype: QuantType, raw: &[u8], w: *mut f32
         }
     }
     #[inline(always)]
-    unsafe fn each_super<S: Super>(raw: &[u8], w: *mut f32) {
+    unsafe fn each_super<S: Steps>(raw: &[u8], w: *mut f32) {
         // SAFETY: whole super-blocks in `raw`, 256 floats of `w` each (caller).
         unsafe {
             for c in 0..raw.len() / S::BYTES {
-                let ws = S::weights(raw.as_ptr().add(c * S::BYTES), &mut [0.0; 8]);
-                for (j, v) in ws.iter().enumerate() {
-                    _mm512_storeu_ps(w.add(256 * c + 16 * j), *v);
+                let b = raw.as_ptr().add(c * S::BYTES);
+                let prep = S::prep(b, &mut [0.0; 8]);
+                for s in 0..4 {
+                    for (j, v) in S::step(b, &prep, s).iter().enumerate() {
+                        _mm512_storeu_ps(w.add(256 * c + 64 * s + 16 * j), *v);
+                    }
                 }
             }
         }
@@ -707,6 +813,7 @@ pub(crate) unsafe fn weights_as_floats(qtype: QuantType, raw: &[u8], w: *mut f32
             QuantType::Q4K => each_super::<Q4k>(raw, w),
             QuantType::IQ4XS => each_super::<Iq4Xs>(raw, w),
             QuantType::Q3K => each_super::<Q3k>(raw, w),
+            QuantType::Q5K => each_super::<Q5k>(raw, w),
             other => unreachable!("{} is not unpacked here", other.name()),
         }
     }

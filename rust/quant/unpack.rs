@@ -156,6 +156,9 @@ pub(crate) fn scales_only<S: Lanes>(
         QuantType::Q4K => {
             each::<144, 8>(raw, scale, offset, |b, s, o| k4_scales::<S, 144>(b, s, o))
         }
+        QuantType::Q5K => {
+            each::<176, 8>(raw, scale, offset, |b, s, o| k4_scales::<S, 176>(b, s, o))
+        }
         QuantType::Q6K => each::<210, 16>(raw, scale, offset, |b, s, _| {
             let sc: &[u8; 16] = part(b, 192);
             let d = half::<S>(b, 208);

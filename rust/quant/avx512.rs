@@ -465,9 +465,45 @@ trait Steps {
     unsafe fn step(b: *const u8, prep: &Self::Prep, s: usize) -> [__m512; 4];
 }
 
-/// Q4_K: values `64s .. 64s + 32` are the low nibbles of `qs[32s ..]`, the
-/// next 32 the high ones; `vpermps` reads the low four bits of each index,
-/// so the low nibbles need no mask.
+/// Q4_K's and Q5_K's eight scales (`d * sc_j`) and offsets (`dmin * m_j`),
+/// as `unpack.rs` computes them, of a `BB`-byte block.
+///
+/// # Safety
+/// `BB` readable bytes at `b`.
+#[inline(always)]
+unsafe fn k_prep<const BB: usize>(b: *const u8, off: &mut [f32; 8]) -> [f32; 8] {
+    let mut scale = [0.0f32; 8];
+    // SAFETY: forwarded; a whole block at b.
+    super::unpack::k4_scales::<Avx2, BB>(unsafe { &*b.cast::<[u8; BB]>() }, &mut scale, off);
+    scale
+}
+
+/// Step `s` of Q4_K's nibbles at `qs` (Q5_K's too): values `64s .. 64s +
+/// 32` are the low nibbles of `qs[32s ..]`, the next 32 the high ones,
+/// through the code table times `d0` and `d1`; `vpermps` reads the low four
+/// bits of each index, so the low nibbles need no mask.
+///
+/// # Safety
+/// AVX-512 F present; 32 readable bytes at `qs + 32 s`.
+#[inline(always)]
+unsafe fn k_nibbles(qs: *const u8, s: usize, d0: __m512, d1: __m512) -> [__m512; 4] {
+    // SAFETY: forwarded.
+    unsafe {
+        let t = _mm512_loadu_ps(PLAIN.as_ptr());
+        let qs = qs.add(32 * s);
+        let (t0, t1) = (_mm512_mul_ps(t, d0), _mm512_mul_ps(t, d1));
+        let ia = _mm512_cvtepu8_epi32(_mm_loadu_si128(qs.cast()));
+        let ib = _mm512_cvtepu8_epi32(_mm_loadu_si128(qs.add(16).cast()));
+        [
+            _mm512_permutexvar_ps(ia, t0),
+            _mm512_permutexvar_ps(ib, t0),
+            _mm512_permutexvar_ps(_mm512_srli_epi32::<4>(ia), t1),
+            _mm512_permutexvar_ps(_mm512_srli_epi32::<4>(ib), t1),
+        ]
+    }
+}
+
+/// Q4_K: [`k_nibbles`] at 16.
 struct Q4k;
 impl Steps for Q4k {
     const BYTES: usize = 144;
@@ -475,35 +511,21 @@ impl Steps for Q4k {
     type Prep = [f32; 8];
     #[inline(always)]
     unsafe fn prep(b: *const u8, off: &mut [f32; 8]) -> [f32; 8] {
-        let mut scale = [0.0f32; 8];
-        // SAFETY: forwarded; a whole block at b.
-        super::unpack::k4_scales::<Avx2, 144>(unsafe { &*b.cast::<[u8; 144]>() }, &mut scale, off);
-        scale
+        // SAFETY: forwarded.
+        unsafe { k_prep::<144>(b, off) }
     }
     #[inline(always)]
     unsafe fn step(b: *const u8, scale: &[f32; 8], s: usize) -> [__m512; 4] {
-        // SAFETY: 32 bytes of nibbles at 16 + 32 s; AVX-512 present (caller).
+        // SAFETY: forwarded; nibbles at 16.
         unsafe {
-            let t = _mm512_loadu_ps(PLAIN.as_ptr());
-            let qs = b.add(16 + 32 * s);
-            let (t0, t1) = (
-                _mm512_mul_ps(t, _mm512_set1_ps(scale[2 * s])),
-                _mm512_mul_ps(t, _mm512_set1_ps(scale[2 * s + 1])),
-            );
-            let ia = _mm512_cvtepu8_epi32(_mm_loadu_si128(qs.cast()));
-            let ib = _mm512_cvtepu8_epi32(_mm_loadu_si128(qs.add(16).cast()));
-            [
-                _mm512_permutexvar_ps(ia, t0),
-                _mm512_permutexvar_ps(ib, t0),
-                _mm512_permutexvar_ps(_mm512_srli_epi32::<4>(ia), t1),
-                _mm512_permutexvar_ps(_mm512_srli_epi32::<4>(ib), t1),
-            ]
+            let d = (scale[2 * s], scale[2 * s + 1]);
+            k_nibbles(b.add(16), s, _mm512_set1_ps(d.0), _mm512_set1_ps(d.1))
         }
     }
 }
 
-/// Q5_K: Q4_K's nibbles (at 48) plus sixteen where the fifth bit is set:
-/// bit `2s` of `qh[l]` for value `64s + l`, bit `2s + 1` for `64s + 32 + l`
+/// Q5_K: [`k_nibbles`] at 48 plus sixteen where the fifth bit is set: bit
+/// `2s` of `qh[l]` for value `64s + l`, bit `2s + 1` for `64s + 32 + l`
 /// (exact: `scale * nibble + 16 * scale` is `scale * code`, a float).
 struct Q5k;
 impl Steps for Q5k {
@@ -512,35 +534,23 @@ impl Steps for Q5k {
     type Prep = [f32; 8];
     #[inline(always)]
     unsafe fn prep(b: *const u8, off: &mut [f32; 8]) -> [f32; 8] {
-        let mut scale = [0.0f32; 8];
-        // SAFETY: forwarded; a whole block at b.
-        super::unpack::k4_scales::<Avx2, 176>(unsafe { &*b.cast::<[u8; 176]>() }, &mut scale, off);
-        scale
+        // SAFETY: forwarded.
+        unsafe { k_prep::<176>(b, off) }
     }
     #[inline(always)]
     unsafe fn step(b: *const u8, scale: &[f32; 8], s: usize) -> [__m512; 4] {
-        // SAFETY: qh at 16, 32 bytes of nibbles at 48 + 32 s; AVX-512 present (caller).
+        // SAFETY: qh at 16, nibbles at 48; AVX-512 present (caller).
         unsafe {
-            let t = _mm512_loadu_ps(PLAIN.as_ptr());
-            let qs = b.add(48 + 32 * s);
             let (d0, d1) = (
                 _mm512_set1_ps(scale[2 * s]),
                 _mm512_set1_ps(scale[2 * s + 1]),
             );
-            let (t0, t1) = (_mm512_mul_ps(t, d0), _mm512_mul_ps(t, d1));
-            let ia = _mm512_cvtepu8_epi32(_mm_loadu_si128(qs.cast()));
-            let ib = _mm512_cvtepu8_epi32(_mm_loadu_si128(qs.add(16).cast()));
+            let w = k_nibbles(b.add(48), s, d0, d1);
             let qh = _mm256_loadu_si256(b.add(16).cast());
             let lo = _mm256_test_epi8_mask(qh, _mm256_set1_epi8(1 << (2 * s)));
             let hi = _mm256_test_epi8_mask(qh, _mm256_set1_epi8((1u8 << (2 * s + 1)) as i8));
             let sixteen = _mm512_set1_ps(16.0);
             let (s0, s1) = (_mm512_mul_ps(sixteen, d0), _mm512_mul_ps(sixteen, d1));
-            let w = [
-                _mm512_permutexvar_ps(ia, t0),
-                _mm512_permutexvar_ps(ib, t0),
-                _mm512_permutexvar_ps(_mm512_srli_epi32::<4>(ia), t1),
-                _mm512_permutexvar_ps(_mm512_srli_epi32::<4>(ib), t1),
-            ];
             [
                 _mm512_mask_add_ps(w[0], lo as u16, w[0], s0),
                 _mm512_mask_add_ps(w[1], (lo >> 16) as u16, w[1], s0),

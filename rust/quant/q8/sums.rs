@@ -1119,11 +1119,10 @@ impl Pairs for Q5k {
                 v
             };
             let low = _mm512_and_si512(low, _mm512_set1_epi8(15));
-            // Bit j of each byte (j < 8: no bit of the word's other byte
-            // reaches bit 0 of either byte), times 16.
-            let high = _mm512_srl_epi16(h, _mm_cvtsi32_si128(j as i32));
-            let high = _mm512_slli_epi16::<4>(_mm512_and_si512(high, _mm512_set1_epi8(1)));
-            _mm512_or_si512(low, high)
+            // Bit j of each byte rotated into its bit 4 (j < 8: within the
+            // byte), then `low | (top & 16)` in one bit select.
+            let top = _mm512_rolv_epi32(h, _mm512_set1_epi32((4 - j as i32) & 31));
+            _mm512_ternarylogic_epi32::<0xf8>(low, top, _mm512_set1_epi8(16))
         }
     }
 }
@@ -1290,9 +1289,14 @@ impl Pairs for Q6k {
                 ql
             };
             let low = _mm512_and_si512(low, _mm512_set1_epi8(15));
-            let high = _mm512_srl_epi16(qh, _mm_cvtsi32_si128(2 * k as i32));
-            let high = _mm512_slli_epi16::<4>(_mm512_and_si512(high, _mm512_set1_epi8(3)));
-            _mm512_or_si512(low, high)
+            // Bits 2k..2k + 2 of each byte rotated into bits 4-5 (left by
+            // 4 - 2k; k = 3: right by 2, bits 6-7 of the same byte), then
+            // `low | (top & 0x30)` in one bit select (a shift by a register
+            // count, two operations, then a mask, a shift and an or: one
+            // row about 1.1x slower).
+            static TURN: [i32; 4] = [4, 2, 0, 30];
+            let top = _mm512_rolv_epi32(qh, _mm512_set1_epi32(TURN[k]));
+            _mm512_ternarylogic_epi32::<0xf8>(low, top, _mm512_set1_epi8(0x30))
         }
     }
 }
@@ -1329,7 +1333,7 @@ impl Pairs for Q2k {
                 _mm256_loadu_si256(b.add(at).cast()),
             );
             // Shifts below 8: bits 0-1 of each byte stay its own.
-            let q = _mm512_srl_epi16(q, _mm_cvtsi32_si128(2 * (k % 4) as i32));
+            let q = _mm512_srlv_epi32(q, _mm512_set1_epi32(2 * (k % 4) as i32));
             _mm512_and_si512(q, _mm512_set1_epi8(3))
         }
     }
@@ -1409,12 +1413,12 @@ impl Pairs for Q3k {
                 )
             };
             let (q, h) = (two(qs), two(hm));
-            // Shifts below 8: bits 0-1 of each byte stay its own.
-            let low = _mm512_srl_epi16(q, _mm_cvtsi32_si128(2 * (k % 4) as i32));
+            // Shifts below 8: bits 0-1 of each byte stay its own; bit k of
+            // each byte rotated into its bit 2, merged by one bit select.
+            let low = _mm512_srlv_epi32(q, _mm512_set1_epi32(2 * (k % 4) as i32));
             let low = _mm512_and_si512(low, _mm512_set1_epi8(3));
-            let high = _mm512_srl_epi16(h, _mm_cvtsi32_si128(k as i32));
-            let high = _mm512_slli_epi16::<2>(_mm512_and_si512(high, _mm512_set1_epi8(1)));
-            _mm512_or_si512(low, high)
+            let top = _mm512_rolv_epi32(h, _mm512_set1_epi32((2 - k as i32) & 31));
+            _mm512_ternarylogic_epi32::<0xf8>(low, top, _mm512_set1_epi8(4))
         }
     }
 }

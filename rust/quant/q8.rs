@@ -49,6 +49,12 @@
 //! AVX2 build's in the last places (both within float32 rounding of the
 //! exact product).
 //!
+//! On AVX2 CPUs without VNNI (`totals`), Q4_0, Q4_1, Q5_0, Q5_1 and IQ4_NL
+//! total their blocks exactly too (`vpmaddubsw` on a band of eight weight
+//! rows decoded into 32-bit lanes, quarters of the activation block
+//! broadcast) and so give the portable bits; Q8_0 and the K-quants keep the
+//! eight-lane kernels below.
+//!
 //! Float formats (F32, F16, BF16) have no codes and run the exact kernels.
 
 use std::cell::RefCell;
@@ -67,6 +73,8 @@ use crate::error::{CoreError, CoreResult};
 mod amx;
 #[cfg(target_arch = "x86_64")]
 mod sums;
+#[cfg(target_arch = "x86_64")]
+mod totals;
 
 /// Values per activation block for weights of `qtype` (32: Q8_0, 256:
 /// Q8_K), or `None` for the float formats, which have no fast kernel.
@@ -362,6 +370,12 @@ struct Scratch {
     /// then offsets.
     #[cfg(target_arch = "x86_64")]
     kband: Vec<f32>,
+    /// AVX2 block totals (`totals`): a band's quarters, and `bias * sum x`
+    /// of each activation row's blocks.
+    #[cfg(target_arch = "x86_64")]
+    quads: Vec<totals::Quad>,
+    #[cfg(target_arch = "x86_64")]
+    bx: Vec<i32>,
 }
 
 thread_local! {
@@ -420,6 +434,13 @@ fn amx_for(vnni: bool) -> bool {
 #[cfg(all(test, target_arch = "x86_64"))]
 pub(crate) fn block_totals(qtype: QuantType) -> bool {
     sums::covers(qtype)
+}
+
+/// Whether CPUs without VNNI (the AVX2 build) run `qtype`'s fast products
+/// on exact block totals (`totals`), so the portable bits.
+#[cfg(all(test, target_arch = "x86_64"))]
+pub(crate) fn avx2_block_totals(qtype: QuantType) -> bool {
+    totals::covers(qtype)
 }
 
 /// Whether this CPU has `vpdpbusd` on 256-bit registers (AVX-512 VNNI and
@@ -753,6 +774,13 @@ unsafe fn rows_avx2(job: &Job<'_>, lo: usize, hi: usize, out: *mut f32, s: &mut 
                 _ => sums::rows(job, lo, hi, out, s),
             }
         }
+        return;
+    }
+    if totals::covers(job.qtype) {
+        // The 32-value-block formats: exact block totals, every batch size
+        // (one row included, so a row's bits do not depend on its batch).
+        // SAFETY: forwarded; AVX2, FMA and F16C were checked by the caller.
+        unsafe { totals::rows(job, lo, hi, out, s) };
         return;
     }
     // SAFETY: forwarded; AVX2, FMA and F16C were checked by the caller.

@@ -650,6 +650,65 @@ fn q8_vnni_block_totals_give_the_portable_bits_at_every_batch_size() {
     }
 }
 
+/// On CPUs without VNNI the 32-value-block formats total each block's
+/// products in integers too (`q8/totals.rs`) and run the portable build's
+/// float operations: every batch of 1-19 activation rows (whole and partial
+/// groups of four, bands of eight weight rows and their tails) gives the
+/// portable bits, so each row its single-row bits. Fails if a lane goes to
+/// the wrong row, a quarter is dropped or misplaced, an int16 run
+/// overflows, the stored bias is not taken off, or the float operations
+/// fuse or change order.
+#[cfg(target_arch = "x86_64")]
+#[test]
+fn q8_avx2_block_totals_give_the_portable_bits_at_every_batch_size() {
+    if !has_avx2() {
+        eprintln!("no AVX2 here: nothing to compare");
+        return;
+    }
+    let mut rng = Rng(38);
+    for qtype in ALL.into_iter().filter(|t| q8::avx2_block_totals(*t)) {
+        for cols in shapes(qtype) {
+            for rows in [1, 3, 8, 9, 17, 37] {
+                let mut raw = random_rows(qtype, rows, cols, &mut rng);
+                if qtype == QuantType::Q8_0 {
+                    // The extreme codes: -128 and 127 (any byte is a code).
+                    raw[2] = 0x80;
+                    raw[3] = 0x7f;
+                } else if let Some((at, end)) = match qtype {
+                    QuantType::Q4_0 => Some((2, 18)),
+                    QuantType::Q4_1 => Some((4, 20)),
+                    QuantType::Q5_0 => Some((2, 22)),
+                    QuantType::Q5_1 => Some((4, 24)),
+                    _ => None,
+                } {
+                    // Every stored code at its largest (15, 31) in the
+                    // first block: the int16 runs' limit.
+                    raw[at..end].fill(0xff);
+                }
+                // Activations at full scale in the first block (codes +-127).
+                let x: Vec<f32> = (0..19 * cols)
+                    .map(|i| if i % cols < 32 { 3.0 } else { rng.unit() * 3.0 })
+                    .collect();
+                for n in 1..=19 {
+                    let xs = &x[..n * cols];
+                    let (mut a, mut b) = (vec![0.0f32; n * rows], vec![0.0f32; n * rows]);
+                    q8::matmul_with(Build::Avx2, false, qtype, &raw, rows, cols, xs, &mut a)
+                        .unwrap();
+                    q8::matmul_with(Build::Portable, false, qtype, &raw, rows, cols, xs, &mut b)
+                        .unwrap();
+                    for (i, (&a, &b)) in a.iter().zip(&b).enumerate() {
+                        assert!(
+                            a.to_bits() == b.to_bits(),
+                            "{} {rows}x{cols} n={n} output {i}: avx2 {a} portable {b}",
+                            qtype.name()
+                        );
+                    }
+                }
+            }
+        }
+    }
+}
+
 /// The fast mode's kernels alone for 1, 2, 4, 8 and 16 activation rows, the
 /// AVX2 and the VNNI kernels interleaved in one run (one thread, CPU time,
 /// best of many short trials): `QT=Q8_0,Q4_0,Q4_K,Q6_K cargo test --release

@@ -292,11 +292,6 @@ unsafe fn single<L: Quads>(job: &Job<'_>, lo: usize, hi: usize, out: *mut f32, s
             let live = (hi - r).min(BAND);
             let row = |j: usize| job.raw.as_ptr().add((r + j.min(live - 1)) * rb);
             let ahead = job.raw.as_ptr().wrapping_add((r + 2 * BAND) * rb);
-            let mut at = [0i32; BAND];
-            for (j, at) in at.iter_mut().enumerate() {
-                *at = (j.min(live - 1) * rb) as i32;
-            }
-            let at = _mm256_loadu_si256(at.as_ptr().cast());
             let (mut acc, mut off) = (_mm256_setzero_ps(), _mm256_setzero_ps());
             for c in 0..chunks {
                 let x = _mm256_loadu_si256(xq.add(32 * c).cast());
@@ -316,11 +311,23 @@ unsafe fn single<L: Quads>(job: &Job<'_>, lo: usize, hi: usize, out: *mut f32, s
                 if !L::SIGNED && L::BIAS != 0 {
                     tot = _mm256_sub_epi32(tot, _mm256_set1_epi32(*s.bx.get_unchecked(c)));
                 }
-                let (sc, m) = heads(row(0).add(c * L::BYTES), at);
+                // The eight rows' `d` (and `m`) by scalar loads: a gather
+                // measured 10-15% slower here.
+                let mut h = [0u16; 2 * BAND];
+                for j in 0..BAND {
+                    let b = row(j).add(c * L::BYTES).cast::<u16>();
+                    h[j] = b.read_unaligned();
+                    if L::OFFSET {
+                        h[BAND + j] = b.add(1).read_unaligned();
+                    }
+                }
+                let h = _mm256_loadu_si256(h.as_ptr().cast());
+                let sc = _mm256_cvtph_ps(_mm256_castsi256_si128(h));
                 let coef = _mm256_mul_ps(sc, _mm256_set1_ps(*xd.add(c)));
                 acc = _mm256_add_ps(acc, _mm256_mul_ps(coef, _mm256_cvtepi32_ps(tot)));
                 if L::OFFSET {
                     // offset = -m
+                    let m = _mm256_cvtph_ps(_mm256_extracti128_si256::<1>(h));
                     let o = _mm256_xor_ps(m, _mm256_set1_ps(-0.0));
                     off = _mm256_add_ps(
                         off,

@@ -546,6 +546,7 @@ def main() -> None:
             elif with_llama_cpp:
                 path = Path(args.cache or tmp) / f"smollm2-{qname}.gguf"
                 if not path.exists():
+                    path.parent.mkdir(parents=True, exist_ok=True)
                     quantize(src, path, FTYPES[qname], args.threads)
             else:
                 continue

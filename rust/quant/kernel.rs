@@ -418,7 +418,7 @@ pub(crate) mod row1 {
     pub(crate) fn covers(qtype: QuantType) -> bool {
         matches!(
             qtype,
-            QuantType::Q8_0 | QuantType::Q4_0 | QuantType::Q4_1 | QuantType::IQ4NL
+            QuantType::Q8_0 | QuantType::Q4_0 | QuantType::Q4_1 | QuantType::IQ4NL | QuantType::Q4K
         )
     }
 
@@ -449,6 +449,16 @@ pub(crate) mod row1 {
     /// As [`rows`].
     #[target_feature(enable = "avx2,fma,f16c")]
     pub(crate) unsafe fn rows_by(job: &Job<'_>, lo: usize, hi: usize, out: *mut f32, wide: usize) {
+        if job.qtype == QuantType::Q4K {
+            // SAFETY: forwarded.
+            return unsafe {
+                // Passes of eight rows by default (cold 1.04x four).
+                match wide {
+                    4 => go_q4k::<4>(job, lo, hi, out),
+                    _ => go_q4k::<8>(job, lo, hi, out),
+                }
+            };
+        }
         macro_rules! each {
             ($($t:ident => $l:ident),*) => {
                 match job.qtype {
@@ -518,9 +528,88 @@ pub(crate) mod row1 {
         }
     }
 
+    /// Q4_K's super-blocks decoded in registers, passes of `WIDE` rows:
+    /// each row's eight group scales and offsets by `unpack.rs`'s own
+    /// [`k4_scales`] (the floats the tiles' unpacking gives), each 32-byte
+    /// quarter of codes widened from memory four times and split into its
+    /// two groups (low nibbles, then high) by mask and shift. Per group
+    /// the tiles' operations in their order: a fresh dot of its four
+    /// chunks, `acc = fma(scale_g, s, acc)`, `off += offset_g * X_g`; then
+    /// `hsum(acc) - off`. So the same bits as the tiles, without their
+    /// unpacking pass through scratch.
+    #[inline(always)]
+    unsafe fn go_q4k<const WIDE: usize>(job: &Job<'_>, lo: usize, hi: usize, out: *mut f32) {
+        use crate::quant::unpack::k4_scales;
+        let supers = job.cols / 256;
+        let rb = job.row_bytes;
+        let (x, xsum) = (job.x.as_ptr(), job.xsum.as_ptr());
+        let mut r = lo;
+        // SAFETY (whole body): rows lo..hi of `raw` hold `supers`
+        // super-blocks of 144 bytes; `x` one row of `cols` floats and
+        // `xsum` one sum per 32 values; `out[lo..hi]` is ours (caller).
+        unsafe {
+            let m = _mm256_set1_epi32(15);
+            macro_rules! tile {
+                ($rt:literal) => {{
+                    let base = job.raw.as_ptr().add(r * rb);
+                    let mut acc = [_mm256_setzero_ps(); $rt];
+                    let mut off = [0.0f32; $rt];
+                    for c in 0..supers {
+                        for i in 0..$rt {
+                            let b = base.add(i * rb + c * 144);
+                            // Two passes ahead, every line of the super-block.
+                            let ahead = b.wrapping_add(2 * WIDE * rb);
+                            for line in [0, 64, 128, 143] {
+                                _mm_prefetch::<_MM_HINT_T0>(ahead.wrapping_add(line).cast());
+                            }
+                            let (mut sc, mut mn) = ([0.0f32; 8], [0.0f32; 8]);
+                            k4_scales::<Avx2, 144>(&*b.cast::<[u8; 144]>(), &mut sc, &mut mn);
+                            for j in 0..4 {
+                                let q = b.add(16 + 32 * j);
+                                let v = [0, 1, 2, 3]
+                                    .map(|h| _mm256_cvtepu8_epi32(_mm_loadl_epi64(q.add(8 * h).cast())));
+                                for part in 0..2 {
+                                    let g = 8 * c + 2 * j + part;
+                                    let xp = x.add(32 * g);
+                                    let code = |h: usize| {
+                                        _mm256_cvtepi32_ps(if part == 0 {
+                                            _mm256_and_si256(v[h], m)
+                                        } else {
+                                            _mm256_srli_epi32::<4>(v[h])
+                                        })
+                                    };
+                                    let mut s = _mm256_mul_ps(code(0), _mm256_loadu_ps(xp));
+                                    for h in 1..4 {
+                                        s = _mm256_fmadd_ps(code(h), _mm256_loadu_ps(xp.add(8 * h)), s);
+                                    }
+                                    acc[i] = _mm256_fmadd_ps(_mm256_set1_ps(sc[2 * j + part]), s, acc[i]);
+                                    off[i] += mn[2 * j + part] * *xsum.add(g);
+                                }
+                            }
+                        }
+                    }
+                    for i in 0..$rt {
+                        *out.add(r + i) = Avx2::hsum(acc[i]) - off[i];
+                    }
+                    r += $rt;
+                }};
+            }
+            while WIDE == 8 && hi - r >= 8 {
+                tile!(8);
+            }
+            while hi - r >= 4 {
+                tile!(4);
+            }
+            while r < hi {
+                tile!(1);
+            }
+        }
+    }
+
     /// Whether [`blocks_tile`] takes `qtype`.
     pub(crate) fn fuses(qtype: QuantType) -> bool {
-        covers(qtype) || matches!(qtype, QuantType::Q5_0 | QuantType::Q5_1)
+        (covers(qtype) && qtype != QuantType::Q4K)
+            || matches!(qtype, QuantType::Q5_0 | QuantType::Q5_1)
     }
 
     /// Activation rows of a fused tile ([`blocks_tile`]): one weight row,

@@ -1111,7 +1111,8 @@ fn the_one_row_kernel_gives_the_general_tiles_bits() {
     }
     let mut rng = Rng(31);
     for qtype in ALL.into_iter().filter(|&t| kernel::row1::implements(t)) {
-        for (rows, cols) in [(1, 32), (3, 64), (13, 96), (37, 160), (4, 32), (8, 64)] {
+        for (rows, blocks) in [(1, 1), (3, 2), (13, 3), (37, 5), (4, 1), (8, 2)] {
+            let cols = blocks * qtype.block_values();
             let raw = random_rows(qtype, rows, cols, &mut rng);
             let x: Vec<f32> = (0..cols).map(|_| rng.unit() * 2.0).collect();
             let xsum = kernel::offset_sums(qtype, &x);

@@ -529,8 +529,9 @@ pub(crate) mod row1 {
     }
 
     /// Q4_K's super-blocks decoded in registers, passes of `WIDE` rows:
-    /// each row's eight group scales and offsets by `unpack.rs`'s own
-    /// [`k4_scales`] (the floats the tiles' unpacking gives), each 32-byte
+    /// each row's eight group scales and offsets as `unpack.rs`'s
+    /// `k4_scales` gives them (the tiles' floats; [`k4_scales8`] decodes
+    /// them eight lanes at a time), each 32-byte
     /// quarter of codes widened from memory four times and split into its
     /// two groups (low nibbles, then high) by mask and shift. Per group
     /// the tiles' operations in their order: a fresh dot of its four
@@ -539,7 +540,6 @@ pub(crate) mod row1 {
     /// unpacking pass through scratch.
     #[inline(always)]
     unsafe fn go_q4k<const WIDE: usize>(job: &Job<'_>, lo: usize, hi: usize, out: *mut f32) {
-        use crate::quant::unpack::k4_scales;
         let supers = job.cols / 256;
         let rb = job.row_bytes;
         let (x, xsum) = (job.x.as_ptr(), job.xsum.as_ptr());
@@ -562,12 +562,12 @@ pub(crate) mod row1 {
                             for line in [0, 64, 128, 143] {
                                 _mm_prefetch::<_MM_HINT_T0>(ahead.wrapping_add(line).cast());
                             }
-                            let (mut sc, mut mn) = ([0.0f32; 8], [0.0f32; 8]);
-                            k4_scales::<Avx2, 144>(&*b.cast::<[u8; 144]>(), &mut sc, &mut mn);
+                            let (sc, mn) = k4_scales8(b);
                             for j in 0..4 {
                                 let q = b.add(16 + 32 * j);
-                                let v = [0, 1, 2, 3]
-                                    .map(|h| _mm256_cvtepu8_epi32(_mm_loadl_epi64(q.add(8 * h).cast())));
+                                let v = [0, 1, 2, 3].map(|h| {
+                                    _mm256_cvtepu8_epi32(_mm_loadl_epi64(q.add(8 * h).cast()))
+                                });
                                 for part in 0..2 {
                                     let g = 8 * c + 2 * j + part;
                                     let xp = x.add(32 * g);
@@ -580,9 +580,17 @@ pub(crate) mod row1 {
                                     };
                                     let mut s = _mm256_mul_ps(code(0), _mm256_loadu_ps(xp));
                                     for h in 1..4 {
-                                        s = _mm256_fmadd_ps(code(h), _mm256_loadu_ps(xp.add(8 * h)), s);
+                                        s = _mm256_fmadd_ps(
+                                            code(h),
+                                            _mm256_loadu_ps(xp.add(8 * h)),
+                                            s,
+                                        );
                                     }
-                                    acc[i] = _mm256_fmadd_ps(_mm256_set1_ps(sc[2 * j + part]), s, acc[i]);
+                                    acc[i] = _mm256_fmadd_ps(
+                                        _mm256_set1_ps(sc[2 * j + part]),
+                                        s,
+                                        acc[i],
+                                    );
                                     off[i] += mn[2 * j + part] * *xsum.add(g);
                                 }
                             }
@@ -603,6 +611,49 @@ pub(crate) mod row1 {
             while r < hi {
                 tile!(1);
             }
+        }
+    }
+
+    /// A Q4_K super-block's eight group scales `d * sc_j` and offsets
+    /// `dmin * m_j`, the floats `unpack.rs::k4_scales` gives (the six-bit
+    /// fields as exact integers, one multiply each), decoded eight lanes at
+    /// a time: the scalar decode was about a third of the one-row kernel's
+    /// operations.
+    #[inline(always)]
+    unsafe fn k4_scales8(b: *const u8) -> ([f32; 8], [f32; 8]) {
+        // SAFETY: 144 readable bytes at b (caller); AVX2, F16C (caller).
+        unsafe {
+            let q = b.add(4);
+            // Lane j: a = q[j], c = q[4 + j], w = q[j % 4].
+            let a = _mm256_cvtepu8_epi32(_mm_loadl_epi64(q.cast()));
+            let c = _mm256_cvtepu8_epi32(_mm_loadl_epi64(q.add(4).cast()));
+            let w = _mm256_cvtepu8_epi32(_mm_set1_epi32(q.cast::<i32>().read_unaligned()));
+            let (m63, m15) = (_mm256_set1_epi32(63), _mm256_set1_epi32(15));
+            // j < 4: scale q[j] & 63, min q[j + 4] & 63; j >= 4: scale
+            // q[j + 4] & 15 | (q[j - 4] >> 6) << 4, min q[j + 4] >> 4 |
+            // (q[j] >> 6) << 4.
+            let top = |v: __m256i| _mm256_slli_epi32::<4>(_mm256_srli_epi32::<6>(v));
+            let sc = _mm256_blend_epi32::<0xF0>(
+                _mm256_and_si256(a, m63),
+                _mm256_or_si256(_mm256_and_si256(c, m15), top(w)),
+            );
+            let mn = _mm256_blend_epi32::<0xF0>(
+                _mm256_and_si256(c, m63),
+                _mm256_or_si256(_mm256_srli_epi32::<4>(c), top(a)),
+            );
+            let half = |at: usize| {
+                _mm256_cvtph_ps(_mm_set1_epi16(b.add(at).cast::<i16>().read_unaligned()))
+            };
+            let (mut s, mut m) = ([0.0f32; 8], [0.0f32; 8]);
+            _mm256_storeu_ps(
+                s.as_mut_ptr(),
+                _mm256_mul_ps(half(0), _mm256_cvtepi32_ps(sc)),
+            );
+            _mm256_storeu_ps(
+                m.as_mut_ptr(),
+                _mm256_mul_ps(half(2), _mm256_cvtepi32_ps(mn)),
+            );
+            (s, m)
         }
     }
 

@@ -650,6 +650,22 @@ pub(crate) mod row1 {
     /// operations.
     #[inline(always)]
     unsafe fn k4_scales8(b: *const u8) -> ([f32; 8], [f32; 8]) {
+        // SAFETY: forwarded (caller).
+        unsafe {
+            let (sv, mv) = k4_scales8v(b);
+            let (mut s, mut m) = ([0.0f32; 8], [0.0f32; 8]);
+            _mm256_storeu_ps(s.as_mut_ptr(), sv);
+            _mm256_storeu_ps(m.as_mut_ptr(), mv);
+            (s, m)
+        }
+    }
+
+    /// [`k4_scales8`] in registers: the eight scales, the eight offsets.
+    ///
+    /// # Safety
+    /// 144 readable bytes at `b`; AVX2 and F16C present.
+    #[inline(always)]
+    pub(crate) unsafe fn k4_scales8v(b: *const u8) -> (__m256, __m256) {
         // SAFETY: 144 readable bytes at b (caller); AVX2, F16C (caller).
         unsafe {
             let q = b.add(4);
@@ -673,16 +689,10 @@ pub(crate) mod row1 {
             let half = |at: usize| {
                 _mm256_cvtph_ps(_mm_set1_epi16(b.add(at).cast::<i16>().read_unaligned()))
             };
-            let (mut s, mut m) = ([0.0f32; 8], [0.0f32; 8]);
-            _mm256_storeu_ps(
-                s.as_mut_ptr(),
+            (
                 _mm256_mul_ps(half(0), _mm256_cvtepi32_ps(sc)),
-            );
-            _mm256_storeu_ps(
-                m.as_mut_ptr(),
                 _mm256_mul_ps(half(2), _mm256_cvtepi32_ps(mn)),
-            );
-            (s, m)
+            )
         }
     }
 

@@ -1317,12 +1317,7 @@ unsafe fn row1k_avx2<L: x86::KBlock, M: x86::Mac>(
                         _mm_prefetch::<_MM_HINT_T0>(ahead.wrapping_add(line).cast());
                         line += 64;
                     }
-                    scales_only::<Avx2>(
-                        job.qtype,
-                        std::slice::from_raw_parts(b, L::BYTES),
-                        &mut sc,
-                        &mut of,
-                    );
+                    L::scaled(b, d, &mut sc, &mut of);
                     let u = L::codes(b);
                     for c in 0..8 {
                         // Unsigned stored codes u (below 64), code = u - BIAS:
@@ -1335,12 +1330,9 @@ unsafe fn row1k_avx2<L: x86::KBlock, M: x86::Mac>(
                             M::dot(u[c], xv)
                         };
                         let coef = if L::G16 {
-                            _mm256_set_m128(
-                                _mm_set1_ps(sc[2 * c + 1] * d),
-                                _mm_set1_ps(sc[2 * c] * d),
-                            )
+                            _mm256_set_m128(_mm_set1_ps(sc[2 * c + 1]), _mm_set1_ps(sc[2 * c]))
                         } else {
-                            _mm256_set1_ps(sc[c] * d)
+                            _mm256_set1_ps(sc[c])
                         };
                         acc[i] = _mm256_fmadd_ps(coef, _mm256_cvtepi32_ps(p), acc[i]);
                         if L::OFFSET {
@@ -1516,6 +1508,14 @@ mod x86 {
         /// # Safety
         /// AVX2 present; `BYTES` readable bytes at `b`.
         unsafe fn codes(b: *const u8) -> [__m256i; 8];
+        /// The block's group scales times the activation block's `d`
+        /// into `sd` (`scale_g * d`, `scale_g` the float `scales_only`
+        /// gives) and its group offsets into `of` (formats with offsets):
+        /// the floats the scalar route computes, eight lanes at a time.
+        ///
+        /// # Safety
+        /// AVX2 and F16C present; `BYTES` readable bytes at `b`.
+        unsafe fn scaled(b: *const u8, d: f32, sd: &mut [f32; 16], of: &mut [f32; 16]);
     }
 
     impl KBlock for Q4K {
@@ -1536,6 +1536,15 @@ mod x86 {
                     u[2 * j + 1] = _mm256_and_si256(_mm256_srli_epi16::<4>(v), m);
                 }
                 u
+            }
+        }
+        #[inline(always)]
+        unsafe fn scaled(b: *const u8, d: f32, sd: &mut [f32; 16], of: &mut [f32; 16]) {
+            // SAFETY: forwarded; the scales decoded as `k4_scales` does.
+            unsafe {
+                let (s, m) = crate::quant::kernel::row1::k4_scales8v(b);
+                _mm256_storeu_ps(sd.as_mut_ptr(), _mm256_mul_ps(s, _mm256_set1_ps(d)));
+                _mm256_storeu_ps(of.as_mut_ptr(), m);
             }
         }
     }
@@ -1571,6 +1580,20 @@ mod x86 {
                     );
                 }
                 u
+            }
+        }
+        #[inline(always)]
+        unsafe fn scaled(b: *const u8, d: f32, sd: &mut [f32; 16], _: &mut [f32; 16]) {
+            // SAFETY: forwarded; sixteen int8 scales at 192, `d` at 208:
+            // `(d_w * scale_g) * d`, the scalar route's two roundings.
+            unsafe {
+                let dw = _mm256_cvtph_ps(_mm_set1_epi16(b.add(208).cast::<i16>().read_unaligned()));
+                let da = _mm256_set1_ps(d);
+                for h in 0..2 {
+                    let q = _mm256_cvtepi8_epi32(_mm_loadl_epi64(b.add(192 + 8 * h).cast()));
+                    let s = _mm256_mul_ps(dw, _mm256_cvtepi32_ps(q));
+                    _mm256_storeu_ps(sd.as_mut_ptr().add(8 * h), _mm256_mul_ps(s, da));
+                }
             }
         }
     }

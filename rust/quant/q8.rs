@@ -1111,6 +1111,7 @@ unsafe fn row1_with<M: x86::Mac>(job: &Job<'_>, lo: usize, hi: usize, out: *mut 
             QuantType::Q5_1 => row1_avx2::<Q5_1, M>(job, lo, hi, out),
             QuantType::IQ4NL => row1_avx2::<Iq4Nl, M>(job, lo, hi, out),
             QuantType::Q4K => row1k_avx2::<Q4K, M>(job, lo, hi, out),
+            QuantType::Q5K => row1k_avx2::<Q5K, M>(job, lo, hi, out),
             QuantType::Q6K => row1k_avx2::<Q6K, M>(job, lo, hi, out),
             _ => return false,
         }
@@ -1549,6 +1550,54 @@ mod x86 {
         }
     }
 
+    impl KBlock for Q5K {
+        const BYTES: usize = 176;
+        const G16: bool = false;
+        const OFFSET: bool = true;
+        const BIAS: i8 = 0;
+        #[inline(always)]
+        unsafe fn codes(b: *const u8) -> [__m256i; 8] {
+            // SAFETY: forwarded; d, dmin, scales[12], qh[32], qs[128]:
+            // chunks 2j and 2j + 1 are the low and high nibbles of
+            // qs[32j..32j + 32], with bits 2j and 2j + 1 of each qh byte as
+            // their fifth bits (`unpack.rs::q5_k`).
+            unsafe {
+                let (m, five) = (_mm256_set1_epi8(15), _mm256_set1_epi8(16));
+                let qh = _mm256_loadu_si256(b.add(16).cast());
+                // Bit k of each qh byte at bit 4 (16-bit shifts: the mask
+                // keeps each byte's own bit).
+                let fifth = |k: i32| {
+                    let v = match k {
+                        0 => _mm256_slli_epi16::<4>(qh),
+                        1 => _mm256_slli_epi16::<3>(qh),
+                        2 => _mm256_slli_epi16::<2>(qh),
+                        3 => _mm256_slli_epi16::<1>(qh),
+                        4 => qh,
+                        5 => _mm256_srli_epi16::<1>(qh),
+                        6 => _mm256_srli_epi16::<2>(qh),
+                        _ => _mm256_srli_epi16::<3>(qh),
+                    };
+                    _mm256_and_si256(v, five)
+                };
+                let mut u = [_mm256_setzero_si256(); 8];
+                for j in 0..4 {
+                    let v = _mm256_loadu_si256(b.add(48 + 32 * j).cast());
+                    u[2 * j] = _mm256_or_si256(_mm256_and_si256(v, m), fifth(2 * j as i32));
+                    u[2 * j + 1] = _mm256_or_si256(
+                        _mm256_and_si256(_mm256_srli_epi16::<4>(v), m),
+                        fifth(2 * j as i32 + 1),
+                    );
+                }
+                u
+            }
+        }
+        #[inline(always)]
+        unsafe fn scaled(b: *const u8, d: f32, sd: &mut [f32; 16], of: &mut [f32; 16]) {
+            // SAFETY: forwarded; Q4_K's scale layout (`k4_scales`).
+            unsafe { Q4K::scaled(b, d, sd, of) }
+        }
+    }
+
     impl KBlock for Q6K {
         const BYTES: usize = 210;
         const G16: bool = true;
@@ -1726,6 +1775,9 @@ mod x86 {
         )*};
     }
     block_codes!(Q4_0, Q4_1, Q5_0, Q5_1, Iq4Nl);
+
+    /// Q5_K, read whole by [`KBlock`] only (one activation row).
+    pub(super) struct Q5K;
 
     pub(super) struct Q4K;
     impl Load for Q4K {

@@ -443,6 +443,34 @@ pub(crate) mod row1 {
     use crate::quant::simd::{Avx2, Lanes};
     use std::arch::x86_64::*;
 
+    /// Passes of eight rows (when `$wide` is 8), then of four, then single
+    /// rows, each by `$tile!(rows)`, which advances `$r`.
+    macro_rules! passes {
+        ($tile:ident, $wide:expr, $r:ident, $hi:expr) => {
+            while $wide == 8 && $hi - $r >= 8 {
+                $tile!(8);
+            }
+            while $hi - $r >= 4 {
+                $tile!(4);
+            }
+            while $r < $hi {
+                $tile!(1);
+            }
+        };
+    }
+
+    /// A pass's results: `out[i] = hsum(acc[i]) - off[i]`.
+    ///
+    /// # Safety
+    /// AVX2 present; `N` writable floats at `out`.
+    #[inline(always)]
+    unsafe fn finish<const N: usize>(out: *mut f32, acc: &[__m256; N], off: &[f32; N]) {
+        for i in 0..N {
+            // SAFETY: i < N (caller); AVX2 (caller).
+            unsafe { *out.add(i) = Avx2::hsum(acc[i]) - off[i] };
+        }
+    }
+
     /// Whether [`rows`] takes `qtype`.
     pub(crate) fn covers(qtype: QuantType) -> bool {
         matches!(
@@ -539,21 +567,11 @@ pub(crate) mod row1 {
                             }
                         }
                     }
-                    for i in 0..$rt {
-                        *out.add(r + i) = Avx2::hsum(acc[i]) - off[i];
-                    }
+                    finish(out.add(r), &acc, &off);
                     r += $rt;
                 }};
             }
-            while WIDE == 8 && hi - r >= 8 {
-                tile!(8);
-            }
-            while hi - r >= 4 {
-                tile!(4);
-            }
-            while r < hi {
-                tile!(1);
-            }
+            passes!(tile, WIDE, r, hi);
         }
     }
 
@@ -625,21 +643,11 @@ pub(crate) mod row1 {
                             }
                         }
                     }
-                    for i in 0..$rt {
-                        *out.add(r + i) = Avx2::hsum(acc[i]) - off[i];
-                    }
+                    finish(out.add(r), &acc, &off);
                     r += $rt;
                 }};
             }
-            while WIDE == 8 && hi - r >= 8 {
-                tile!(8);
-            }
-            while hi - r >= 4 {
-                tile!(4);
-            }
-            while r < hi {
-                tile!(1);
-            }
+            passes!(tile, WIDE, r, hi);
         }
     }
 

@@ -52,8 +52,11 @@
 //! On AVX2 CPUs without VNNI (`totals`), Q4_0, Q4_1, Q5_0, Q5_1 and IQ4_NL
 //! total their blocks exactly too (`vpmaddubsw` on a band of eight weight
 //! rows decoded into 32-bit lanes, quarters of the activation block
-//! broadcast) and so give the portable bits; Q8_0 and the K-quants keep the
-//! eight-lane kernels below.
+//! broadcast) and so give the portable bits. Q4_K, Q5_K and Q6_K total
+//! each 256-value super-block with its group scales in integers (`ktotals`:
+//! `vpmaddwd` by the int16 scales, one float multiply-add a super-block, as
+//! llama.cpp), this build's own bits but the same in one row and every
+//! batch; Q8_0, Q2_K, Q3_K and IQ4_XS keep the eight-lane kernels below.
 //!
 //! Float formats (F32, F16, BF16) have no codes and run the exact kernels.
 
@@ -71,6 +74,8 @@ use crate::error::{CoreError, CoreResult};
 
 #[cfg(target_arch = "x86_64")]
 mod amx;
+#[cfg(target_arch = "x86_64")]
+mod ktotals;
 #[cfg(target_arch = "x86_64")]
 mod sums;
 #[cfg(target_arch = "x86_64")]
@@ -376,6 +381,9 @@ struct Scratch {
     quads: Vec<totals::Quad>,
     #[cfg(target_arch = "x86_64")]
     bx: Vec<i32>,
+    /// AVX2 super-block totals (`ktotals`): each activation row's sums of 16 codes.
+    #[cfg(target_arch = "x86_64")]
+    gsum: Vec<std::arch::x86_64::__m256i>,
 }
 
 thread_local! {
@@ -783,6 +791,12 @@ unsafe fn rows_avx2(job: &Job<'_>, lo: usize, hi: usize, out: *mut f32, s: &mut 
         unsafe { totals::rows(job, lo, hi, out, s) };
         return;
     }
+    if ktotals::covers(job.qtype) {
+        // Q4_K, Q5_K, Q6_K: exact super-block totals, every batch size.
+        // SAFETY: forwarded; AVX2, FMA and F16C were checked by the caller.
+        unsafe { ktotals::rows(job, lo, hi, out, s) };
+        return;
+    }
     // SAFETY: forwarded; AVX2, FMA and F16C were checked by the caller.
     unsafe { rows::<Avx2>(job, lo, hi, out, s) }
 }
@@ -1088,8 +1102,6 @@ impl Dot for Avx2 {
                 Fmt::Blocks(QuantType::IQ4NL) => {
                     dots_avx2::<Iq4Nl, R, N>(band, g16, xq, xd, shift, k)
                 }
-                Fmt::Blocks(QuantType::Q4K) => dots_avx2::<Q4K, R, N>(band, g16, xq, xd, shift, k),
-                Fmt::Blocks(QuantType::Q6K) => dots_avx2::<Q6K, R, N>(band, g16, xq, xd, shift, k),
                 Fmt::Blocks(other) => unreachable!("{} is not read in registers", other.name()),
             }
         }
@@ -1110,9 +1122,6 @@ unsafe fn row1_with<M: x86::Mac>(job: &Job<'_>, lo: usize, hi: usize, out: *mut 
             QuantType::Q5_0 => row1_avx2::<Q5_0, M>(job, lo, hi, out),
             QuantType::Q5_1 => row1_avx2::<Q5_1, M>(job, lo, hi, out),
             QuantType::IQ4NL => row1_avx2::<Iq4Nl, M>(job, lo, hi, out),
-            QuantType::Q4K => row1k_avx2::<Q4K, M>(job, lo, hi, out),
-            QuantType::Q5K => row1k_avx2::<Q5K, M>(job, lo, hi, out),
-            QuantType::Q6K => row1k_avx2::<Q6K, M>(job, lo, hi, out),
             _ => return false,
         }
     }
@@ -1260,107 +1269,6 @@ unsafe fn row1_avx2<L: x86::Block, M: x86::Mac>(
     }
 }
 
-/// Rows `lo..hi` of a K-quant of 256-value blocks (`L`: Q4_K, Q6_K) times
-/// one activation row, four weight rows at a time, prefetched ahead, each
-/// block's group scales (and offsets) decoded from the block as the scales
-/// pass decodes them (`scales_only`, no scratch row). Every output is the
-/// general route's: the same integer lanes, `fma(scale_g * d, float(lanes),
-/// acc)` chunk by chunk, `hsum(acc)`, minus the offsets summed group by
-/// group in order.
-#[cfg(target_arch = "x86_64")]
-#[inline(always)]
-unsafe fn row1k_avx2<L: x86::KBlock, M: x86::Mac>(
-    job: &Job<'_>,
-    lo: usize,
-    hi: usize,
-    out: *mut f32,
-) {
-    use std::arch::x86_64::*;
-    const AHEAD: usize = 8;
-    let blocks = job.cols / 256;
-    let (xq, xd) = (job.acts.codes.as_ptr(), job.acts.scales.as_ptr());
-    let mut r = lo;
-    #[inline(always)]
-    unsafe fn tile<L: x86::KBlock, M: x86::Mac, const RT: usize>(
-        job: &Job<'_>,
-        r: usize,
-        blocks: usize,
-        xq: *const i8,
-        xd: *const f32,
-        out: *mut f32,
-    ) {
-        let rb = job.row_bytes;
-        // SAFETY (whole body): rows r..r + RT of `raw` hold `blocks` blocks of
-        // L::BYTES; `xq`/`xd` one row of `256 * blocks` codes and `blocks`
-        // scales; `qsum` (offsets only) one entry per group; `out[r..r + RT]`
-        // is ours.
-        unsafe {
-            let base = job.raw.as_ptr().add(r * rb);
-            let mut acc = [_mm256_setzero_ps(); RT];
-            let mut off = [0.0f32; RT];
-            let (mut sc, mut of) = ([0.0f32; 16], [0.0f32; 16]);
-            let mut xb = [_mm256_setzero_si256(); 8];
-            for blk in 0..blocks {
-                let d = *xd.add(blk);
-                let x = xq.add(blk * 256);
-                if L::BIAS != 0 {
-                    // BIAS times each lane's four activation codes, chunk by chunk.
-                    for (c, xb) in xb.iter_mut().enumerate() {
-                        let xv = _mm256_loadu_si256(x.add(c * 32).cast());
-                        *xb = M::bias_term(L::BIAS, xv);
-                    }
-                }
-                for i in 0..RT {
-                    let b = base.add(i * rb + blk * L::BYTES);
-                    let ahead = b.wrapping_add(AHEAD * rb);
-                    let mut line = 0;
-                    while line < L::BYTES {
-                        _mm_prefetch::<_MM_HINT_T0>(ahead.wrapping_add(line).cast());
-                        line += 64;
-                    }
-                    L::scaled(b, d, &mut sc, &mut of);
-                    let u = L::codes(b);
-                    for c in 0..8 {
-                        // Unsigned stored codes u (below 64), code = u - BIAS:
-                        // each lane sum u * x - BIAS * sum x, exactly the
-                        // general route's integers.
-                        let xv = _mm256_loadu_si256(x.add(c * 32).cast());
-                        let p = if L::BIAS != 0 {
-                            M::dot_less(xb[c], u[c], xv)
-                        } else {
-                            M::dot(u[c], xv)
-                        };
-                        let coef = if L::G16 {
-                            _mm256_set_m128(_mm_set1_ps(sc[2 * c + 1]), _mm_set1_ps(sc[2 * c]))
-                        } else {
-                            _mm256_set1_ps(sc[c])
-                        };
-                        acc[i] = _mm256_fmadd_ps(coef, _mm256_cvtepi32_ps(p), acc[i]);
-                        if L::OFFSET {
-                            off[i] += of[c] * *job.qsum.get_unchecked(blk * 8 + c);
-                        }
-                    }
-                }
-            }
-            for i in 0..RT {
-                let v = Avx2::hsum(acc[i]);
-                *out.add(r + i) = if L::OFFSET { v - off[i] } else { v };
-            }
-        }
-    }
-    // SAFETY: forwarded (see `tile`).
-    unsafe {
-        while hi - r >= 4 {
-            tile::<L, M, 4>(job, r, blocks, xq, xd, out);
-            r += 4;
-        }
-        while r < hi {
-            tile::<L, M, 1>(job, r, blocks, xq, xd, out);
-            r += 1;
-        }
-    }
-}
-
 /// The AVX2 code readers: 32 int8 codes of row `i`, chunk `c` of a band,
 /// the same codes `unpack.rs` writes.
 #[cfg(target_arch = "x86_64")]
@@ -1494,159 +1402,6 @@ mod x86 {
         }
     }
 
-    /// A K-quant of 256-value blocks read whole: stored codes of chunk `c`
-    /// (32 values) of the block at `b`, unsigned, the code being
-    /// `stored - BIAS`, as `unpack.rs` gives them.
-    pub(super) trait KBlock {
-        const BYTES: usize;
-        /// Groups of 16 values (two scales a chunk), else of 32.
-        const G16: bool;
-        /// Whether groups have an offset (`weight = scale * code - offset`).
-        const OFFSET: bool;
-        const BIAS: i8;
-        /// The block's eight chunks of stored codes, in order.
-        ///
-        /// # Safety
-        /// AVX2 present; `BYTES` readable bytes at `b`.
-        unsafe fn codes(b: *const u8) -> [__m256i; 8];
-        /// The block's group scales times the activation block's `d`
-        /// into `sd` (`scale_g * d`, `scale_g` the float `scales_only`
-        /// gives) and its group offsets into `of` (formats with offsets):
-        /// the floats the scalar route computes, eight lanes at a time.
-        ///
-        /// # Safety
-        /// AVX2 and F16C present; `BYTES` readable bytes at `b`.
-        unsafe fn scaled(b: *const u8, d: f32, sd: &mut [f32; 16], of: &mut [f32; 16]);
-    }
-
-    impl KBlock for Q4K {
-        const BYTES: usize = 144;
-        const G16: bool = false;
-        const OFFSET: bool = true;
-        const BIAS: i8 = 0;
-        #[inline(always)]
-        unsafe fn codes(b: *const u8) -> [__m256i; 8] {
-            // SAFETY: forwarded; chunks 2j and 2j + 1 are the low and high
-            // nibbles of qs[32j..32j + 32], qs after d, dmin and the scales.
-            unsafe {
-                let m = _mm256_set1_epi8(15);
-                let mut u = [_mm256_setzero_si256(); 8];
-                for j in 0..4 {
-                    let v = _mm256_loadu_si256(b.add(16 + 32 * j).cast());
-                    u[2 * j] = _mm256_and_si256(v, m);
-                    u[2 * j + 1] = _mm256_and_si256(_mm256_srli_epi16::<4>(v), m);
-                }
-                u
-            }
-        }
-        #[inline(always)]
-        unsafe fn scaled(b: *const u8, d: f32, sd: &mut [f32; 16], of: &mut [f32; 16]) {
-            // SAFETY: forwarded; the scales decoded as `k4_scales` does.
-            unsafe {
-                let (s, m) = crate::quant::kernel::row1::k4_scales8v(b);
-                _mm256_storeu_ps(sd.as_mut_ptr(), _mm256_mul_ps(s, _mm256_set1_ps(d)));
-                _mm256_storeu_ps(of.as_mut_ptr(), m);
-            }
-        }
-    }
-
-    impl KBlock for Q5K {
-        const BYTES: usize = 176;
-        const G16: bool = false;
-        const OFFSET: bool = true;
-        const BIAS: i8 = 0;
-        #[inline(always)]
-        unsafe fn codes(b: *const u8) -> [__m256i; 8] {
-            // SAFETY: forwarded; d, dmin, scales[12], qh[32], qs[128]:
-            // chunks 2j and 2j + 1 are the low and high nibbles of
-            // qs[32j..32j + 32], with bits 2j and 2j + 1 of each qh byte as
-            // their fifth bits (`unpack.rs::q5_k`).
-            unsafe {
-                let (m, five) = (_mm256_set1_epi8(15), _mm256_set1_epi8(16));
-                let qh = _mm256_loadu_si256(b.add(16).cast());
-                // Bit k of each qh byte at bit 4 (16-bit shifts: the mask
-                // keeps each byte's own bit).
-                let fifth = |k: i32| {
-                    let v = match k {
-                        0 => _mm256_slli_epi16::<4>(qh),
-                        1 => _mm256_slli_epi16::<3>(qh),
-                        2 => _mm256_slli_epi16::<2>(qh),
-                        3 => _mm256_slli_epi16::<1>(qh),
-                        4 => qh,
-                        5 => _mm256_srli_epi16::<1>(qh),
-                        6 => _mm256_srli_epi16::<2>(qh),
-                        _ => _mm256_srli_epi16::<3>(qh),
-                    };
-                    _mm256_and_si256(v, five)
-                };
-                let mut u = [_mm256_setzero_si256(); 8];
-                for j in 0..4 {
-                    let v = _mm256_loadu_si256(b.add(48 + 32 * j).cast());
-                    u[2 * j] = _mm256_or_si256(_mm256_and_si256(v, m), fifth(2 * j as i32));
-                    u[2 * j + 1] = _mm256_or_si256(
-                        _mm256_and_si256(_mm256_srli_epi16::<4>(v), m),
-                        fifth(2 * j as i32 + 1),
-                    );
-                }
-                u
-            }
-        }
-        #[inline(always)]
-        unsafe fn scaled(b: *const u8, d: f32, sd: &mut [f32; 16], of: &mut [f32; 16]) {
-            // SAFETY: forwarded; Q4_K's scale layout (`k4_scales`).
-            unsafe { Q4K::scaled(b, d, sd, of) }
-        }
-    }
-
-    impl KBlock for Q6K {
-        const BYTES: usize = 210;
-        const G16: bool = true;
-        const OFFSET: bool = false;
-        const BIAS: i8 = 32;
-        #[inline(always)]
-        unsafe fn codes(b: *const u8) -> [__m256i; 8] {
-            // SAFETY: forwarded; ql[128], qh[64], scales, d. Chunk 4h + s:
-            // low (s < 2) or high nibbles of ql[64h + 32(s & 1)..], bits
-            // 2s..2s + 2 of qh[32h..] above them.
-            unsafe {
-                let (m4, m2) = (_mm256_set1_epi8(15), _mm256_set1_epi8(3));
-                let mut u = [_mm256_setzero_si256(); 8];
-                for h in 0..2 {
-                    let l0 = _mm256_loadu_si256(b.add(64 * h).cast());
-                    let l1 = _mm256_loadu_si256(b.add(64 * h + 32).cast());
-                    let qh = _mm256_loadu_si256(b.add(128 + 32 * h).cast());
-                    let hi = |q: __m256i| _mm256_slli_epi16::<4>(_mm256_and_si256(q, m2));
-                    u[4 * h] = _mm256_or_si256(_mm256_and_si256(l0, m4), hi(qh));
-                    u[4 * h + 1] =
-                        _mm256_or_si256(_mm256_and_si256(l1, m4), hi(_mm256_srli_epi16::<2>(qh)));
-                    u[4 * h + 2] = _mm256_or_si256(
-                        _mm256_and_si256(_mm256_srli_epi16::<4>(l0), m4),
-                        hi(_mm256_srli_epi16::<4>(qh)),
-                    );
-                    u[4 * h + 3] = _mm256_or_si256(
-                        _mm256_and_si256(_mm256_srli_epi16::<4>(l1), m4),
-                        hi(_mm256_srli_epi16::<6>(qh)),
-                    );
-                }
-                u
-            }
-        }
-        #[inline(always)]
-        unsafe fn scaled(b: *const u8, d: f32, sd: &mut [f32; 16], _: &mut [f32; 16]) {
-            // SAFETY: forwarded; sixteen int8 scales at 192, `d` at 208:
-            // `(d_w * scale_g) * d`, the scalar route's two roundings.
-            unsafe {
-                let dw = _mm256_cvtph_ps(_mm_set1_epi16(b.add(208).cast::<i16>().read_unaligned()));
-                let da = _mm256_set1_ps(d);
-                for h in 0..2 {
-                    let q = _mm256_cvtepi8_epi32(_mm_loadl_epi64(b.add(192 + 8 * h).cast()));
-                    let s = _mm256_mul_ps(dw, _mm256_cvtepi32_ps(q));
-                    _mm256_storeu_ps(sd.as_mut_ptr().add(8 * h), _mm256_mul_ps(s, da));
-                }
-            }
-        }
-    }
-
     /// The float16 at `p`, exactly (F16C), read as part of an eight-byte
     /// load (every caller's block has eight bytes from `p` on): built from
     /// two bytes, LLVM may insert them (`vpinsrw`) into a live register and
@@ -1775,50 +1530,4 @@ mod x86 {
         )*};
     }
     block_codes!(Q4_0, Q4_1, Q5_0, Q5_1, Iq4Nl);
-
-    /// Q5_K, read whole by [`KBlock`] only (one activation row).
-    pub(super) struct Q5K;
-
-    pub(super) struct Q4K;
-    impl Load for Q4K {
-        #[inline(always)]
-        unsafe fn load(band: &Band, i: usize, c: usize) -> __m256i {
-            // SAFETY: forwarded; 144-byte blocks of 8 chunks: chunk 2j and
-            // 2j + 1 are the low and high nibbles of qs[32j..32j + 32].
-            unsafe {
-                let (blk, w) = (c / 8, c % 8);
-                let p = at(band, i).add(blk * 144 + 16 + 32 * (w / 2));
-                let v = _mm256_loadu_si256(p.cast());
-                let v = _mm256_srl_epi16(v, _mm_cvtsi32_si128(4 * (w as i32 & 1)));
-                _mm256_and_si256(v, _mm256_set1_epi8(15))
-            }
-        }
-    }
-
-    pub(super) struct Q6K;
-    impl Load for Q6K {
-        #[inline(always)]
-        unsafe fn load(band: &Band, i: usize, c: usize) -> __m256i {
-            // SAFETY: forwarded; 210-byte blocks: ql[128], qh[64], scales, d.
-            // Chunk 4h + s: low (s < 2) or high nibbles of ql[64h + 32(s & 1)..],
-            // with bits 2s..2s + 2 of qh[32h..] above them, minus 32.
-            unsafe {
-                let (blk, w) = (c / 8, c % 8);
-                let (h, s) = (w / 4, w % 4);
-                let b = at(band, i).add(blk * 210);
-                let ql = _mm256_loadu_si256(b.add(64 * h + 32 * (s & 1)).cast());
-                let ql = _mm256_and_si256(
-                    _mm256_srl_epi16(ql, _mm_cvtsi32_si128(4 * (s as i32 >> 1))),
-                    _mm256_set1_epi8(15),
-                );
-                let qh = _mm256_loadu_si256(b.add(128 + 32 * h).cast());
-                let qh = _mm256_and_si256(
-                    _mm256_srl_epi16(qh, _mm_cvtsi32_si128(2 * s as i32)),
-                    _mm256_set1_epi8(3),
-                );
-                let q = _mm256_or_si256(ql, _mm256_slli_epi16::<4>(qh));
-                _mm256_sub_epi8(q, _mm256_set1_epi8(32))
-            }
-        }
-    }
 }

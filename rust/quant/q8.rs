@@ -383,7 +383,7 @@ struct Scratch {
     bx: Vec<i32>,
     /// AVX2 super-block totals (`ktotals`): each activation row's sums of 16 codes.
     #[cfg(target_arch = "x86_64")]
-    gsum: Vec<std::arch::x86_64::__m256i>,
+    gsum: Vec<[i16; 16]>,
 }
 
 thread_local! {

@@ -349,7 +349,7 @@ impl Super for Q6K {
 
 /// Each activation row's sums of 16 codes, sixteen int16 a block
 /// (row `t`, block `b` at `t * blocks + b`).
-fn group_sums(job: &Job<'_>, into: &mut Vec<__m256i>) {
+fn group_sums(job: &Job<'_>, into: &mut Vec<[i16; 16]>) {
     into.clear();
     into.extend(
         job.acts.codes[..job.n * job.cols]
@@ -359,8 +359,7 @@ fn group_sums(job: &Job<'_>, into: &mut Vec<__m256i>) {
                 for (g, x) in g.iter_mut().zip(x.chunks_exact(16)) {
                     *g = x.iter().map(|&q| i16::from(q)).sum();
                 }
-                // SAFETY: 32 readable bytes; SSE2 is x86_64's baseline.
-                unsafe { _mm256_loadu_si256(g.as_ptr().cast()) }
+                g
             }),
     );
 }
@@ -409,7 +408,7 @@ unsafe fn tile<L: Super, const NT: usize>(
     job: &Job<'_>,
     r: usize,
     t: usize,
-    gsum: *const __m256i,
+    gsum: *const [i16; 16],
     out: *mut f32,
 ) {
     let (k, rb) = (job.cols, job.row_bytes);
@@ -459,7 +458,7 @@ unsafe fn tile<L: Super, const NT: usize>(
             chunk!(7);
             let (dw, mw) = L::d(b);
             for tt in 0..NT {
-                let g = *gsum.add(tt * blocks + blk);
+                let g = _mm256_loadu_si256(gsum.add(tt * blocks + blk).cast());
                 let dx = *xd.add(tt * blocks + blk);
                 let l = L::unbias(lanes[tt], &sc, g);
                 acc[tt] = _mm256_fmadd_ps(_mm256_set1_ps(dw * dx), _mm256_cvtepi32_ps(l), acc[tt]);

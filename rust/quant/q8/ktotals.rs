@@ -45,7 +45,10 @@ const AHEAD: usize = 8;
 
 /// Whether [`rows`] takes `qtype`.
 pub(super) fn covers(qtype: QuantType) -> bool {
-    matches!(qtype, QuantType::Q4K | QuantType::Q5K | QuantType::Q6K)
+    matches!(
+        qtype,
+        QuantType::Q2K | QuantType::Q3K | QuantType::Q4K | QuantType::Q5K | QuantType::Q6K
+    )
 }
 
 /// Rows `lo..hi` of `job` (a format [`covers`] takes) times every
@@ -62,6 +65,8 @@ pub(super) unsafe fn rows(job: &Job<'_>, lo: usize, hi: usize, out: *mut f32, s:
             QuantType::Q4K => rows_of::<Q4K>(job, lo, hi, out, s),
             QuantType::Q5K => rows_of::<Q5K>(job, lo, hi, out, s),
             QuantType::Q6K => rows_of::<Q6K>(job, lo, hi, out, s),
+            QuantType::Q3K => rows_of::<Q3K>(job, lo, hi, out, s),
+            QuantType::Q2K => rows_of::<Q2K>(job, lo, hi, out, s),
             other => unreachable!("{} has no AVX2 super-block totals", other.name()),
         }
     }
@@ -270,10 +275,10 @@ impl Super for Q5K {
     }
 }
 
-/// Q6_K's sixteen int8 scales as int16: groups 0..8 in both halves, groups
-/// 8..16 in both halves, and all sixteen in order.
+/// Sixteen scales of groups of 16 (Q6_K, Q3_K, Q2_K) as int16: groups 0..8
+/// in both halves, groups 8..16 in both halves, and all sixteen in order.
 #[derive(Clone, Copy)]
-struct K6Scales {
+struct G16Scales {
     lo: __m256i,
     hi: __m256i,
     all: __m256i,
@@ -283,18 +288,11 @@ struct Q6K;
 impl Super for Q6K {
     const BYTES: usize = 210;
     const OFFSET: bool = false;
-    type Scales = K6Scales;
+    type Scales = G16Scales;
     #[inline(always)]
-    unsafe fn scales(b: *const u8) -> K6Scales {
+    unsafe fn scales(b: *const u8) -> G16Scales {
         // SAFETY: forwarded; ql[128], qh[64], scales[16] at 192, d at 208.
-        unsafe {
-            let all = _mm256_cvtepi8_epi16(_mm_loadu_si128(b.add(192).cast()));
-            K6Scales {
-                lo: _mm256_permute4x64_epi64::<0x44>(all),
-                hi: _mm256_permute4x64_epi64::<0xee>(all),
-                all,
-            }
-        }
+        unsafe { g16_scales(_mm256_cvtepi8_epi16(_mm_loadu_si128(b.add(192).cast()))) }
     }
     #[inline(always)]
     unsafe fn chunk<const C: usize>(b: *const u8) -> __m256i {
@@ -318,16 +316,9 @@ impl Super for Q6K {
         }
     }
     #[inline(always)]
-    unsafe fn scale<const C: usize>(s: &K6Scales) -> __m256i {
-        // Low half (codes 0..16): group 2C, high half: group 2C + 1, each
-        // an int16 (two bytes) of `lo` (groups 0..8) or `hi` (8..16).
-        let (g0, g1) = ((2 * C % 8) as i16, ((2 * C + 1) % 8) as i16);
-        let pick = |g: i16| (2 * g) | (2 * g + 1) << 8;
-        // SAFETY: AVX2 present (caller).
-        unsafe {
-            let ctrl = _mm256_set_m128i(_mm_set1_epi16(pick(g1)), _mm_set1_epi16(pick(g0)));
-            _mm256_shuffle_epi8(if C < 4 { s.lo } else { s.hi }, ctrl)
-        }
+    unsafe fn scale<const C: usize>(s: &G16Scales) -> __m256i {
+        // SAFETY: forwarded.
+        unsafe { g16_scale::<C>(s) }
     }
     #[inline(always)]
     unsafe fn d(b: *const u8) -> (f32, f32) {
@@ -335,7 +326,7 @@ impl Super for Q6K {
         unsafe { (half(b.add(208)), 0.0) }
     }
     #[inline(always)]
-    unsafe fn unbias(lanes: __m256i, s: &K6Scales, gsum: __m256i) -> __m256i {
+    unsafe fn unbias(lanes: __m256i, s: &G16Scales, gsum: __m256i) -> __m256i {
         // code = stored - 32: less 32 * sum_g scale_g * (sum of group g's x).
         // SAFETY: AVX2 present (caller).
         unsafe {
@@ -344,6 +335,168 @@ impl Super for Q6K {
                 _mm256_slli_epi32::<5>(_mm256_madd_epi16(s.all, gsum)),
             )
         }
+    }
+}
+
+/// [`G16Scales`] from the sixteen int16 scales in order.
+#[inline(always)]
+unsafe fn g16_scales(all: __m256i) -> G16Scales {
+    // SAFETY: AVX2 present (caller).
+    unsafe {
+        G16Scales {
+            lo: _mm256_permute4x64_epi64::<0x44>(all),
+            hi: _mm256_permute4x64_epi64::<0xee>(all),
+            all,
+        }
+    }
+}
+
+/// Chunk `C`'s scales of groups of 16: low half (codes 0..16) group 2C,
+/// high half group 2C + 1, each an int16 (two bytes) of `lo` (groups 0..8)
+/// or `hi` (8..16).
+#[inline(always)]
+unsafe fn g16_scale<const C: usize>(s: &G16Scales) -> __m256i {
+    let (g0, g1) = ((2 * C % 8) as i16, ((2 * C + 1) % 8) as i16);
+    let pick = |g: i16| (2 * g) | (2 * g + 1) << 8;
+    // SAFETY: AVX2 present (caller).
+    unsafe {
+        let ctrl = _mm256_set_m128i(_mm_set1_epi16(pick(g1)), _mm_set1_epi16(pick(g0)));
+        _mm256_shuffle_epi8(if C < 4 { s.lo } else { s.hi }, ctrl)
+    }
+}
+
+/// Two-bit codes of chunk `C` (Q2_K, Q3_K): bits 2j..2j + 2 of
+/// `qs[32h..32h + 32]`, `C = 4h + j`.
+#[inline(always)]
+unsafe fn two_bits<const C: usize>(qs: *const u8) -> __m256i {
+    // SAFETY: 64 readable bytes at qs (caller); AVX2 present.
+    unsafe {
+        let v = _mm256_loadu_si256(qs.add(32 * (C / 4)).cast());
+        let v = match C % 4 {
+            0 => v,
+            1 => _mm256_srli_epi16::<2>(v),
+            2 => _mm256_srli_epi16::<4>(v),
+            _ => _mm256_srli_epi16::<6>(v),
+        };
+        _mm256_and_si256(v, _mm256_set1_epi8(3))
+    }
+}
+
+struct Q3K;
+impl Super for Q3K {
+    const BYTES: usize = 110;
+    const OFFSET: bool = false;
+    type Scales = G16Scales;
+    #[inline(always)]
+    unsafe fn scales(b: *const u8) -> G16Scales {
+        // SAFETY: forwarded; hmask[32], qs[64], scales[12] at 96, d at 108.
+        // Scale s: low four bits of byte s % 8 (shifted by 4 for s >= 8),
+        // bits 2(s / 4).. of byte 8 + s % 4 above them, less 32.
+        unsafe {
+            let w = |i: usize| b.add(96 + 4 * i).cast::<u32>().read_unaligned();
+            let (w0, w1, w2) = (w(0), w(1), w(2));
+            const LOW4: u32 = 0x0f0f_0f0f;
+            const LOW2: u32 = 0x0303_0303;
+            let s = [
+                (w0 & LOW4) | ((w2 & LOW2) << 4),
+                (w1 & LOW4) | (((w2 >> 2) & LOW2) << 4),
+                ((w0 >> 4) & LOW4) | (((w2 >> 4) & LOW2) << 4),
+                ((w1 >> 4) & LOW4) | (((w2 >> 6) & LOW2) << 4),
+            ];
+            let v = _mm_set_epi32(s[3] as i32, s[2] as i32, s[1] as i32, s[0] as i32);
+            let v = _mm_sub_epi8(v, _mm_set1_epi8(32));
+            g16_scales(_mm256_cvtepi8_epi16(v))
+        }
+    }
+    #[inline(always)]
+    unsafe fn chunk<const C: usize>(b: *const u8) -> __m256i {
+        // SAFETY: forwarded. Stored code: the two bits, plus 4 where bit C of
+        // hmask[l] is set (the code is that less 4).
+        unsafe {
+            let h = _mm256_loadu_si256(b.cast());
+            let h = match C {
+                0 => _mm256_slli_epi16::<2>(h),
+                1 => _mm256_slli_epi16::<1>(h),
+                2 => h,
+                3 => _mm256_srli_epi16::<1>(h),
+                4 => _mm256_srli_epi16::<2>(h),
+                5 => _mm256_srli_epi16::<3>(h),
+                6 => _mm256_srli_epi16::<4>(h),
+                _ => _mm256_srli_epi16::<5>(h),
+            };
+            _mm256_or_si256(
+                two_bits::<C>(b.add(32)),
+                _mm256_and_si256(h, _mm256_set1_epi8(4)),
+            )
+        }
+    }
+    #[inline(always)]
+    unsafe fn scale<const C: usize>(s: &G16Scales) -> __m256i {
+        // SAFETY: forwarded.
+        unsafe { g16_scale::<C>(s) }
+    }
+    #[inline(always)]
+    unsafe fn d(b: *const u8) -> (f32, f32) {
+        // SAFETY: forwarded.
+        unsafe { (half(b.add(108)), 0.0) }
+    }
+    #[inline(always)]
+    unsafe fn unbias(lanes: __m256i, s: &G16Scales, gsum: __m256i) -> __m256i {
+        // code = stored - 4: less 4 * sum_g scale_g * (sum of group g's x).
+        // SAFETY: AVX2 present (caller).
+        unsafe {
+            _mm256_sub_epi32(
+                lanes,
+                _mm256_slli_epi32::<2>(_mm256_madd_epi16(s.all, gsum)),
+            )
+        }
+    }
+}
+
+/// Q2_K's scales: [`G16Scales`] of the low nibbles, the high nibbles (mins) as int16.
+#[derive(Clone, Copy)]
+struct K2Scales {
+    s: G16Scales,
+    m: __m256i,
+}
+
+struct Q2K;
+impl Super for Q2K {
+    const BYTES: usize = 84;
+    const OFFSET: bool = true;
+    type Scales = K2Scales;
+    #[inline(always)]
+    unsafe fn scales(b: *const u8) -> K2Scales {
+        // SAFETY: forwarded; scales[16] (scale low nibble, min high), qs[64]
+        // at 16, d at 80, dmin at 82.
+        unsafe {
+            let v = _mm_loadu_si128(b.cast());
+            let m4 = _mm_set1_epi8(15);
+            K2Scales {
+                s: g16_scales(_mm256_cvtepu8_epi16(_mm_and_si128(v, m4))),
+                m: _mm256_cvtepu8_epi16(_mm_and_si128(_mm_srli_epi16::<4>(v), m4)),
+            }
+        }
+    }
+    #[inline(always)]
+    unsafe fn chunk<const C: usize>(b: *const u8) -> __m256i {
+        // SAFETY: forwarded.
+        unsafe { two_bits::<C>(b.add(16)) }
+    }
+    #[inline(always)]
+    unsafe fn scale<const C: usize>(s: &K2Scales) -> __m256i {
+        // SAFETY: forwarded.
+        unsafe { g16_scale::<C>(&s.s) }
+    }
+    #[inline(always)]
+    unsafe fn d(b: *const u8) -> (f32, f32) {
+        // SAFETY: forwarded.
+        unsafe { (half(b.add(80)), half(b.add(82))) }
+    }
+    #[inline(always)]
+    unsafe fn mins(s: &K2Scales, gsum: __m256i) -> __m256i {
+        // SAFETY: forwarded.
+        unsafe { _mm256_madd_epi16(s.m, gsum) }
     }
 }
 

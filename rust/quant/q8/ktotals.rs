@@ -47,7 +47,12 @@ const AHEAD: usize = 8;
 pub(super) fn covers(qtype: QuantType) -> bool {
     matches!(
         qtype,
-        QuantType::Q2K | QuantType::Q3K | QuantType::Q4K | QuantType::Q5K | QuantType::Q6K
+        QuantType::Q2K
+            | QuantType::Q3K
+            | QuantType::Q4K
+            | QuantType::Q5K
+            | QuantType::Q6K
+            | QuantType::IQ4XS
     )
 }
 
@@ -67,6 +72,7 @@ pub(super) unsafe fn rows(job: &Job<'_>, lo: usize, hi: usize, out: *mut f32, s:
             QuantType::Q6K => rows_of::<Q6K>(job, lo, hi, out, s),
             QuantType::Q3K => rows_of::<Q3K>(job, lo, hi, out, s),
             QuantType::Q2K => rows_of::<Q2K>(job, lo, hi, out, s),
+            QuantType::IQ4XS => rows_of::<Iq4Xs>(job, lo, hi, out, s),
             other => unreachable!("{} has no AVX2 super-block totals", other.name()),
         }
     }
@@ -77,12 +83,15 @@ trait Super {
     const BYTES: usize;
     /// Whether groups have an offset (`weight = d * scale * code - dmin * min`).
     const OFFSET: bool;
+    /// Whether [`Super::chunk`] gives signed codes (multiplied as `|code|`
+    /// against the activation carrying the code's sign); else unsigned.
+    const SIGNED: bool = false;
     /// A block's decoded scales (and offsets), in registers.
     type Scales: Copy;
     /// # Safety
     /// AVX2 present; `BYTES` readable bytes at `b`.
     unsafe fn scales(b: *const u8) -> Self::Scales;
-    /// Stored codes (unsigned) of chunk `C` of the block at `b`.
+    /// Stored codes of chunk `C` of the block at `b` (see [`Super::SIGNED`]).
     ///
     /// # Safety
     /// As [`Super::scales`].
@@ -500,6 +509,72 @@ impl Super for Q2K {
     }
 }
 
+/// IQ4_XS's eight signed scales as int16, in both halves.
+#[derive(Clone, Copy)]
+struct X4Scales(__m256i);
+
+struct Iq4Xs;
+impl Super for Iq4Xs {
+    const BYTES: usize = 136;
+    const OFFSET: bool = false;
+    const SIGNED: bool = true;
+    type Scales = X4Scales;
+    #[inline(always)]
+    unsafe fn scales(b: *const u8) -> X4Scales {
+        // SAFETY: forwarded; d, scales_h (u16), scales_l[4], qs[128]. Scale
+        // g: nibble g of scales_l (low nibble first), bits 2g..2g + 2 of
+        // scales_h above it, less 32.
+        unsafe {
+            let l = _mm_cvtsi32_si128(b.add(4).cast::<i32>().read_unaligned());
+            let m4 = _mm_set1_epi8(15);
+            let low = _mm_unpacklo_epi8(
+                _mm_and_si128(l, m4),
+                _mm_and_si128(_mm_srli_epi16::<4>(l), m4),
+            );
+            // The eight two-bit fields of scales_h, one a byte.
+            let h = u64::from(b.add(2).cast::<u16>().read_unaligned());
+            let h = (h | h << 24) & 0x0000_00ff_0000_00ff;
+            let h = (h | h << 12) & 0x000f_000f_000f_000f;
+            let h = (h | h << 6) & 0x0303_0303_0303_0303;
+            let v = _mm_or_si128(low, _mm_cvtsi64_si128((h << 4) as i64));
+            let v = _mm_cvtepi8_epi16(_mm_sub_epi8(v, _mm_set1_epi8(32)));
+            X4Scales(_mm256_broadcastsi128_si256(v))
+        }
+    }
+    #[inline(always)]
+    unsafe fn chunk<const C: usize>(b: *const u8) -> __m256i {
+        // SAFETY: forwarded; chunk C: the low nibbles of qs[16C..16C + 16],
+        // then the high ones, through the IQ4 table.
+        unsafe {
+            let v = _mm_loadu_si128(b.add(8 + 16 * C).cast());
+            let m4 = _mm_set1_epi8(15);
+            let n = _mm256_set_m128i(
+                _mm_and_si128(_mm_srli_epi16::<4>(v), m4),
+                _mm_and_si128(v, m4),
+            );
+            let t = _mm256_broadcastsi128_si256(_mm_loadu_si128(
+                crate::quant::unpack::IQ4_VALUES.as_ptr().cast(),
+            ));
+            _mm256_shuffle_epi8(t, n)
+        }
+    }
+    #[inline(always)]
+    unsafe fn scale<const C: usize>(s: &X4Scales) -> __m256i {
+        // SAFETY: AVX2 present (caller).
+        unsafe {
+            _mm256_shuffle_epi8(
+                s.0,
+                _mm256_set1_epi16(((2 * C) | ((2 * C + 1) << 8)) as i16),
+            )
+        }
+    }
+    #[inline(always)]
+    unsafe fn d(b: *const u8) -> (f32, f32) {
+        // SAFETY: forwarded.
+        unsafe { (half(b), 0.0) }
+    }
+}
+
 /// Each activation row's sums of 16 codes, sixteen int16 a block
 /// (row `t`, block `b` at `t * blocks + b`).
 fn group_sums(job: &Job<'_>, into: &mut Vec<[i16; 16]>) {
@@ -592,10 +667,16 @@ unsafe fn tile<L: Super, const NT: usize>(
             let mut lanes = [_mm256_setzero_si256(); NT];
             macro_rules! chunk {
                 ($c:literal) => {
-                    let u = L::chunk::<$c>(b);
+                    let w = L::chunk::<$c>(b);
+                    let u = if L::SIGNED { _mm256_sign_epi8(w, w) } else { w };
                     let s = L::scale::<$c>(&sc);
                     for (tt, lanes) in lanes.iter_mut().enumerate() {
                         let xv = _mm256_loadu_si256(x.add(tt * k + 32 * $c).cast());
+                        let xv = if L::SIGNED {
+                            _mm256_sign_epi8(xv, w)
+                        } else {
+                            xv
+                        };
                         let p = _mm256_madd_epi16(_mm256_maddubs_epi16(u, xv), s);
                         *lanes = _mm256_add_epi32(*lanes, p);
                     }

@@ -52,11 +52,11 @@
 //! On AVX2 CPUs without VNNI (`totals`), Q4_0, Q4_1, Q5_0, Q5_1 and IQ4_NL
 //! total their blocks exactly too (`vpmaddubsw` on a band of eight weight
 //! rows decoded into 32-bit lanes, quarters of the activation block
-//! broadcast) and so give the portable bits. Q4_K, Q5_K and Q6_K total
+//! broadcast) and so give the portable bits. The K-quants and IQ4_XS total
 //! each 256-value super-block with its group scales in integers (`ktotals`:
 //! `vpmaddwd` by the int16 scales, one float multiply-add a super-block, as
 //! llama.cpp), this build's own bits but the same in one row and every
-//! batch; Q8_0, Q2_K, Q3_K and IQ4_XS keep the eight-lane kernels below.
+//! batch; Q8_0 keeps the eight-lane kernels below.
 //!
 //! Float formats (F32, F16, BF16) have no codes and run the exact kernels.
 

@@ -1,5 +1,5 @@
 //! Super-block totals on AVX2 (CPUs without AVX-512 VNNI): the fast mode's
-//! K-quants Q4_K, Q5_K and Q6_K total each 256-value super-block's products
+//! K-quants (Q2_K to Q6_K) and IQ4_XS total each 256-value super-block's products
 //! with their group scales in integers, exactly, and spend float operations
 //! once a super-block, as llama.cpp's `ggml_vec_dot_q4_K_q8_K` does:
 //!
@@ -11,7 +11,8 @@
 //! result = hsum(acc) - hsum(off)
 //! ```
 //!
-//! `u_c` are chunk `c`'s 32 stored (unsigned) codes, `x_c` the activation
+//! `u_c` are chunk `c`'s 32 stored (unsigned) codes (IQ4_XS's signed table
+//! codes: `|code|` against `x_c` carrying the code's sign), `x_c` the activation
 //! row's 32 int8 codes, `scale16_c` the chunk's group scales as int16 (one
 //! for Q4_K/Q5_K's groups of 32; two, one a 128-bit half, for Q6_K's groups
 //! of 16), `gsum16` the activation block's sixteen sums of 16 codes. Every

@@ -765,15 +765,7 @@ unsafe fn rows_avx2(job: &Job<'_>, lo: usize, hi: usize, out: *mut f32, s: &mut 
             // bits either way. Four rows: Q4_K 1.9-2.4x, Q6_K 1.2x, Q5_K
             // 1.6x, IQ4_XS 1.2x the tiles, Q3_K about the same; Q4_0
             // 0.8-0.9x, so the 32-value formats keep the tiles.
-            let k_quant = matches!(
-                job.qtype,
-                QuantType::Q2K
-                    | QuantType::Q3K
-                    | QuantType::Q4K
-                    | QuantType::Q5K
-                    | QuantType::Q6K
-                    | QuantType::IQ4XS
-            );
+            let k_quant = act_block(job.qtype) == Some(256);
             match job.n {
                 1 => sums::row1(job, 0, lo, hi, out),
                 2 => sums::row2(job, 0, lo, hi, out),

@@ -46,15 +46,8 @@ const AHEAD: usize = 8;
 
 /// Whether [`rows`] takes `qtype`.
 pub(super) fn covers(qtype: QuantType) -> bool {
-    matches!(
-        qtype,
-        QuantType::Q2K
-            | QuantType::Q3K
-            | QuantType::Q4K
-            | QuantType::Q5K
-            | QuantType::Q6K
-            | QuantType::IQ4XS
-    )
+    // Every format of 256-value blocks (the K-quants and IQ4_XS).
+    super::act_block(qtype) == Some(256)
 }
 
 /// Rows `lo..hi` of `job` (a format [`covers`] takes) times every
@@ -87,8 +80,13 @@ trait Super {
     /// Whether [`Super::chunk`] gives signed codes (multiplied as `|code|`
     /// against the activation carrying the code's sign); else unsigned.
     const SIGNED: bool = false;
+    /// Where the block's float16 `d` lies (`dmin` right after it).
+    const D_AT: usize;
+    /// A stored bias `1 << BIAS_SHIFT` (code = stored - bias; 0: none),
+    /// taken off with the scales in group order ([`ScaleSet::all`]).
+    const BIAS_SHIFT: i32 = 0;
     /// A block's decoded scales (and offsets), in registers.
-    type Scales: Copy;
+    type Scales: ScaleSet;
     /// # Safety
     /// AVX2 present; `BYTES` readable bytes at `b`.
     unsafe fn scales(b: *const u8) -> Self::Scales;
@@ -97,33 +95,92 @@ trait Super {
     /// # Safety
     /// As [`Super::scales`].
     unsafe fn chunk<const C: usize>(b: *const u8) -> __m256i;
+}
+
+/// A block's scales in registers.
+trait ScaleSet: Copy {
     /// Chunk `C`'s scales, one int16 for each of its 16 pairs of codes.
     ///
     /// # Safety
     /// AVX2 present.
-    unsafe fn scale<const C: usize>(s: &Self::Scales) -> __m256i;
-    /// The block's `d` and `dmin` (0 without offsets).
-    ///
-    /// # Safety
-    /// As [`Super::scales`], F16C present.
-    unsafe fn d(b: *const u8) -> (f32, f32);
-    /// The block's lanes from the stored codes' lanes and the activation
-    /// block's sums of 16 (`gsum`): less the stored bias where there is one.
+    unsafe fn chunk<const C: usize>(&self) -> __m256i;
+    /// The sixteen scales of groups of 16 in order (formats with a stored bias).
     ///
     /// # Safety
     /// AVX2 present.
     #[inline(always)]
-    unsafe fn unbias(lanes: __m256i, _: &Self::Scales, _: __m256i) -> __m256i {
-        lanes
+    unsafe fn all(&self) -> __m256i {
+        // SAFETY: AVX2 present (caller).
+        unsafe { _mm256_setzero_si256() }
     }
     /// Lanes whose total is `sum_g min_g * (sum of group g's activation codes)`.
     ///
     /// # Safety
     /// AVX2 present.
     #[inline(always)]
-    unsafe fn mins(_: &Self::Scales, _: __m256i) -> __m256i {
+    unsafe fn offsets(&self, _: __m256i) -> __m256i {
         // SAFETY: AVX2 present (caller).
         unsafe { _mm256_setzero_si256() }
+    }
+}
+
+impl ScaleSet for K4Scales {
+    #[inline(always)]
+    unsafe fn chunk<const C: usize>(&self) -> __m256i {
+        // Byte C zero-extended into every int16.
+        // SAFETY: AVX2 present (caller).
+        unsafe { _mm256_shuffle_epi8(self.s, _mm256_set1_epi16((0x8000 | C) as u16 as i16)) }
+    }
+    #[inline(always)]
+    unsafe fn offsets(&self, gsum: __m256i) -> __m256i {
+        // SAFETY: AVX2 present (caller).
+        unsafe { _mm256_madd_epi16(self.m, gsum) }
+    }
+}
+
+impl ScaleSet for G16Scales {
+    #[inline(always)]
+    unsafe fn chunk<const C: usize>(&self) -> __m256i {
+        // Low half (codes 0..16): group 2C, high half: group 2C + 1, each an
+        // int16 (two bytes) of `lo` (groups 0..8) or `hi` (8..16).
+        let (g0, g1) = ((2 * C % 8) as i16, ((2 * C + 1) % 8) as i16);
+        let pick = |g: i16| (2 * g) | ((2 * g + 1) << 8);
+        // SAFETY: AVX2 present (caller).
+        unsafe {
+            let ctrl = _mm256_set_m128i(_mm_set1_epi16(pick(g1)), _mm_set1_epi16(pick(g0)));
+            _mm256_shuffle_epi8(if C < 4 { self.lo } else { self.hi }, ctrl)
+        }
+    }
+    #[inline(always)]
+    unsafe fn all(&self) -> __m256i {
+        self.all
+    }
+}
+
+impl ScaleSet for K2Scales {
+    #[inline(always)]
+    unsafe fn chunk<const C: usize>(&self) -> __m256i {
+        // SAFETY: forwarded.
+        unsafe { self.s.chunk::<C>() }
+    }
+    #[inline(always)]
+    unsafe fn offsets(&self, gsum: __m256i) -> __m256i {
+        // SAFETY: AVX2 present (caller).
+        unsafe { _mm256_madd_epi16(self.m, gsum) }
+    }
+}
+
+impl ScaleSet for X4Scales {
+    #[inline(always)]
+    unsafe fn chunk<const C: usize>(&self) -> __m256i {
+        // Int16 C (bytes 2C, 2C + 1) into every int16.
+        // SAFETY: AVX2 present (caller).
+        unsafe {
+            _mm256_shuffle_epi8(
+                self.0,
+                _mm256_set1_epi16(((2 * C) | ((2 * C + 1) << 8)) as i16),
+            )
+        }
     }
 }
 
@@ -179,15 +236,9 @@ unsafe fn k4_scales(b: *const u8) -> K4Scales {
     }
 }
 
-/// Chunk `c`'s scale of a Q4_K/Q5_K block: byte `c`, zero-extended, in all 16 lanes.
-#[inline(always)]
-unsafe fn k4_scale<const C: usize>(s: &K4Scales) -> __m256i {
-    // SAFETY: AVX2 present (caller).
-    unsafe { _mm256_shuffle_epi8(s.s, _mm256_set1_epi16((0x8000 | C) as u16 as i16)) }
-}
-
 struct Q4K;
 impl Super for Q4K {
+    const D_AT: usize = 0;
     const BYTES: usize = 144;
     const OFFSET: bool = true;
     type Scales = K4Scales;
@@ -210,25 +261,11 @@ impl Super for Q4K {
             _mm256_and_si256(v, _mm256_set1_epi8(15))
         }
     }
-    #[inline(always)]
-    unsafe fn scale<const C: usize>(s: &K4Scales) -> __m256i {
-        // SAFETY: forwarded.
-        unsafe { k4_scale::<C>(s) }
-    }
-    #[inline(always)]
-    unsafe fn d(b: *const u8) -> (f32, f32) {
-        // SAFETY: forwarded.
-        unsafe { (half(b), half(b.add(2))) }
-    }
-    #[inline(always)]
-    unsafe fn mins(s: &K4Scales, gsum: __m256i) -> __m256i {
-        // SAFETY: forwarded.
-        unsafe { _mm256_madd_epi16(s.m, gsum) }
-    }
 }
 
 struct Q5K;
 impl Super for Q5K {
+    const D_AT: usize = 0;
     const BYTES: usize = 176;
     const OFFSET: bool = true;
     type Scales = K4Scales;
@@ -268,21 +305,6 @@ impl Super for Q5K {
             )
         }
     }
-    #[inline(always)]
-    unsafe fn scale<const C: usize>(s: &K4Scales) -> __m256i {
-        // SAFETY: forwarded.
-        unsafe { k4_scale::<C>(s) }
-    }
-    #[inline(always)]
-    unsafe fn d(b: *const u8) -> (f32, f32) {
-        // SAFETY: forwarded.
-        unsafe { (half(b), half(b.add(2))) }
-    }
-    #[inline(always)]
-    unsafe fn mins(s: &K4Scales, gsum: __m256i) -> __m256i {
-        // SAFETY: forwarded.
-        unsafe { _mm256_madd_epi16(s.m, gsum) }
-    }
 }
 
 /// Sixteen scales of groups of 16 (Q6_K, Q3_K, Q2_K) as int16: groups 0..8
@@ -296,6 +318,8 @@ struct G16Scales {
 
 struct Q6K;
 impl Super for Q6K {
+    const D_AT: usize = 208;
+    const BIAS_SHIFT: i32 = 5;
     const BYTES: usize = 210;
     const OFFSET: bool = false;
     type Scales = G16Scales;
@@ -325,27 +349,6 @@ impl Super for Q6K {
             )
         }
     }
-    #[inline(always)]
-    unsafe fn scale<const C: usize>(s: &G16Scales) -> __m256i {
-        // SAFETY: forwarded.
-        unsafe { g16_scale::<C>(s) }
-    }
-    #[inline(always)]
-    unsafe fn d(b: *const u8) -> (f32, f32) {
-        // SAFETY: forwarded.
-        unsafe { (half(b.add(208)), 0.0) }
-    }
-    #[inline(always)]
-    unsafe fn unbias(lanes: __m256i, s: &G16Scales, gsum: __m256i) -> __m256i {
-        // code = stored - 32: less 32 * sum_g scale_g * (sum of group g's x).
-        // SAFETY: AVX2 present (caller).
-        unsafe {
-            _mm256_sub_epi32(
-                lanes,
-                _mm256_slli_epi32::<5>(_mm256_madd_epi16(s.all, gsum)),
-            )
-        }
-    }
 }
 
 /// [`G16Scales`] from the sixteen int16 scales in order.
@@ -358,20 +361,6 @@ unsafe fn g16_scales(all: __m256i) -> G16Scales {
             hi: _mm256_permute4x64_epi64::<0xee>(all),
             all,
         }
-    }
-}
-
-/// Chunk `C`'s scales of groups of 16: low half (codes 0..16) group 2C,
-/// high half group 2C + 1, each an int16 (two bytes) of `lo` (groups 0..8)
-/// or `hi` (8..16).
-#[inline(always)]
-unsafe fn g16_scale<const C: usize>(s: &G16Scales) -> __m256i {
-    let (g0, g1) = ((2 * C % 8) as i16, ((2 * C + 1) % 8) as i16);
-    let pick = |g: i16| (2 * g) | (2 * g + 1) << 8;
-    // SAFETY: AVX2 present (caller).
-    unsafe {
-        let ctrl = _mm256_set_m128i(_mm_set1_epi16(pick(g1)), _mm_set1_epi16(pick(g0)));
-        _mm256_shuffle_epi8(if C < 4 { s.lo } else { s.hi }, ctrl)
     }
 }
 
@@ -394,6 +383,8 @@ unsafe fn two_bits<const C: usize>(qs: *const u8) -> __m256i {
 
 struct Q3K;
 impl Super for Q3K {
+    const D_AT: usize = 108;
+    const BIAS_SHIFT: i32 = 2;
     const BYTES: usize = 110;
     const OFFSET: bool = false;
     type Scales = G16Scales;
@@ -440,27 +431,6 @@ impl Super for Q3K {
             )
         }
     }
-    #[inline(always)]
-    unsafe fn scale<const C: usize>(s: &G16Scales) -> __m256i {
-        // SAFETY: forwarded.
-        unsafe { g16_scale::<C>(s) }
-    }
-    #[inline(always)]
-    unsafe fn d(b: *const u8) -> (f32, f32) {
-        // SAFETY: forwarded.
-        unsafe { (half(b.add(108)), 0.0) }
-    }
-    #[inline(always)]
-    unsafe fn unbias(lanes: __m256i, s: &G16Scales, gsum: __m256i) -> __m256i {
-        // code = stored - 4: less 4 * sum_g scale_g * (sum of group g's x).
-        // SAFETY: AVX2 present (caller).
-        unsafe {
-            _mm256_sub_epi32(
-                lanes,
-                _mm256_slli_epi32::<2>(_mm256_madd_epi16(s.all, gsum)),
-            )
-        }
-    }
 }
 
 /// Q2_K's scales: [`G16Scales`] of the low nibbles, the high nibbles (mins) as int16.
@@ -472,6 +442,7 @@ struct K2Scales {
 
 struct Q2K;
 impl Super for Q2K {
+    const D_AT: usize = 80;
     const BYTES: usize = 84;
     const OFFSET: bool = true;
     type Scales = K2Scales;
@@ -493,21 +464,6 @@ impl Super for Q2K {
         // SAFETY: forwarded.
         unsafe { two_bits::<C>(b.add(16)) }
     }
-    #[inline(always)]
-    unsafe fn scale<const C: usize>(s: &K2Scales) -> __m256i {
-        // SAFETY: forwarded.
-        unsafe { g16_scale::<C>(&s.s) }
-    }
-    #[inline(always)]
-    unsafe fn d(b: *const u8) -> (f32, f32) {
-        // SAFETY: forwarded.
-        unsafe { (half(b.add(80)), half(b.add(82))) }
-    }
-    #[inline(always)]
-    unsafe fn mins(s: &K2Scales, gsum: __m256i) -> __m256i {
-        // SAFETY: forwarded.
-        unsafe { _mm256_madd_epi16(s.m, gsum) }
-    }
 }
 
 /// IQ4_XS's eight signed scales as int16, in both halves.
@@ -516,6 +472,7 @@ struct X4Scales(__m256i);
 
 struct Iq4Xs;
 impl Super for Iq4Xs {
+    const D_AT: usize = 0;
     const BYTES: usize = 136;
     const OFFSET: bool = false;
     const SIGNED: bool = true;
@@ -558,21 +515,6 @@ impl Super for Iq4Xs {
             ));
             _mm256_shuffle_epi8(t, n)
         }
-    }
-    #[inline(always)]
-    unsafe fn scale<const C: usize>(s: &X4Scales) -> __m256i {
-        // SAFETY: AVX2 present (caller).
-        unsafe {
-            _mm256_shuffle_epi8(
-                s.0,
-                _mm256_set1_epi16(((2 * C) | ((2 * C + 1) << 8)) as i16),
-            )
-        }
-    }
-    #[inline(always)]
-    unsafe fn d(b: *const u8) -> (f32, f32) {
-        // SAFETY: forwarded.
-        unsafe { (half(b), 0.0) }
     }
 }
 
@@ -670,7 +612,7 @@ unsafe fn tile<L: Super, const NT: usize>(
                 ($c:literal) => {
                     let w = L::chunk::<$c>(b);
                     let u = if L::SIGNED { _mm256_sign_epi8(w, w) } else { w };
-                    let s = L::scale::<$c>(&sc);
+                    let s = sc.chunk::<$c>();
                     for (tt, lanes) in lanes.iter_mut().enumerate() {
                         let xv = _mm256_loadu_si256(x.add(tt * k + 32 * $c).cast());
                         let xv = if L::SIGNED {
@@ -691,14 +633,27 @@ unsafe fn tile<L: Super, const NT: usize>(
             chunk!(5);
             chunk!(6);
             chunk!(7);
-            let (dw, mw) = L::d(b);
+            let dw = half(b.add(L::D_AT));
+            let mw = if L::OFFSET {
+                half(b.add(L::D_AT + 2))
+            } else {
+                0.0
+            };
             for tt in 0..NT {
                 let g = _mm256_loadu_si256(gsum.add(tt * blocks + blk).cast());
                 let dx = *xd.add(tt * blocks + blk);
-                let l = L::unbias(lanes[tt], &sc, g);
+                let l = if L::BIAS_SHIFT > 0 {
+                    let bias = _mm256_madd_epi16(sc.all(), g);
+                    _mm256_sub_epi32(
+                        lanes[tt],
+                        _mm256_sll_epi32(bias, _mm_cvtsi32_si128(L::BIAS_SHIFT)),
+                    )
+                } else {
+                    lanes[tt]
+                };
                 acc[tt] = _mm256_fmadd_ps(_mm256_set1_ps(dw * dx), _mm256_cvtepi32_ps(l), acc[tt]);
                 if L::OFFSET {
-                    let m = _mm256_cvtepi32_ps(L::mins(&sc, g));
+                    let m = _mm256_cvtepi32_ps(sc.offsets(g));
                     off[tt] = _mm256_fmadd_ps(_mm256_set1_ps(mw * dx), m, off[tt]);
                 }
             }

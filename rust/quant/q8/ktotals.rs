@@ -236,6 +236,37 @@ unsafe fn k4_scales(b: *const u8) -> K4Scales {
     }
 }
 
+/// Chunk `C` of Q4_K's (and Q5_K's) nibbles at `qs`: chunks 2j and 2j + 1
+/// are the low and high nibbles of `qs[32j..32j + 32]`.
+#[inline(always)]
+unsafe fn nibble_chunk<const C: usize>(qs: *const u8) -> __m256i {
+    // SAFETY: 128 readable bytes at qs (caller); AVX2 present.
+    unsafe {
+        let v = _mm256_loadu_si256(qs.add(32 * (C / 2)).cast());
+        let v = if C.is_multiple_of(2) {
+            v
+        } else {
+            _mm256_srli_epi16::<4>(v)
+        };
+        _mm256_and_si256(v, _mm256_set1_epi8(15))
+    }
+}
+
+/// Bit `FROM` of each byte of `v` moved to bit `TO`, the rest cleared
+/// (16-bit shifts: the mask keeps each byte's own bit).
+#[inline(always)]
+unsafe fn bit_to<const FROM: usize, const TO: usize>(v: __m256i) -> __m256i {
+    // SAFETY: AVX2 present (caller).
+    unsafe {
+        let v = if FROM <= TO {
+            _mm256_sll_epi16(v, _mm_cvtsi32_si128((TO - FROM) as i32))
+        } else {
+            _mm256_srl_epi16(v, _mm_cvtsi32_si128((FROM - TO) as i32))
+        };
+        _mm256_and_si256(v, _mm256_set1_epi8(1 << TO))
+    }
+}
+
 struct Q4K;
 impl Super for Q4K {
     const D_AT: usize = 0;
@@ -251,15 +282,7 @@ impl Super for Q4K {
     unsafe fn chunk<const C: usize>(b: *const u8) -> __m256i {
         // SAFETY: forwarded; d, dmin, scales[12], qs[128]: chunks 2j and
         // 2j + 1 are the low and high nibbles of qs[32j..32j + 32].
-        unsafe {
-            let v = _mm256_loadu_si256(b.add(16 + 32 * (C / 2)).cast());
-            let v = if C.is_multiple_of(2) {
-                v
-            } else {
-                _mm256_srli_epi16::<4>(v)
-            };
-            _mm256_and_si256(v, _mm256_set1_epi8(15))
-        }
+        unsafe { nibble_chunk::<C>(b.add(16)) }
     }
 }
 
@@ -280,29 +303,8 @@ impl Super for Q5K {
         // and 2j + 1 are the low and high nibbles of qs[32j..32j + 32], bit
         // c of each qh byte their fifth bit (`unpack.rs::q5_k`).
         unsafe {
-            let v = _mm256_loadu_si256(b.add(48 + 32 * (C / 2)).cast());
-            let v = if C.is_multiple_of(2) {
-                v
-            } else {
-                _mm256_srli_epi16::<4>(v)
-            };
             let qh = _mm256_loadu_si256(b.add(16).cast());
-            // Bit C of each qh byte to bit 4 (16-bit shifts: the mask keeps
-            // each byte's own bit).
-            let fifth = match C {
-                0 => _mm256_slli_epi16::<4>(qh),
-                1 => _mm256_slli_epi16::<3>(qh),
-                2 => _mm256_slli_epi16::<2>(qh),
-                3 => _mm256_slli_epi16::<1>(qh),
-                4 => qh,
-                5 => _mm256_srli_epi16::<1>(qh),
-                6 => _mm256_srli_epi16::<2>(qh),
-                _ => _mm256_srli_epi16::<3>(qh),
-            };
-            _mm256_or_si256(
-                _mm256_and_si256(v, _mm256_set1_epi8(15)),
-                _mm256_and_si256(fifth, _mm256_set1_epi8(16)),
-            )
+            _mm256_or_si256(nibble_chunk::<C>(b.add(48)), bit_to::<C, 4>(qh))
         }
     }
 }
@@ -415,20 +417,7 @@ impl Super for Q3K {
         // hmask[l] is set (the code is that less 4).
         unsafe {
             let h = _mm256_loadu_si256(b.cast());
-            let h = match C {
-                0 => _mm256_slli_epi16::<2>(h),
-                1 => _mm256_slli_epi16::<1>(h),
-                2 => h,
-                3 => _mm256_srli_epi16::<1>(h),
-                4 => _mm256_srli_epi16::<2>(h),
-                5 => _mm256_srli_epi16::<3>(h),
-                6 => _mm256_srli_epi16::<4>(h),
-                _ => _mm256_srli_epi16::<5>(h),
-            };
-            _mm256_or_si256(
-                two_bits::<C>(b.add(32)),
-                _mm256_and_si256(h, _mm256_set1_epi8(4)),
-            )
+            _mm256_or_si256(two_bits::<C>(b.add(32)), bit_to::<C, 2>(h))
         }
     }
 }

@@ -49,14 +49,15 @@
 //! AVX2 build's in the last places (both within float32 rounding of the
 //! exact product).
 //!
-//! On AVX2 CPUs without VNNI (`totals`), Q4_0, Q4_1, Q5_0, Q5_1 and IQ4_NL
-//! total their blocks exactly too (`vpmaddubsw` on a band of eight weight
+//! On AVX2 CPUs without VNNI (`totals`), Q8_0, Q4_0, Q4_1, Q5_0, Q5_1 and
+//! IQ4_NL total their blocks exactly too (`vpmaddubsw` on a band of eight weight
 //! rows decoded into 32-bit lanes, quarters of the activation block
 //! broadcast) and so give the portable bits. The K-quants and IQ4_XS total
 //! each 256-value super-block with its group scales in integers (`ktotals`:
 //! `vpmaddwd` by the int16 scales, one float multiply-add a super-block, as
 //! llama.cpp), this build's own bits but the same in one row and every
-//! batch; Q8_0 keeps the eight-lane kernels below.
+//! batch. (Q8_0 kept the eight-lane kernels below until the twenty-second
+//! session; they now serve no format on AVX2.)
 //!
 //! Float formats (F32, F16, BF16) have no codes and run the exact kernels.
 

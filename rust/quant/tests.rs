@@ -1044,46 +1044,52 @@ fn q8_cold_probe() {
         let one = random_rows(qtype, rows, cols, &mut rng);
         let copies = (96 << 20) / one.len();
         let cold: Vec<Vec<u8>> = (0..copies).map(|_| one.clone()).collect();
-        let x: Vec<f32> = (0..cols).map(|_| rng.unit()).collect();
-        let acts = q8::quantize(&x, cols, q8::act_block(qtype).unwrap()).unwrap();
-        let qsum = if qtype.has_offsets() {
-            q8::group_qsums(&acts, qtype.group_values())
-        } else {
-            Vec::new()
-        };
-        let mut out = vec![0.0f32; rows];
-        let mut go = |raw: &[u8]| {
-            // SAFETY: out holds `rows` floats.
-            unsafe { q8::rows_into(qtype, raw, rows, &acts, &qsum, 0, rows, out.as_mut_ptr()) }
-                .unwrap()
-        };
-        let mut best = f64::MAX;
-        for _ in 0..200 {
-            let t0 = cpu();
-            go(&one);
-            best = best.min(cpu() - t0);
-        }
-        let mut cold_best = f64::MAX;
-        for _ in 0..5 {
-            let t0 = cpu();
-            cold.iter().for_each(|m| go(m));
-            cold_best = cold_best.min((cpu() - t0) / copies as f64);
-        }
-        // The memory's own pace in the same run: summing the same bytes.
-        let mut read_best = f64::MAX;
-        let mut sink = 0u64;
-        for _ in 0..5 {
-            let t0 = cpu();
-            for m in &cold {
-                let (words, _) = m.as_chunks::<8>();
-                sink = words
-                    .iter()
-                    .fold(sink, |a, w| a.wrapping_add(u64::from_le_bytes(*w)));
+        // NS: the batch sizes (comma-separated, default 1).
+        let ns = std::env::var("NS").unwrap_or_else(|_| "1".into());
+        for n in ns
+            .split(',')
+            .map(|v| v.trim().parse::<usize>().expect("NS: numbers"))
+        {
+            let x: Vec<f32> = (0..n * cols).map(|_| rng.unit()).collect();
+            let acts = q8::quantize(&x, cols, q8::act_block(qtype).unwrap()).unwrap();
+            let qsum = if qtype.has_offsets() {
+                q8::group_qsums(&acts, qtype.group_values())
+            } else {
+                Vec::new()
+            };
+            let mut out = vec![0.0f32; n * rows];
+            let mut go = |raw: &[u8]| {
+                // SAFETY: out holds `rows` floats.
+                unsafe { q8::rows_into(qtype, raw, rows, &acts, &qsum, 0, rows, out.as_mut_ptr()) }
+                    .unwrap()
+            };
+            let mut best = f64::MAX;
+            for _ in 0..200 {
+                let t0 = cpu();
+                go(&one);
+                best = best.min(cpu() - t0);
             }
-            read_best = read_best.min((cpu() - t0) / copies as f64);
-        }
-        println!(
-            "{name:6} q8 n=1 hot: {:7.1} us {:5.2} GB/s   cold: {:7.1} us {:5.2} GB/s   (reading the bytes: {:5.2} GB/s, {})",
+            let mut cold_best = f64::MAX;
+            for _ in 0..5 {
+                let t0 = cpu();
+                cold.iter().for_each(|m| go(m));
+                cold_best = cold_best.min((cpu() - t0) / copies as f64);
+            }
+            // The memory's own pace in the same run: summing the same bytes.
+            let mut read_best = f64::MAX;
+            let mut sink = 0u64;
+            for _ in 0..5 {
+                let t0 = cpu();
+                for m in &cold {
+                    let (words, _) = m.as_chunks::<8>();
+                    sink = words
+                        .iter()
+                        .fold(sink, |a, w| a.wrapping_add(u64::from_le_bytes(*w)));
+                }
+                read_best = read_best.min((cpu() - t0) / copies as f64);
+            }
+            println!(
+            "{name:6} q8 n={n} hot: {:7.1} us {:5.2} GB/s   cold: {:7.1} us {:5.2} GB/s   (reading the bytes: {:5.2} GB/s, {})",
             best * 1e6,
             one.len() as f64 / best / 1e9,
             cold_best * 1e6,
@@ -1091,6 +1097,7 @@ fn q8_cold_probe() {
             one.len() as f64 / read_best / 1e9,
             sink % 2
         );
+        }
     }
 }
 

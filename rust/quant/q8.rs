@@ -12,52 +12,44 @@
 //!   `d = 1 / (-127 / m)`, as `quantize_row_q8_K_ref`.
 //!
 //! Unlike ggml, scales stay float32 (ggml rounds Q8_0's to float16), which
-//! only removes error. A weight row is unpacked into int8 codes with its
-//! float32 group scales and offsets (`unpack.rs`, the exact mode's own
-//! unpacking; Q8_0's codes are read in place), and for each 32 codes
+//! only removes error. The **portable build** unpacks a weight row into
+//! int8 codes with its float32 group scales and offsets (`unpack.rs`, the
+//! exact mode's own unpacking; Q8_0's codes are read in place), totals
+//! each group's products exactly in an int32 and runs, group by group,
 //!
 //! ```text
-//! acc = fma(scale_g * d_b, float(sum_j code_j * q_j), acc)      (8 lanes)
-//! off += offset_g * (d_b * sum_{j in g} q_j)                       (per group)
-//! result = hsum(acc) - off
+//! acc = acc + (scale_g * d_b) * float(total_g)
+//! off = off + offset_g * (d_b * sum_{j in g} q_j)
+//! result = acc - off
 //! ```
 //!
-//! The integer sums are exact (AVX2 `_mm256_maddubs_epi16` on `|code|` and
-//! `q` carrying the code's sign, then `_mm256_madd_epi16`; no pair exceeds
-//! 2 * 128 * 127), so the result equals a float64 product of the
-//! dequantised weights with the dequantised activations up to float32
-//! rounding. As in the exact mode, an element's operations do not depend
-//! on the batch, its place in it or the threads.
+//! so the result equals a float64 product of the dequantised weights with
+//! the dequantised activations up to float32 rounding. As in the exact
+//! mode, an element's operations do not depend on the batch, its place in
+//! it or the threads. The SIMD kernels total in integers too:
 //!
-//! On CPUs with AVX-512 VNNI and VL (chosen at run time, [`has_vnni`]):
+//! - **AVX-512 VNNI and VL** (chosen at run time, [`has_vnni`]), every
+//!   format (the K-quants and IQ4_XS as eight blocks of 32 with the scales
+//!   and offsets `unpack.rs` gives them, Q2_K's, Q3_K's and Q6_K's in
+//!   halves of 16): `sums`, the portable build's float operations in its
+//!   order, so the **portable bits** in one row and every batch. A batch's
+//!   512-bit lanes are 16 outputs (two weight rows x eight activation
+//!   rows), so 64 byte products cost one `vpdpbusd` and a quarter of a
+//!   float operation; one row totals 16 rows' lanes with a tree of shuffles.
+//! - **AVX2 without VNNI**, the 32-value-block formats Q8_0, Q4_0, Q4_1,
+//!   Q5_0, Q5_1 and IQ4_NL: `totals` (`vpmaddubsw` on a band of eight
+//!   weight rows decoded into 32-bit lanes, quarters of the activation block
+//!   broadcast), the portable bits too.
+//! - **AVX2 without VNNI**, the K-quants and IQ4_XS: `ktotals`, each
+//!   256-value super-block totalled with its group scales in integers
+//!   (`vpmaddwd` by the int16 scales, one float multiply-add a super-block,
+//!   as llama.cpp): this build's own bits, the same in one row and every
+//!   batch.
 //!
-//! every format (the 32-value-block formats Q8_0, Q4_0, Q4_1, Q5_0, Q5_1,
-//! IQ4_NL; the K-quants and IQ4_XS as eight blocks of 32 with the scales
-//! and offsets `unpack.rs` gives them, Q2_K's, Q3_K's and Q6_K's in halves
-//! of 16) totals each block's products exactly in one int32 and runs the
-//! portable build's float operations, block by block
-//! `acc = acc + (scale_b * d_b) * float(total_b)` (`sums`), so the
-//! **portable bits**, in one row and in every batch. A batch's 512-bit
-//! lanes are 16 outputs (two weight rows x eight activation rows), so 64
-//! byte products cost one `vpdpbusd` and a quarter of a float operation;
-//! one row totals 16 rows' lanes with a tree of shuffles. (Until the
-//! seventeenth session Q2_K, Q3_K, Q5_K and IQ4_XS kept the eight lanes
-//! above on `vpdpbusd`, and were slower in one row than the exact mode.)
-//!
-//! The portable build sums each block (or group) in integers the same way,
-//! so on VNNI CPUs the bits are the portable build's and differ from the
-//! AVX2 build's in the last places (both within float32 rounding of the
-//! exact product).
-//!
-//! On AVX2 CPUs without VNNI (`totals`), Q8_0, Q4_0, Q4_1, Q5_0, Q5_1 and
-//! IQ4_NL total their blocks exactly too (`vpmaddubsw` on a band of eight weight
-//! rows decoded into 32-bit lanes, quarters of the activation block
-//! broadcast) and so give the portable bits. The K-quants and IQ4_XS total
-//! each 256-value super-block with its group scales in integers (`ktotals`:
-//! `vpmaddwd` by the int16 scales, one float multiply-add a super-block, as
-//! llama.cpp), this build's own bits but the same in one row and every
-//! batch. (Q8_0 kept the eight-lane kernels below until the twenty-second
-//! session; they now serve no format on AVX2.)
+//! Until the twenty-second session the AVX2 build also had eight-lane
+//! kernels (every four byte products converted and multiply-added in float,
+//! six operations a weight row, activation row and block); Q8_0 was the last
+//! format on them, and they were removed when it moved to `totals`.
 //!
 //! Float formats (F32, F16, BF16) have no codes and run the exact kernels.
 
@@ -66,10 +58,8 @@ use std::cell::RefCell;
 use rayon::prelude::*;
 
 use super::format::QuantType;
-#[cfg(target_arch = "x86_64")]
-use super::simd::Avx2;
 use super::simd::{Lanes, Portable};
-use super::unpack::{codes_in_registers, scales_only, unpack_row};
+use super::unpack::{scales_only, unpack_row};
 use super::{best_build, check, Build, OutPtr, CHUNKS_PER_THREAD, PARALLEL_BYTES};
 use crate::error::{CoreError, CoreResult};
 
@@ -790,30 +780,20 @@ unsafe fn rows_avx2(job: &Job<'_>, lo: usize, hi: usize, out: *mut f32, s: &mut 
         unsafe { ktotals::rows(job, lo, hi, out, s) };
         return;
     }
-    // SAFETY: forwarded; AVX2, FMA and F16C were checked by the caller.
-    unsafe { rows::<Avx2>(job, lo, hi, out, s) }
+    // Every quantised format has a kernel above; anything else takes the
+    // portable route (its bits, correct, not fast).
+    // SAFETY: forwarded.
+    unsafe { rows::<Portable>(job, lo, hi, out, s) }
 }
 
-/// How a band's codes are read.
-#[derive(Clone, Copy, PartialEq, Eq)]
-#[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
-enum Fmt {
-    /// int8 codes: row `i`, chunk `c` (32 codes) at `codes + i * stride + c * cstride`
-    /// (unpacked rows, or Q8_0's stored codes).
-    Codes,
-    /// Straight from the stored blocks of this format (row `i` at
-    /// `codes + i * stride`), unpacked in registers (AVX2 only).
-    Blocks(QuantType),
-}
-
-/// Where a band of unpacked rows lives.
+/// Where a band of unpacked rows lives: int8 codes, row `i`, chunk `c`
+/// (32 codes) at `codes + i * stride + c * cstride` (unpacked rows, or
+/// Q8_0's stored codes).
 #[derive(Clone, Copy)]
-#[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
 struct Band {
     codes: *const i8,
     stride: usize,
     cstride: usize,
-    fmt: Fmt,
     /// Scales (offsets) of row `i`, group `g` at `i * groups + g`.
     scale: *const f32,
     offset: *const f32,
@@ -834,19 +814,11 @@ unsafe fn rows<S: Lanes + Dot>(
     out: *mut f32,
     s: &mut Scratch,
 ) {
-    // SAFETY: forwarded.
-    if job.n == 1 && unsafe { S::row1(job, lo, hi, out) } {
-        return;
-    }
     let (k, qtype) = (job.cols, job.qtype);
     let group = qtype.group_values();
     let groups = k / group;
     let in_place = qtype == QuantType::Q8_0;
-    // Codes read in registers for one or two activation rows; more rows
-    // reuse each row's codes enough to pay for unpacking them once.
-    let blocks = S::IN_REGISTERS && codes_in_registers(qtype) && job.n <= 2;
-    s.codes
-        .resize(if in_place || blocks { 0 } else { ROW_TILE * k }, 0);
+    s.codes.resize(if in_place { 0 } else { ROW_TILE * k }, 0);
     s.scale.resize(ROW_TILE * groups, 0.0);
     s.offset.resize(ROW_TILE * groups, 0.0);
     // The offsets' activation sums group-major, so a tile's offset terms
@@ -869,7 +841,7 @@ unsafe fn rows<S: Lanes + Dot>(
                 &mut s.scale[i * groups..(i + 1) * groups],
                 &mut s.offset[i * groups..(i + 1) * groups],
             );
-            if in_place || blocks {
+            if in_place {
                 scales_only::<S>(qtype, row, sc, of);
             } else {
                 unpack_row::<S>(qtype, row, &mut s.codes[i * k..(i + 1) * k], sc, of);
@@ -886,20 +858,16 @@ unsafe fn rows<S: Lanes + Dot>(
             for i in (0..rt).step_by(rs) {
                 // SAFETY: rows r + i.. of the scratch (or of `raw` for Q8_0).
                 let band = unsafe {
-                    let (codes, stride, cstride, fmt) = if blocks {
-                        let p = job.raw.as_ptr().add((r + i) * job.row_bytes);
-                        (p.cast::<i8>(), job.row_bytes, 0, Fmt::Blocks(qtype))
-                    } else if in_place {
+                    let (codes, stride, cstride) = if in_place {
                         let p = job.raw.as_ptr().add((r + i) * job.row_bytes + 2);
-                        (p.cast::<i8>(), job.row_bytes, 34, Fmt::Codes)
+                        (p.cast::<i8>(), job.row_bytes, 34)
                     } else {
-                        (s.codes.as_ptr().add(i * k), k, 32, Fmt::Codes)
+                        (s.codes.as_ptr().add(i * k), k, 32)
                     };
                     Band {
                         codes,
                         stride,
                         cstride,
-                        fmt,
                         scale: s.scale.as_ptr().add(i * groups),
                         offset: s.offset.as_ptr().add(i * groups),
                         groups,
@@ -987,8 +955,6 @@ unsafe fn tile<S: Dot>(
 
 /// The integer dot products of one build.
 trait Dot {
-    /// Whether [`Fmt::Blocks`] bands are read (else every band is [`Fmt::Codes`]).
-    const IN_REGISTERS: bool;
     /// `R` weight rows of `band` times `N` activation rows (codes `xq`, `k`
     /// apart; scales `xd`, `k >> 5 >> shift` apart, block of chunk `c` is
     /// `c >> shift`): `sum_c hsum(scale_c * d * int_dot_c)` without offsets.
@@ -1001,21 +967,9 @@ trait Dot {
         shift: usize,
         k: usize,
     ) -> [[f32; N]; R];
-
-    /// One activation row times rows `lo..hi` straight from the stored
-    /// blocks, scales included (no scratch), with the bits of the general
-    /// route; `false` (nothing written) where the build or the format has
-    /// no such kernel.
-    unsafe fn row1(job: &Job<'_>, lo: usize, hi: usize, out: *mut f32) -> bool;
 }
 
 impl Dot for Portable {
-    const IN_REGISTERS: bool = false;
-
-    unsafe fn row1(_: &Job<'_>, _: usize, _: usize, _: *mut f32) -> bool {
-        false
-    }
-
     #[inline(always)]
     unsafe fn dots<const R: usize, const N: usize>(
         band: Band,
@@ -1056,267 +1010,11 @@ impl Dot for Portable {
     }
 }
 
-#[cfg(target_arch = "x86_64")]
-impl Dot for Avx2 {
-    const IN_REGISTERS: bool = true;
-
-    #[inline(always)]
-    unsafe fn row1(job: &Job<'_>, lo: usize, hi: usize, out: *mut f32) -> bool {
-        // SAFETY: forwarded from the caller.
-        unsafe { row1_with::<x86::Maddubs>(job, lo, hi, out) }
-    }
-
-    #[inline(always)]
-    unsafe fn dots<const R: usize, const N: usize>(
-        band: Band,
-        g16: bool,
-        xq: *const i8,
-        xd: *const f32,
-        shift: usize,
-        k: usize,
-    ) -> [[f32; N]; R] {
-        use x86::*;
-        // SAFETY: forwarded from the caller.
-        unsafe {
-            match band.fmt {
-                Fmt::Codes => dots_avx2::<Codes, R, N>(band, g16, xq, xd, shift, k),
-                Fmt::Blocks(QuantType::Q4_0) => {
-                    dots_avx2::<Q4_0, R, N>(band, g16, xq, xd, shift, k)
-                }
-                Fmt::Blocks(QuantType::Q4_1) => {
-                    dots_avx2::<Q4_1, R, N>(band, g16, xq, xd, shift, k)
-                }
-                Fmt::Blocks(QuantType::Q5_0) => {
-                    dots_avx2::<Q5_0, R, N>(band, g16, xq, xd, shift, k)
-                }
-                Fmt::Blocks(QuantType::Q5_1) => {
-                    dots_avx2::<Q5_1, R, N>(band, g16, xq, xd, shift, k)
-                }
-                Fmt::Blocks(QuantType::IQ4NL) => {
-                    dots_avx2::<Iq4Nl, R, N>(band, g16, xq, xd, shift, k)
-                }
-                Fmt::Blocks(other) => unreachable!("{} is not read in registers", other.name()),
-            }
-        }
-    }
-}
-
-/// One activation row with the lane sums of `M` (see [`Dot::row1`]).
-#[cfg(target_arch = "x86_64")]
-#[inline(always)]
-unsafe fn row1_with<M: x86::Mac>(job: &Job<'_>, lo: usize, hi: usize, out: *mut f32) -> bool {
-    use x86::*;
-    // SAFETY: forwarded from the caller.
-    unsafe {
-        match job.qtype {
-            QuantType::Q8_0 => row1_avx2::<Q8_0, M>(job, lo, hi, out),
-            QuantType::Q4_0 => row1_avx2::<Q4_0, M>(job, lo, hi, out),
-            QuantType::Q4_1 => row1_avx2::<Q4_1, M>(job, lo, hi, out),
-            QuantType::Q5_0 => row1_avx2::<Q5_0, M>(job, lo, hi, out),
-            QuantType::Q5_1 => row1_avx2::<Q5_1, M>(job, lo, hi, out),
-            QuantType::IQ4NL => row1_avx2::<Iq4Nl, M>(job, lo, hi, out),
-            _ => return false,
-        }
-    }
-    true
-}
-
-/// `R` weight rows of `band` (codes read by `L`) times `N` activation rows.
-#[cfg(target_arch = "x86_64")]
-#[inline(always)]
-unsafe fn dots_avx2<L: x86::Load, const R: usize, const N: usize>(
-    band: Band,
-    g16: bool,
-    xq: *const i8,
-    xd: *const f32,
-    shift: usize,
-    k: usize,
-) -> [[f32; N]; R] {
-    use std::arch::x86_64::*;
-    let chunks = k / 32;
-    let nb = chunks >> shift;
-    // SAFETY (whole body): in bounds per the caller; AVX2 present.
-    unsafe {
-        let ones = _mm256_set1_epi16(1);
-        let mut acc = [[_mm256_setzero_ps(); N]; R];
-        for c in 0..chunks {
-            let mut dv = [_mm256_setzero_ps(); N];
-            for (t, dv) in dv.iter_mut().enumerate() {
-                *dv = _mm256_set1_ps(*xd.add(t * nb + (c >> shift)));
-            }
-            let mut xv = [_mm256_setzero_si256(); N];
-            for (t, xv) in xv.iter_mut().enumerate() {
-                *xv = _mm256_loadu_si256(xq.add(t * k + c * 32).cast());
-            }
-            for (i, acc) in acc.iter_mut().enumerate() {
-                let w = L::load(&band, i, c);
-                let aw = _mm256_sign_epi8(w, w);
-                let sp = band.scale.add(i * band.groups);
-                let sv = if g16 {
-                    _mm256_set_m128(_mm_set1_ps(*sp.add(2 * c + 1)), _mm_set1_ps(*sp.add(2 * c)))
-                } else {
-                    _mm256_set1_ps(*sp.add(c))
-                };
-                for (t, acc) in acc.iter_mut().enumerate() {
-                    let sx = _mm256_sign_epi8(xv[t], w);
-                    let p = _mm256_madd_epi16(_mm256_maddubs_epi16(aw, sx), ones);
-                    *acc = _mm256_fmadd_ps(_mm256_mul_ps(sv, dv[t]), _mm256_cvtepi32_ps(p), *acc);
-                }
-            }
-        }
-        // Loops, not `acc.map(..)`: `map` is a generic function of its own,
-        // compiled without this kernel's target features, so the SIMD sums
-        // inside its closure became out-of-line calls that spilled the tile.
-        let mut sums = [[0.0f32; N]; R];
-        for (o, a) in sums.iter_mut().zip(&acc) {
-            for (o, &v) in o.iter_mut().zip(a) {
-                *o = Avx2::hsum(v);
-            }
-        }
-        sums
-    }
-}
-
-/// Rows `lo..hi` of a format of 32-value blocks (`L`) times one activation
-/// row, four weight rows at a time, each block's scale (and offset) read
-/// where it lies. Every output is the general route's: the same integer
-/// lanes, `fma(scale * d, float(lanes), acc)` chunk by chunk, `hsum(acc)`,
-/// minus the offsets summed group by group in order.
-#[cfg(target_arch = "x86_64")]
-#[inline(always)]
-unsafe fn row1_avx2<L: x86::Block, M: x86::Mac>(
-    job: &Job<'_>,
-    lo: usize,
-    hi: usize,
-    out: *mut f32,
-) {
-    use std::arch::x86_64::*;
-    // Rows ahead to prefetch: one more tile than the hardware streams need
-    // to keep up when the weights come from memory (a decode step's do).
-    const AHEAD: usize = 8;
-    let chunks = job.cols / 32;
-    let (xq, xd) = (job.acts.codes.as_ptr(), job.acts.scales.as_ptr());
-    let rb = job.row_bytes;
-    let mut r = lo;
-    // SAFETY (whole body): rows lo..hi of `raw` hold `chunks` blocks of
-    // L::BYTES; `xq`/`xd` one row of `cols` codes and `chunks` scales;
-    // `qsum` (offsets only) one entry per block; `out[lo..hi]` is ours.
-    unsafe {
-        macro_rules! tile {
-            ($rt:literal) => {{
-                let base = job.raw.as_ptr().add(r * rb);
-                let mut acc = [_mm256_setzero_ps(); $rt];
-                let mut off = [0.0f32; $rt];
-                for c in 0..chunks {
-                    let xv = _mm256_loadu_si256(xq.add(c * 32).cast());
-                    let d = *xd.add(c);
-                    // BIAS times each lane's four activation codes.
-                    let xbias = if L::BIAS != 0 {
-                        M::bias_term(L::BIAS, xv)
-                    } else {
-                        _mm256_setzero_si256()
-                    };
-                    for i in 0..$rt {
-                        let b = base.add(i * rb + c * L::BYTES);
-                        _mm_prefetch::<_MM_HINT_T0>(b.wrapping_add(AHEAD * rb).cast());
-                        // Each lane: the sum of four code * activation products,
-                        // the integers of the general route.
-                        let p = if L::SIGNED {
-                            let w = L::stored(b);
-                            let aw = _mm256_sign_epi8(w, w);
-                            let sx = _mm256_sign_epi8(xv, w);
-                            M::dot(aw, sx)
-                        } else {
-                            // Unsigned stored codes u, code = u - BIAS:
-                            // sum u * x - BIAS * sum x, exactly.
-                            let u = L::stored(b);
-                            if L::BIAS != 0 {
-                                M::dot_less(xbias, u, xv)
-                            } else {
-                                M::dot(u, xv)
-                            }
-                        };
-                        let coef = _mm256_set1_ps(L::scale(b) * d);
-                        acc[i] = _mm256_fmadd_ps(coef, _mm256_cvtepi32_ps(p), acc[i]);
-                        if L::OFFSET {
-                            off[i] += L::offset(b) * *job.qsum.get_unchecked(c);
-                        }
-                    }
-                }
-                for i in 0..$rt {
-                    let v = Avx2::hsum(acc[i]);
-                    *out.add(r + i) = if L::OFFSET { v - off[i] } else { v };
-                }
-                r += $rt;
-            }};
-        }
-        // Q8_0's long rows come from memory fastest one at a time (about
-        // 1.5x four at a time); the nibble formats are bound by arithmetic,
-        // where four rows share each activation load.
-        while L::ROWS == 4 && hi - r >= 4 {
-            tile!(4);
-        }
-        while r < hi {
-            tile!(1);
-        }
-    }
-}
-
 /// The AVX2 code readers: 32 int8 codes of row `i`, chunk `c` of a band,
 /// the same codes `unpack.rs` writes.
 #[cfg(target_arch = "x86_64")]
 mod x86 {
-    use super::Band;
     use std::arch::x86_64::*;
-
-    /// The lane sums of a 32-byte product: each int32 lane the sum of its
-    /// four products of an unsigned byte of `u` and a signed byte of `x`.
-    pub(super) trait Mac {
-        /// The lane sums, exactly where no pair of products exceeds
-        /// 32767 (every caller: at most 2 * 128 * 127).
-        ///
-        /// # Safety
-        /// AVX2 present (and what the implementation needs).
-        unsafe fn dot(u: __m256i, x: __m256i) -> __m256i;
-        /// The term [`Mac::dot_less`] takes for `bias` times each lane's
-        /// four bytes of `x` (its own sign convention).
-        ///
-        /// # Safety
-        /// As [`Mac::dot`].
-        unsafe fn bias_term(bias: i8, x: __m256i) -> __m256i;
-        /// `dot(u, x) - bias * (sum of each lane's four bytes of x)`, from
-        /// `term = bias_term(bias, x)`.
-        ///
-        /// # Safety
-        /// As [`Mac::dot`].
-        unsafe fn dot_less(term: __m256i, u: __m256i, x: __m256i) -> __m256i;
-    }
-
-    /// AVX2: `vpmaddubsw` (pairs, saturating) then `vpmaddwd` by ones.
-    pub(super) struct Maddubs;
-    impl Mac for Maddubs {
-        #[inline(always)]
-        unsafe fn dot(u: __m256i, x: __m256i) -> __m256i {
-            // SAFETY: AVX2 present (caller).
-            unsafe { _mm256_madd_epi16(_mm256_maddubs_epi16(u, x), _mm256_set1_epi16(1)) }
-        }
-        #[inline(always)]
-        unsafe fn bias_term(bias: i8, x: __m256i) -> __m256i {
-            // SAFETY: forwarded.
-            unsafe { Self::dot(_mm256_set1_epi8(bias), x) }
-        }
-        #[inline(always)]
-        unsafe fn dot_less(term: __m256i, u: __m256i, x: __m256i) -> __m256i {
-            // SAFETY: forwarded.
-            unsafe { _mm256_sub_epi32(Self::dot(u, x), term) }
-        }
-    }
-
-    pub(super) trait Load {
-        /// # Safety
-        /// AVX2 present; row `i`, chunk `c` inside the band.
-        unsafe fn load(band: &Band, i: usize, c: usize) -> __m256i;
-    }
 
     /// The 16 bytes at `p` as 32 nibbles: low ones, then high ones.
     #[inline(always)]
@@ -1358,8 +1056,6 @@ mod x86 {
         /// (below 32), the code being `stored - BIAS`.
         const SIGNED: bool = false;
         const BIAS: i8 = 0;
-        /// Weight rows a one-row product reads at a time (1 or 4).
-        const ROWS: usize = 4;
         /// The 32 codes as stored (see [`Block::SIGNED`]).
         ///
         /// # Safety
@@ -1380,35 +1076,11 @@ mod x86 {
                 v
             }
         }
-        /// # Safety
-        /// As [`Block::codes`].
-        #[inline(always)]
-        unsafe fn scale(b: *const u8) -> f32 {
-            // SAFETY: forwarded.
-            unsafe { half(b) }
-        }
-        /// # Safety
-        /// As [`Block::codes`].
-        #[inline(always)]
-        unsafe fn offset(_: *const u8) -> f32 {
-            0.0
-        }
-    }
-
-    /// The float16 at `p`, exactly (F16C), read as part of an eight-byte
-    /// load (every caller's block has eight bytes from `p` on): built from
-    /// two bytes, LLVM may insert them (`vpinsrw`) into a live register and
-    /// chain each block's scale to whatever that register holds.
-    #[inline(always)]
-    unsafe fn half(p: *const u8) -> f32 {
-        // SAFETY: 8 readable bytes at p; F16C present (caller).
-        unsafe { _mm_cvtss_f32(_mm_cvtph_ps(_mm_loadl_epi64(p.cast()))) }
     }
 
     impl Block for Q8_0 {
         const BYTES: usize = 34;
         const SIGNED: bool = true;
-        const ROWS: usize = 1;
         #[inline(always)]
         unsafe fn stored(b: *const u8) -> __m256i {
             // SAFETY: forwarded; the codes follow `d`.
@@ -1433,11 +1105,6 @@ mod x86 {
         unsafe fn stored(b: *const u8) -> __m256i {
             // SAFETY: forwarded; nibbles after `d`, `m`.
             unsafe { nibbles(b.add(4)) }
-        }
-        #[inline(always)]
-        unsafe fn offset(b: *const u8) -> f32 {
-            // SAFETY: forwarded.
-            -unsafe { half(b.add(2)) }
         }
     }
 
@@ -1465,11 +1132,6 @@ mod x86 {
                 _mm256_or_si256(nibbles(b.add(8)), high)
             }
         }
-        #[inline(always)]
-        unsafe fn offset(b: *const u8) -> f32 {
-            // SAFETY: forwarded.
-            -unsafe { half(b.add(2)) }
-        }
     }
 
     impl Block for Iq4Nl {
@@ -1487,40 +1149,11 @@ mod x86 {
         }
     }
 
-    /// Where a 32-value-block format's block `c` of row `i` starts.
-    #[inline(always)]
-    fn block<L: Block>(band: &Band, i: usize, c: usize) -> *const u8 {
-        at(band, i).wrapping_add(c * L::BYTES)
-    }
-
-    #[inline(always)]
-    fn at(band: &Band, i: usize) -> *const u8 {
-        band.codes.wrapping_add(i * band.stride).cast()
-    }
-
+    /// The formats' markers.
     pub(super) struct Q8_0;
-
-    pub(super) struct Codes;
-    impl Load for Codes {
-        #[inline(always)]
-        unsafe fn load(band: &Band, i: usize, c: usize) -> __m256i {
-            // SAFETY: forwarded.
-            unsafe { _mm256_loadu_si256(at(band, i).add(c * band.cstride).cast()) }
-        }
-    }
-
-    /// The 32-byte block formats: a chunk is one block's codes, as its kernel reads them.
-    macro_rules! block_codes {
-        ($($t:ident),*) => {$(
-            pub(super) struct $t;
-            impl Load for $t {
-                #[inline(always)]
-                unsafe fn load(band: &Band, i: usize, c: usize) -> __m256i {
-                    // SAFETY: forwarded.
-                    unsafe { <Self as Block>::codes(block::<Self>(band, i, c)) }
-                }
-            }
-        )*};
-    }
-    block_codes!(Q4_0, Q4_1, Q5_0, Q5_1, Iq4Nl);
+    pub(super) struct Q4_0;
+    pub(super) struct Q4_1;
+    pub(super) struct Q5_0;
+    pub(super) struct Q5_1;
+    pub(super) struct Iq4Nl;
 }

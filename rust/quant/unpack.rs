@@ -95,25 +95,8 @@ pub(crate) fn unpack_row<S: Lanes>(
     }
 }
 
-/// Whether the fast mode's AVX2 kernel reads `qtype`'s codes straight from
-/// the stored blocks (in registers), so that a row needs only
-/// [`scales_only`]: Q4_0, Q4_1, Q5_0, Q5_1, IQ4_NL, Q4_K, Q6_K (Q8_0 is
-/// read in place everywhere).
-pub(crate) fn codes_in_registers(qtype: QuantType) -> bool {
-    matches!(
-        qtype,
-        QuantType::Q4_0
-            | QuantType::Q4_1
-            | QuantType::Q5_0
-            | QuantType::Q5_1
-            | QuantType::IQ4NL
-            | QuantType::Q4K
-            | QuantType::Q6K
-    )
-}
-
 /// The group scales (and offsets) [`unpack_row`] gives a row of `qtype`,
-/// without its codes: the formats of [`codes_in_registers`] and Q8_0.
+/// without its codes (Q8_0's, read where they lie).
 #[inline(always)]
 pub(crate) fn scales_only<S: Lanes>(
     qtype: QuantType,

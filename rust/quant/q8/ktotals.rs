@@ -20,7 +20,7 @@
 //! a lane at most 8 * 4 * 128 * 63 * 127), so the integers are exact; Q4_K's
 //! and Q5_K's lanes stay below 2^24 and convert exactly.
 //!
-//! The eight-lane kernels this replaces (`super::rows` with `Avx2`, and the
+//! The eight-lane kernels this replaced (the AVX2 build's, since removed, and the
 //! one-row `row1k_avx2` before it) converted and scaled every chunk: sign,
 //! `vpmaddubsw`, `vpmaddwd`, conversion, scale broadcast and multiply-add a
 //! weight row, activation row and chunk, the group offsets in scalar float.

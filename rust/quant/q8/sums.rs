@@ -6,8 +6,8 @@
 //! every block's integer dot product totalled exactly, then the portable
 //! route's float operations, so the portable build's bits.
 //!
-//! The eight-lane kernels (`super::rows`, the AVX2 build's) turn every four
-//! byte products into a float and multiply-add it: three float operations
+//! The eight-lane kernels (the AVX2 build's, since removed) turned every four
+//! byte products into a float and multiply-added it: three float operations
 //! per 32 products of each weight row and activation row, which bounds a
 //! batch at about two of the integer unit's operations per 64 products.
 //! Here each block's 32 products are one exact int32 total, and per output

@@ -10,7 +10,7 @@
 //! result = acc - off
 //! ```
 //!
-//! The eight-lane kernels (`super::rows` with `Avx2`) spend six operations
+//! The eight-lane kernels (the AVX2 build's before, removed) spent six operations
 //! on each weight row, activation row and block (sign, `vpmaddubsw`,
 //! `vpmaddwd`, conversion, scale product, multiply-add), so eight activation
 //! rows cost nearly eight times one. Here a band of eight weight rows is

@@ -85,8 +85,12 @@ def test_load_factory_resolves_dotted_attributes() -> None:
 
 
 def test_python_dash_m_runs_the_check_from_the_working_directory() -> None:
-    # The module is found in the working directory, as `python -m` users expect.
-    env = {**os.environ, "PYTHONPATH": ""}
+    # The module is found in the working directory, as `python -m` users expect. The path
+    # keeps only where rlx_lm itself comes from (an unpacked wheel, in development), not
+    # the tests directory.
+    import rlx_lm
+
+    env = {**os.environ, "PYTHONPATH": str(Path(rlx_lm.__file__).resolve().parents[1])}
     proc = subprocess.run(
         [
             sys.executable,

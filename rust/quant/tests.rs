@@ -1101,6 +1101,61 @@ fn q8_cold_probe() {
     }
 }
 
+/// The exact mode's batched products (matmul's route, one thread) hot (one
+/// matrix in cache) and cold (cycled through 96 MB), for the batch sizes in
+/// `NS` (default 1,2,4,8): `QT=Q8_0 NS=2,8 cargo test --release -q --lib
+/// exact_batch_cold_probe -- --ignored --nocapture`.
+#[test]
+#[ignore = "a speed probe, not a test"]
+fn exact_batch_cold_probe() {
+    let mut rng = Rng(1);
+    let ns = std::env::var("NS").unwrap_or_else(|_| "1,2,4,8".into());
+    for (qtype, rows, cols) in probe_formats("Q8_0,Q4_0,Q4_K,Q6_K") {
+        let name = qtype.name();
+        let one = random_rows(qtype, rows, cols, &mut rng);
+        let copies = (96 << 20) / one.len();
+        let cold: Vec<Vec<u8>> = (0..copies).map(|_| one.clone()).collect();
+        for n in ns
+            .split(',')
+            .map(|v| v.trim().parse::<usize>().expect("NS: numbers"))
+        {
+            let x: Vec<f32> = (0..n * cols).map(|_| rng.unit()).collect();
+            let xsum = kernel::offset_sums(qtype, &x);
+            let mut out = vec![0.0f32; n * rows];
+            let mut go = |raw: &[u8]| {
+                let job = Job {
+                    qtype,
+                    raw,
+                    row_bytes: qtype.row_bytes(cols).unwrap(),
+                    rows,
+                    cols,
+                    x: &x,
+                    n,
+                    xsum: &xsum,
+                };
+                // SAFETY: out holds n x rows floats.
+                unsafe { run(best_build(), &job, 0, rows, out.as_mut_ptr()) };
+            };
+            let (mut hot, mut cold_t) = (f64::MAX, f64::MAX);
+            for _ in 0..5 {
+                for _ in 0..40 {
+                    let t = CpuClock::now();
+                    go(&one);
+                    hot = hot.min(t.elapsed().as_secs_f64());
+                }
+                let t = CpuClock::now();
+                cold.iter().for_each(|m| go(m));
+                cold_t = cold_t.min(t.elapsed().as_secs_f64() / copies as f64);
+            }
+            println!(
+                "{name:6} exact n={n}: hot {:7.1} us  cold {:7.1} us",
+                hot * 1e6,
+                cold_t * 1e6
+            );
+        }
+    }
+}
+
 /// The general AVX2 tiles, without the one-row route.
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2,fma,f16c")]

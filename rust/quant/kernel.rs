@@ -722,8 +722,7 @@ pub(crate) mod row1 {
 
     /// Whether [`blocks_tile`] takes `qtype`.
     pub(crate) fn fuses(qtype: QuantType) -> bool {
-        (covers(qtype) && qtype != QuantType::Q4K)
-            || matches!(qtype, QuantType::Q5_0 | QuantType::Q5_1)
+        covers(qtype) || matches!(qtype, QuantType::Q5_0 | QuantType::Q5_1)
     }
 
     /// Activation rows of a fused tile ([`blocks_tile`]): one weight row,
@@ -754,6 +753,35 @@ pub(crate) mod row1 {
         out: *mut f32,
         out_stride: usize,
     ) {
+        if qtype == QuantType::Q4K {
+            macro_rules! go {
+                ($n:literal) => {{
+                    // SAFETY: forwarded from the caller.
+                    let res = unsafe { q4k_dot::<$n>(raw, x, k) };
+                    for (t, &v) in res.iter().enumerate() {
+                        // SAFETY: t inside the output and the offset terms (caller).
+                        unsafe {
+                            let v = match sub {
+                                Some(offs) => v - *offs.add(t),
+                                None => v,
+                            };
+                            *out.add(t * out_stride) = v;
+                        }
+                    }
+                }};
+            }
+            match nt {
+                1 => go!(1),
+                2 => go!(2),
+                3 => go!(3),
+                4 => go!(4),
+                5 => go!(5),
+                6 => go!(6),
+                7 => go!(7),
+                _ => go!(8),
+            }
+            return;
+        }
         #[inline(always)]
         unsafe fn each<L: Block>(
             nt: usize,
@@ -801,6 +829,54 @@ pub(crate) mod row1 {
                 QuantType::IQ4NL => each::<Iq4Nl>(nt, raw, (x, k), sub, out, out_stride),
                 other => unreachable!("{} has no fused AVX2 tile", other.name()),
             }
+        }
+    }
+
+    /// One Q4_K weight row times `N` activation rows in [`go_q4k`]'s order
+    /// (so the tiles' bits): per group a fresh dot of its four eight-code
+    /// chunks with each activation row, `acc = fma(scale_g, s, acc)`, then
+    /// `hsum`; the offsets are the caller's. Each super-block's scales and
+    /// codes are decoded once for the `N` rows.
+    #[inline(always)]
+    unsafe fn q4k_dot<const N: usize>(raw: *const u8, x: *const f32, k: usize) -> [f32; N] {
+        // SAFETY (whole body): k / 256 super-blocks of 144 bytes at raw, N
+        // rows of k floats at x (caller); AVX2, FMA and F16C present (caller).
+        unsafe {
+            let m = _mm256_set1_epi32(15);
+            let mut acc = [_mm256_setzero_ps(); N];
+            for c in 0..k / 256 {
+                let b = raw.add(c * 144);
+                let (sc, _) = k4_scales8(b);
+                for j in 0..4 {
+                    let q = b.add(16 + 32 * j);
+                    let v = [0, 1, 2, 3]
+                        .map(|h| _mm256_cvtepu8_epi32(_mm_loadl_epi64(q.add(8 * h).cast())));
+                    for part in 0..2 {
+                        let g = 8 * c + 2 * j + part;
+                        let codes = v.map(|v| {
+                            _mm256_cvtepi32_ps(if part == 0 {
+                                _mm256_and_si256(v, m)
+                            } else {
+                                _mm256_srli_epi32::<4>(v)
+                            })
+                        });
+                        let a = _mm256_set1_ps(sc[2 * j + part]);
+                        for (t, acc) in acc.iter_mut().enumerate() {
+                            let xp = x.add(t * k + 32 * g);
+                            let mut s = _mm256_mul_ps(codes[0], _mm256_loadu_ps(xp));
+                            for (h, &code) in codes.iter().enumerate().skip(1) {
+                                s = _mm256_fmadd_ps(code, _mm256_loadu_ps(xp.add(8 * h)), s);
+                            }
+                            *acc = _mm256_fmadd_ps(a, s, *acc);
+                        }
+                    }
+                }
+            }
+            let mut sums = [0.0f32; N];
+            for (o, &a) in sums.iter_mut().zip(&acc) {
+                *o = Avx2::hsum(a);
+            }
+            sums
         }
     }
 

@@ -753,37 +753,32 @@ pub(crate) mod row1 {
         out: *mut f32,
         out_stride: usize,
     ) {
-        if qtype == QuantType::Q4K {
-            macro_rules! go {
-                ($n:literal) => {{
-                    // SAFETY: forwarded from the caller.
-                    let res = unsafe { q4k_dot::<$n>(raw, x, k) };
-                    for (t, &v) in res.iter().enumerate() {
-                        // SAFETY: t inside the output and the offset terms (caller).
-                        unsafe {
-                            let v = match sub {
-                                Some(offs) => v - *offs.add(t),
-                                None => v,
-                            };
-                            *out.add(t * out_stride) = v;
-                        }
-                    }
-                }};
+        /// One weight row's dot with `N` activation rows, by format.
+        trait RowDot {
+            /// # Safety
+            /// As [`blocks_dot`].
+            unsafe fn dot<const N: usize>(raw: *const u8, x: *const f32, k: usize) -> [f32; N];
+        }
+        /// Q4_K's super-blocks ([`q4k_dot`]).
+        struct SuperQ4K;
+        impl RowDot for SuperQ4K {
+            #[inline(always)]
+            unsafe fn dot<const N: usize>(raw: *const u8, x: *const f32, k: usize) -> [f32; N] {
+                // SAFETY: forwarded.
+                unsafe { q4k_dot::<N>(raw, x, k) }
             }
-            match nt {
-                1 => go!(1),
-                2 => go!(2),
-                3 => go!(3),
-                4 => go!(4),
-                5 => go!(5),
-                6 => go!(6),
-                7 => go!(7),
-                _ => go!(8),
+        }
+        /// A 32-value-block format ([`blocks_dot`]).
+        struct Blocks<L>(std::marker::PhantomData<L>);
+        impl<L: Block> RowDot for Blocks<L> {
+            #[inline(always)]
+            unsafe fn dot<const N: usize>(raw: *const u8, x: *const f32, k: usize) -> [f32; N] {
+                // SAFETY: forwarded.
+                unsafe { blocks_dot::<L, N>(raw, x, k) }
             }
-            return;
         }
         #[inline(always)]
-        unsafe fn each<L: Block>(
+        unsafe fn each<D: RowDot>(
             nt: usize,
             raw: *const u8,
             (x, k): (*const f32, usize),
@@ -794,7 +789,7 @@ pub(crate) mod row1 {
             macro_rules! go {
                 ($n:literal) => {{
                     // SAFETY: forwarded from the caller.
-                    let res = unsafe { blocks_dot::<L, $n>(raw, x, k) };
+                    let res = unsafe { D::dot::<$n>(raw, x, k) };
                     for (t, &v) in res.iter().enumerate() {
                         // SAFETY: t inside the output and the offset terms (caller).
                         unsafe {
@@ -821,12 +816,13 @@ pub(crate) mod row1 {
         // SAFETY: forwarded.
         unsafe {
             match qtype {
-                QuantType::Q8_0 => each::<Q8_0>(nt, raw, (x, k), sub, out, out_stride),
-                QuantType::Q4_0 => each::<Q4_0>(nt, raw, (x, k), sub, out, out_stride),
-                QuantType::Q4_1 => each::<Q4_1>(nt, raw, (x, k), sub, out, out_stride),
-                QuantType::Q5_0 => each::<Q5_0>(nt, raw, (x, k), sub, out, out_stride),
-                QuantType::Q5_1 => each::<Q5_1>(nt, raw, (x, k), sub, out, out_stride),
-                QuantType::IQ4NL => each::<Iq4Nl>(nt, raw, (x, k), sub, out, out_stride),
+                QuantType::Q4K => each::<SuperQ4K>(nt, raw, (x, k), sub, out, out_stride),
+                QuantType::Q8_0 => each::<Blocks<Q8_0>>(nt, raw, (x, k), sub, out, out_stride),
+                QuantType::Q4_0 => each::<Blocks<Q4_0>>(nt, raw, (x, k), sub, out, out_stride),
+                QuantType::Q4_1 => each::<Blocks<Q4_1>>(nt, raw, (x, k), sub, out, out_stride),
+                QuantType::Q5_0 => each::<Blocks<Q5_0>>(nt, raw, (x, k), sub, out, out_stride),
+                QuantType::Q5_1 => each::<Blocks<Q5_1>>(nt, raw, (x, k), sub, out, out_stride),
+                QuantType::IQ4NL => each::<Blocks<Iq4Nl>>(nt, raw, (x, k), sub, out, out_stride),
                 other => unreachable!("{} has no fused AVX2 tile", other.name()),
             }
         }

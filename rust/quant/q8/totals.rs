@@ -88,13 +88,15 @@ trait Quads: Block {
     /// below 16: 8, below 32: 4). Signed codes: 1 (unused).
     const RUN: usize;
     /// Batches of up to this many activation rows take [`single`] (weight
-    /// blocks read in place, three activation rows at a time) instead of
-    /// the band's quarters; one row always does. Measured in one process,
-    /// the two routes alternated (1536 x 576, weights from memory): Q8_0's
-    /// `single` wins at every batch size (n=2 110 -> 73 us, n=3 129 -> 83,
-    /// n=4 148 -> 128, n=8 245 -> 229), IQ4_NL's up to three rows (n=2
-    /// 94 -> 79, n=3 161 -> 148; n=4 180 -> 220); the unsigned formats
-    /// keep the band from two rows (Q4_0 n=2 66 vs 67, n=4 95 vs 137).
+    /// blocks read in place, up to four activation rows at a time) instead
+    /// of the band's quarters; one row always does. Measured in one
+    /// process, the two routes alternated (1536 x 576, weights from
+    /// memory): Q8_0's `single` wins at every batch size (n=2 110 -> 73
+    /// us, n=3 129 -> 83, n=4 148 -> 128, n=8 245 -> 229 with three rows a
+    /// pass), IQ4_NL's up to four rows (n=2 94 -> 79, n=3 161 -> 148, n=4
+    /// 118 -> 110 with four a pass; n=8 191 vs 221); the unsigned formats
+    /// keep the band from two rows (Q4_0 n=2 66 vs 67, n=4 79 vs 93, n=8
+    /// 128 vs 188).
     const FEW: usize = 1;
 
     /// The codes of rows `a` and `e` (blocks at those addresses): codes
@@ -173,7 +175,7 @@ impl Quads for x86::Q5_1 {
 
 impl Quads for x86::Iq4Nl {
     const RUN: usize = 1;
-    const FEW: usize = 3;
+    const FEW: usize = 4;
     #[inline(always)]
     unsafe fn pair(a: *const u8, e: *const u8) -> (__m256i, __m256i) {
         // SAFETY: forwarded; nibbles after `d`, looked up in the table.
@@ -205,12 +207,19 @@ unsafe fn rows_of<L: Quads>(job: &Job<'_>, lo: usize, hi: usize, out: *mut f32, 
     // 2(8c + q), their magnitudes after them); block c's eight scales
     // (offsets) at 8c.
     if n <= L::FEW.max(1) {
+        // Four activation rows a pass: each weight block's load and
+        // magnitude, and each block's scales, serve more rows than three
+        // (alternated, Q8_0 1536 x 576 from memory: n=4 106-114 -> 89-95
+        // us, n=7 187 -> 168, n=8 194-208 -> 176-184, n=16 402 -> 367; n=5
+        // and n=6 the same either way); five or more spill the sums (n=8
+        // as 6 + 2: 256 us).
         let mut t = 0;
         while t < n {
-            let nt = (n - t).min(3);
+            let nt = (n - t).min(4);
             // SAFETY: forwarded; rows t..t + nt exist.
             unsafe {
                 match nt {
+                    4 => single::<L, 4>(job, t, lo, hi, out, s),
                     3 => single::<L, 3>(job, t, lo, hi, out, s),
                     2 => single::<L, 2>(job, t, lo, hi, out, s),
                     _ => single::<L, 1>(job, t, lo, hi, out, s),
@@ -318,7 +327,7 @@ unsafe fn reduce(p: [__m256i; BAND]) -> __m256i {
     }
 }
 
-/// `T` activation rows (`t0..t0 + T`, one to three): rows `lo..hi` read
+/// `T` activation rows (`t0..t0 + T`, one to four): rows `lo..hi` read
 /// block by block, each weight row's eight lanes of a block summed across
 /// rows by [`reduce`] (no band decoding), each weight block loaded once
 /// for the `T` rows; the same totals and float operations as [`group`].

@@ -32,7 +32,7 @@
 //! (loads), eight `vpmaddubsw`, eight adds and five float operations for the
 //! eight outputs. A band's decoding (two rows a register, then a transpose
 //! of 32-bit lanes by unpacks) is shared by all activation rows, which go
-//! four at a time so each quarter is loaded once for them.
+//! up to eight at a time so each quarter is loaded once for them.
 
 use std::arch::x86_64::*;
 
@@ -98,6 +98,14 @@ trait Quads: Block {
     /// keep the band from two rows (Q4_0 n=2 66 vs 67, n=4 79 vs 93, n=8
     /// 128 vs 188).
     const FEW: usize = 1;
+    /// Activation rows a pass over the band takes at most (8 or 4; the
+    /// rest go 4, or 3 then what is left). Alternated, 1536 x 576 from
+    /// memory, n=8 as one pass of eight against two of four: Q4_0 134 ->
+    /// 124 us, Q4_1 127 -> 124, IQ4_NL 199 -> 174; Q5_0's int16 runs of
+    /// four make eight rows slower (139 -> 151), so it keeps four. Three
+    /// rows as one pass, not 2 + 1: Q4_0 71 -> 66, Q5_0 96 -> 91; n=5 and
+    /// n=6 as 3 + 2 and 3 + 3: Q4_0 97 -> 92, 110 -> 103.
+    const GROUP: usize = if Self::SIGNED || Self::RUN == 8 { 8 } else { 4 };
 
     /// The codes of rows `a` and `e` (blocks at those addresses): codes
     /// 0..16 of both (`a` in the low 128 bits), then codes 16..32.
@@ -248,11 +256,14 @@ unsafe fn rows_of<L: Quads>(job: &Job<'_>, lo: usize, hi: usize, out: *mut f32, 
             let mut t = 0;
             while t < n {
                 let nt = match n - t {
-                    4.. => 4,
-                    2 | 3 => 2,
-                    _ => 1,
+                    r if r >= L::GROUP => L::GROUP,
+                    4 => 4,
+                    r if r >= 3 => 3,
+                    r => r,
                 };
                 match nt {
+                    8 => group::<L, 8>(job, s, r, live, t, out),
+                    3 => group::<L, 3>(job, s, r, live, t, out),
                     4 => group::<L, 4>(job, s, r, live, t, out),
                     2 => group::<L, 2>(job, s, r, live, t, out),
                     _ => group::<L, 1>(job, s, r, live, t, out),

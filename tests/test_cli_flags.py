@@ -312,6 +312,43 @@ def test_serve_flags_reach_the_server_config() -> None:
     assert cfg.model_name == "x"
 
 
+def test_serve_engine_flags_reach_the_runner_and_every_ray_replica(
+    model: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    pytest.importorskip("starlette")
+    import rlx_lm.cli as cli
+    import rlx_lm.server as server
+    from rlx_lm import LmRunnerBuilder
+
+    built: list[tuple[str, str, int | None]] = []
+    real_build = LmRunnerBuilder.build
+
+    def build(self: LmRunnerBuilder) -> object:
+        built.append((self.kv_dtype(), self.activations(), self.threads()))
+        return real_build(self)
+
+    served: list[object] = []
+    monkeypatch.setattr(LmRunnerBuilder, "build", build)
+    monkeypatch.setattr(server, "serve", lambda runner, *a, **k: served.append(runner))
+    flags = ["-ctk", "f16", "-ctv", "f16", "--activations", "q8", "-t", "1"]
+    assert main(["serve", str(model), "-c", "64", *flags]) == 0
+    assert main(["serve", str(model), "-c", "64"]) == 0
+    assert built == [("float16", "q8", 1), ("float32", "exact", LmRunnerBuilder().threads())]
+    assert getattr(served[0], "kv_dtype", None) == "float16"
+    # --ray: the same settings go to every replica's load_model (they were dropped).
+    seen: list[dict[str, object]] = []
+    monkeypatch.setattr(cli, "_serve_on_ray", lambda a, m, s, engine: seen.append(engine) or 0)
+    assert main(["serve", str(model), "--ray", "--no-packed", *flags]) == 0
+    assert seen == [
+        {"packed_weights": False, "threads": 1, "activations": "q8", "kv_dtype": "float16"}
+    ]
+    capsys.readouterr()
+    code, _, err = run(capsys, "serve", str(model), "-ctk", "f16", "-ctv", "f32")
+    assert code == 2
+    assert "-ctk and -ctv must match" in err, err
+    assert len(built) == 2  # refused before anything was built
+
+
 def test_serve_refuses_a_bad_prefill_chunk_before_loading(
     capsys: pytest.CaptureFixture[str], tmp_path: Path
 ) -> None:

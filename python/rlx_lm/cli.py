@@ -22,6 +22,7 @@ from rlx_lm.errors import InvalidOptionError, RlxError
 from rlx_lm.sample_opts import MirostatMode
 
 if TYPE_CHECKING:
+    from rlx_lm.config import KvDtype
     from rlx_lm.sample_opts import SampleOpts
 
 __all__ = ["main"]
@@ -129,6 +130,29 @@ class _Progress:
             self.stream.write("\r" + " " * (self.WIDTH + 40) + "\r")
             self.stream.flush()
             self.shown = False
+
+
+def _add_cache_type_args(parser: Any) -> None:
+    """llama.cpp's ``-ctk``/``-ctv``: how the KV cache stores keys and values."""
+    for flag, short in (("--cache-type-k", "-ctk"), ("--cache-type-v", "-ctv")):
+        parser.add_argument(
+            short,
+            flag,
+            choices=("f32", "f16"),
+            default=None,
+            help="How the KV cache stores keys and values (they must match); f16 halves it "
+            "(default: f32).",
+        )
+
+
+def _kv_dtype(args: argparse.Namespace) -> KvDtype | None:
+    """The KV cache's dtype ``-ctk``/``-ctv`` ask for (None: not given); they must match."""
+    kv = {args.cache_type_k, args.cache_type_v} - {None}
+    if len(kv) > 1:
+        raise _usage("-ctk and -ctv must match: the KV cache stores keys and values alike")
+    if not kv:
+        return None
+    return "float16" if kv == {"f16"} else "float32"
 
 
 def _add_model_args(parser: argparse.ArgumentParser, *, what: str) -> None:
@@ -239,15 +263,7 @@ def _parser() -> argparse.ArgumentParser:
         help="Multiply the weights as stored (--packed, the default) or dequantise them to "
         "float32 at load (--no-packed: 4 bytes a weight, float32 kernels).",
     )
-    for flag, short in (("--cache-type-k", "-ctk"), ("--cache-type-v", "-ctv")):
-        g.add_argument(
-            short,
-            flag,
-            choices=("f32", "f16"),
-            default=None,
-            help="How the KV cache stores keys and values (they must match); f16 halves it "
-            "(default: f32).",
-        )
+    _add_cache_type_args(g)
     _add_chat_args(g)
     _add_sampler_args(g)
 
@@ -503,6 +519,7 @@ def _serve_parser(sub: Any) -> None:
         default=None,
         help="exact: float32 activations (default); q8: 8-bit, integer dot products (faster)",
     )
+    _add_cache_type_args(s)
     s.add_argument(
         "--ray",
         action="store_true",
@@ -515,7 +532,9 @@ def _serve_parser(sub: Any) -> None:
     )
 
 
-def _serve_on_ray(args: argparse.Namespace, model: str, server: dict[str, Any]) -> int:
+def _serve_on_ray(
+    args: argparse.Namespace, model: str, server: dict[str, Any], engine: dict[str, Any]
+) -> int:
     import importlib.util
 
     if importlib.util.find_spec("ray") is None:
@@ -532,6 +551,7 @@ def _serve_on_ray(args: argparse.Namespace, model: str, server: dict[str, Any]) 
         num_replicas=args.replicas,
         num_cpus_per_replica=args.cpus_per_replica,
         server=server,
+        load_kwargs=engine,
     )
     if not ray.is_initialized():
         ray.init()
@@ -558,24 +578,37 @@ def _serve(args: argparse.Namespace) -> int:
     model = str(default_model_path()) if args.model is None else args.model
     if args.ctx_size < 2:
         raise _usage(f"-c must be >= 2, got {args.ctx_size}")
+    engine = _engine_settings(args)
     if args.ray:
-        return _serve_on_ray(args, model, _server_settings(args, Path(model).stem))
+        return _serve_on_ray(args, model, _server_settings(args, Path(model).stem), engine)
     builder = LmRunnerBuilder().weights(model)
     # The server's settings are checked before anything is read.
     config = ServerConfig(**_server_settings(args, Path(builder.resolved_weights()).stem))
     tokenizer = Tokenizer.load(builder.resolved_weights())
     builder = builder.max_seq(args.ctx_size)
-    if args.packed is not None:
-        builder = builder.packed_weights(args.packed)
-    if args.threads is not None:
-        if args.threads < 1:
-            raise _usage(f"-t must be >= 1, got {args.threads}")
-        builder = builder.threads(args.threads)
-    if args.activations is not None:
-        builder = builder.activations(args.activations)
+    for name, value in engine.items():
+        builder = getattr(builder, name)(value)
     runner = builder.build()
     serve(runner, tokenizer, host=args.host, port=args.port, config=config)
     return 0
+
+
+def _engine_settings(args: argparse.Namespace) -> dict[str, Any]:
+    """`LmRunnerBuilder` settings from `rlx-lm serve`'s engine flags (those given): the
+    same for one process and for every Ray replica."""
+    out: dict[str, Any] = {}
+    if args.packed is not None:
+        out["packed_weights"] = args.packed
+    if args.threads is not None:
+        if args.threads < 1:
+            raise _usage(f"-t must be >= 1, got {args.threads}")
+        out["threads"] = args.threads
+    if args.activations is not None:
+        out["activations"] = args.activations
+    kv_dtype = _kv_dtype(args)
+    if kv_dtype is not None:
+        out["kv_dtype"] = kv_dtype
+    return out
 
 
 def _server_settings(args: argparse.Namespace, stem: str) -> dict[str, Any]:
@@ -671,7 +704,7 @@ def _generate(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
         ids = render_conversation(tokenizer, turns, chat_template=template)
     if args.ctx_size < 0:
         raise _usage(f"-c must be >= 0, got {args.ctx_size}")
-    kv_dtype = "float16" if {args.cache_type_k, args.cache_type_v} == {"f16"} else "float32"
+    kv_dtype = _kv_dtype(args) or "float32"
     ctx = args.ctx_size or default_context(path, kv_dtype=kv_dtype)
     if len(ids) >= ctx:
         raise _usage(f"the prompt is {len(ids)} tokens, no room left in a context of {ctx}")
@@ -691,11 +724,9 @@ def _generate(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
         builder = builder.threads(args.threads)
     if args.activations is not None:
         builder = builder.activations(args.activations)
-    kv = {args.cache_type_k, args.cache_type_v} - {None}
-    if len(kv) > 1:
-        raise _usage("-ctk and -ctv must match: the KV cache stores keys and values alike")
-    if kv:
-        builder = builder.kv_dtype("float16" if kv == {"f16"} else "float32")
+    kv_dtype_set = _kv_dtype(args)
+    if kv_dtype_set is not None:
+        builder = builder.kv_dtype(kv_dtype_set)
     with load_progress(lambda done, total: progress.update("loading", done, total)):
         runner = builder.build()
     progress.clear()

@@ -464,6 +464,28 @@ def test_chat_command_passes_its_sampler_order(monkeypatch: pytest.MonkeyPatch) 
     assert seen == ["hf", ["logit_bias", "top_k", "temperature"], "llama.cpp"]
 
 
+def test_chat_command_takes_the_engine_flags_generate_and_serve_take(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # --activations and -ctk/-ctv reach the runner chat builds (they were not chat flags).
+    import rlx_lm.chat as chat_module
+    from rlx_lm import LmRunnerBuilder
+
+    built: list[tuple[str, str]] = []
+    real_build = LmRunnerBuilder.build
+
+    def build(self: LmRunnerBuilder) -> object:
+        built.append((self.kv_dtype(), self.activations()))
+        return real_build(self)
+
+    monkeypatch.setattr(LmRunnerBuilder, "build", build)
+    monkeypatch.setattr(chat_module, "run_repl", lambda *a, **kw: 0)
+    flags = ["--activations", "q8", "-ctk", "f16", "-ctv", "f16"]
+    assert main(["chat", "-n", "2", "-c", "64", *flags]) == 0
+    assert main(["chat", "-n", "2", "-c", "64"]) == 0
+    assert built == [("float16", "q8"), ("float32", "exact")]
+
+
 GEMMA = Path(__file__).parent / "data" / "chat_templates" / "gemma.jinja"
 
 

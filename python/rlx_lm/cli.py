@@ -396,6 +396,14 @@ def _chat_parser(sub: Any) -> None:
         help="Multiply the weights as stored (--packed, the default) or dequantise them to "
         "float32 at load (--no-packed: 4 bytes a weight, float32 kernels).",
     )
+    c.add_argument(
+        "--activations",
+        choices=("exact", "q8"),
+        default=None,
+        help="exact: float32 activations (default); q8: quantised to 8 bits as llama.cpp "
+        "does, integer dot products (faster, logits slightly less exact).",
+    )
+    _add_cache_type_args(c)
     _add_sampler_args(c)
 
 
@@ -438,14 +446,11 @@ def _chat(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
     template = _chat_template_for(args, tokenizer, repl=True)
     if args.ctx_size < 0:
         raise _usage(f"-c must be >= 0, got {args.ctx_size}")
-    ctx = args.ctx_size or default_context(path)
+    engine = _engine_settings(args)
+    ctx = args.ctx_size or default_context(path, kv_dtype=engine.get("kv_dtype", "float32"))
     builder = builder.max_seq(ctx)
-    if args.packed is not None:
-        builder = builder.packed_weights(args.packed)
-    if args.threads is not None:
-        if args.threads < 1:
-            raise _usage(f"-t must be >= 1, got {args.threads}")
-        builder = builder.threads(args.threads)
+    for name, value in engine.items():
+        builder = getattr(builder, name)(value)
     progress = _Progress(err)
     with load_progress(lambda done, total: progress.update("loading", done, total)):
         runner = builder.build()
@@ -594,8 +599,9 @@ def _serve(args: argparse.Namespace) -> int:
 
 
 def _engine_settings(args: argparse.Namespace) -> dict[str, Any]:
-    """`LmRunnerBuilder` settings from `rlx-lm serve`'s engine flags (those given): the
-    same for one process and for every Ray replica."""
+    """`LmRunnerBuilder` settings from the engine flags given (``--packed``, ``-t``,
+    ``--activations``, ``-ctk``/``-ctv``): what `generate`, `chat` and `serve` build with,
+    and what every Ray replica of `serve --ray` loads with."""
     out: dict[str, Any] = {}
     if args.packed is not None:
         out["packed_weights"] = args.packed
@@ -716,17 +722,8 @@ def _generate(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
             f"context {ctx}, up to {max_tokens} new tokens\n"
             f"rlx-lm: sampling {opts}\n"
         )
-    if args.packed is not None:
-        builder = builder.packed_weights(args.packed)
-    if args.threads is not None:
-        if args.threads < 1:
-            raise _usage(f"-t must be >= 1, got {args.threads}")
-        builder = builder.threads(args.threads)
-    if args.activations is not None:
-        builder = builder.activations(args.activations)
-    kv_dtype_set = _kv_dtype(args)
-    if kv_dtype_set is not None:
-        builder = builder.kv_dtype(kv_dtype_set)
+    for name, value in _engine_settings(args).items():
+        builder = getattr(builder, name)(value)
     with load_progress(lambda done, total: progress.update("loading", done, total)):
         runner = builder.build()
     progress.clear()

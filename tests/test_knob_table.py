@@ -266,3 +266,30 @@ def test_the_docs_count_of_files_a_new_stage_touches_is_its_tables() -> None:
     assert m is not None
     touched = [c for c in now if not (c.startswith("no") or c in ("-", "(not counted)"))]
     assert int(m.group(1)) == len(touched)
+
+
+def test_the_servers_dry_breakers_are_llama_servers(tmp_path: Path) -> None:
+    from model_factory import make_tiny, write_gguf
+    from tokenizer_factory import bpe_gguf_fields, train_bpe
+
+    from rlx_lm.sample_opts import DRY_DEFAULT_BREAKERS
+    from rlx_lm.tokenizer import Tokenizer
+
+    path = tmp_path / "m.gguf"
+    write_gguf(make_tiny(vocab=300), path, tokenizer=bpe_gguf_fields(train_bpe()))
+    tok = Tokenizer.load(path)
+    limits = Limits(model_name="m", vocab_size=300, max_tokens=8, max_n=2, max_top_logprobs=2)
+
+    def breakers(**body: Any) -> tuple[int, ...]:
+        parsed = parse_completion({"prompt": "the cat", **body}, tok, limits)
+        return parsed.requests[0].opts.dry_sequence_breakers
+
+    # DRY on and no breakers given: llama-server's four, as every token holding one
+    assert breakers(dry_multiplier=0.8) == tok.ids_containing(DRY_DEFAULT_BREAKERS)
+    assert breakers(dry_multiplier=0.8, dry_sequence_breakers=[]) == ()
+    assert breakers(dry_multiplier=0.8, dry_sequence_breakers=["at"]) == tok.ids_containing(["at"])
+    assert breakers(dry_multiplier=0.8, dry_sequence_breakers=[7, "at"]) == (
+        7,
+        *tok.ids_containing(["at"]),
+    )
+    assert breakers() == ()  # DRY off

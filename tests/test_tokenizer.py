@@ -243,3 +243,32 @@ def test_building_sentencepiece_is_not_quadratic_in_token_length(tmp_path: Path)
     assert tok.encode(text, add_special_tokens=False) == spm_reference_encode(
         text, SPM_TOKENS, SPM_SCORES
     )
+
+
+@settings(max_examples=40, deadline=None)
+@given(texts=st.lists(st.text(alphabet="the cat\n,!é", min_size=0, max_size=3), max_size=3))
+def test_ids_containing_is_every_token_whose_text_holds_a_string(
+    bpe_gguf: Tokenizer, spm_gguf: Tokenizer, texts: list[str]
+) -> None:
+    # The reference: decode each id alone and look.
+    for tok in (bpe_gguf, spm_gguf):
+        got = tok.ids_containing(texts)
+        wanted = [t for t in texts if t]
+        want = {
+            i
+            for i in range(tok.vocab_size)
+            if any(t in tok.decode([i], skip_special_tokens=False) for t in wanted)
+        }
+        for t in wanted:
+            want.update(tok.encode(t, add_special_tokens=False))
+        assert got == tuple(sorted(want))
+        assert tok.ids_containing(texts) is got or not wanted  # cached per set of strings
+
+
+def test_ids_containing_finds_the_tokens_around_a_string(bpe_gguf: Tokenizer) -> None:
+    alone = set(bpe_gguf.encode("at", add_special_tokens=False))
+    got = set(bpe_gguf.ids_containing(["at"]))
+    assert alone < got  # "hat" breaks too, as llama.cpp reads a breaker string
+    assert all("at" in bpe_gguf.decode([i]) for i in got - alone)
+    assert bpe_gguf.ids_containing([]) == ()
+    assert bpe_gguf.ids_containing([""]) == ()

@@ -11,7 +11,9 @@ that closes the pipe early (``| head``) ends the run quietly with status 0.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import os
+import re
 import secrets
 import sys
 from collections.abc import Sequence
@@ -19,7 +21,7 @@ from typing import TYPE_CHECKING, Any, TextIO
 
 from rlx_lm import _core
 from rlx_lm.errors import InvalidOptionError, RlxError
-from rlx_lm.sample_opts import MirostatMode
+from rlx_lm.sample_opts import DRY_DEFAULT_BREAKERS, MirostatMode
 
 if TYPE_CHECKING:
     from rlx_lm.config import KvDtype
@@ -36,6 +38,30 @@ _SAMPLER_FLAGS: dict[str, tuple[str, type]] = {
     if k["flag"] is not None
 }
 _SAMPLER_HELP: dict[str, str] = {k["name"]: k["help"] for k in _core.SAMPLER_KNOBS}
+
+
+def _logit_bias(text: str) -> tuple[int, float]:
+    """``TOKEN_ID(+/-)BIAS`` as llama.cpp's ``--logit-bias`` reads it: ``15043+1``,
+    ``15043-0.5``, ``15043-inf`` (a ban)."""
+    for i, ch in enumerate(text):
+        if ch in "+-" and i > 0:
+            head, sign, tail = text[:i], ch, text[i + 1 :]
+            break
+    else:
+        raise argparse.ArgumentTypeError(f"{text!r}: expected TOKEN_ID+BIAS or TOKEN_ID-BIAS")
+    try:
+        token = int(head)
+        bias = float(tail)
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"{text!r}: expected TOKEN_ID+BIAS or TOKEN_ID-BIAS, e.g. 15043+1 or 15043-inf"
+        ) from None
+    if token < 0 or tail.strip().lower() in ("nan", "+nan", "-nan") or bias != bias:
+        raise argparse.ArgumentTypeError(f"{text!r}: a token id >= 0 and a number bias")
+    if tail.strip().startswith(("+", "-")):
+        raise argparse.ArgumentTypeError(f"{text!r}: one sign between the token id and the bias")
+    return token, bias if sign == "+" else -bias
+
 
 _ESCAPES = {"n": "\n", "r": "\r", "t": "\t", "'": "'", '"': '"', "\\": "\\"}
 
@@ -251,6 +277,12 @@ def _parser() -> argparse.ArgumentParser:
         help="Stop before this string; repeat the flag for several.",
     )
     g.add_argument(
+        "--ignore-eos",
+        action="store_true",
+        help="Go on past the end-of-text and end-of-turn tokens (they are banned, as "
+        "llama.cpp's --ignore-eos does): -n tokens are generated, or the context fills.",
+    )
+    g.add_argument(
         "-v",
         "--verbose",
         action="store_true",
@@ -308,6 +340,43 @@ def _add_sampler_args(parser: argparse.ArgumentParser) -> None:
         help="The stages in order, as llama.cpp's --samplers names them, separated by ';' "
         "(e.g. 'penalties;top_k;top_p;temperature'); logit bias runs first and the draw last. "
         "Replaces --sampler-order.",
+    )
+    parser.add_argument(
+        "--dynatemp-range",
+        type=float,
+        default=None,
+        metavar="N",
+        help="Dynamic temperature: each step's temperature moves within --temp +- N (at least "
+        "0) with the entropy of the candidates; 0 is off. (default: 0.0)",
+    )
+    parser.add_argument(
+        "--dynatemp-exp",
+        dest="dynamic_temp_exponent",
+        type=float,
+        default=None,
+        metavar="N",
+        help=f"{_SAMPLER_HELP['dynamic_temp_exponent']} (default: 1.0)",
+    )
+    parser.add_argument(
+        "-l",
+        "--logit-bias",
+        action="append",
+        default=[],
+        type=_logit_bias,
+        metavar="TOKEN_ID(+/-)BIAS",
+        help="Add BIAS to the logit of token TOKEN_ID before sampling, as llama.cpp reads it: "
+        "15043+1 raises token 15043, 15043-1 lowers it, 15043-inf bans it; repeat the flag "
+        "for several.",
+    )
+    parser.add_argument(
+        "--dry-sequence-breaker",
+        action="append",
+        default=None,
+        metavar="STRING",
+        help="A string that ends a repeated sequence for DRY (every token whose text holds "
+        "it); repeat the flag for several. The first one replaces the default breakers "
+        f"{', '.join(repr(b) for b in DRY_DEFAULT_BREAKERS)}, as in llama.cpp; 'none' "
+        "leaves no breaker.",
     )
 
 
@@ -443,6 +512,7 @@ def _chat(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
     path = builder.resolved_weights()
     architecture_of(path, builder.resolved_format())
     tokenizer = Tokenizer.load(path, pre_tokenizer=args.pre_tokenizer)
+    opts = _with_tokenizer(opts, args, tokenizer)
     template = _chat_template_for(args, tokenizer, repl=True)
     if args.ctx_size < 0:
         raise _usage(f"-c must be >= 0, got {args.ctx_size}")
@@ -646,7 +716,54 @@ def _sample_opts(args: argparse.Namespace) -> SampleOpts:
         kw["mirostat"] = MirostatMode(kw["mirostat"])
     if args.seed is not None:
         kw["seed"] = args.seed
+    if args.dynamic_temp_exponent is not None:
+        kw["dynamic_temp_exponent"] = args.dynamic_temp_exponent
+    if args.dynatemp_range is not None:
+        # llama.cpp's range around --temp; SampleOpts takes the (min, max) pair in its place
+        if not args.dynatemp_range >= 0:
+            raise InvalidOptionError(f"--dynatemp-range must be >= 0, got {args.dynatemp_range}")
+        if args.dynatemp_range > 0:
+            t = float(kw.pop("temperature", 0.0))
+            kw["dynamic_temp"] = (max(0.0, t - args.dynatemp_range), t + args.dynatemp_range)
+    if args.logit_bias:
+        kw["logit_bias"] = dict(args.logit_bias)  # a token given twice: the last one counts
     return SampleOpts(**kw)
+
+
+def _shown(opts: SampleOpts) -> str:
+    """``opts`` for -v, with a long list of DRY breakers (the default breakers hold a few
+    hundred ids) shown as its length."""
+    text = repr(opts)
+    n = len(opts.dry_sequence_breakers)
+    if n > 8:
+        text = re.sub(r"dry_sequence_breakers=\([^)]*\)", f"dry_sequence_breakers=<{n} ids>", text)
+    return text
+
+
+def _with_tokenizer(opts: SampleOpts, args: argparse.Namespace, tokenizer: Any) -> SampleOpts:
+    """What the sampling flags need the vocabulary for: DRY's breakers (when DRY is on) as
+    the ids of every token whose text holds a breaker string, ``--ignore-eos`` as a ban on
+    every end-of-generation token (llama.cpp: "implies --logit-bias EOS-inf"), and a check
+    that every ``--logit-bias`` token is in the vocabulary."""
+    changes: dict[str, Any] = {}
+    vocab = int(tokenizer.vocab_size)
+    for token in opts.logit_bias:
+        if token >= vocab:
+            raise InvalidOptionError(
+                f"--logit-bias: token {token} is not in the vocabulary (0..{vocab - 1})"
+            )
+    breakers = args.dry_sequence_breaker
+    if breakers is None:
+        breakers = list(DRY_DEFAULT_BREAKERS)
+    elif "none" in breakers:  # llama.cpp: each 'none' clears the breakers given before it
+        breakers = breakers[len(breakers) - breakers[::-1].index("none") :]
+    if opts.dry_multiplier > 0 and breakers and not opts.dry_sequence_breakers:
+        changes["dry_sequence_breakers"] = tokenizer.ids_containing(breakers)
+    if getattr(args, "ignore_eos", False):
+        bias = dict(opts.logit_bias)
+        bias.update({t: float("-inf") for t in tokenizer.stop_token_ids if t < vocab})
+        changes["logit_bias"] = bias
+    return dataclasses.replace(opts, **changes) if changes else opts
 
 
 def _read_prompt(args: argparse.Namespace, err: TextIO) -> str:
@@ -700,6 +817,7 @@ def _generate(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
     path = builder.resolved_weights()
     architecture_of(path, builder.resolved_format())
     tokenizer = Tokenizer.load(path, pre_tokenizer=args.pre_tokenizer)
+    opts = _with_tokenizer(opts, args, tokenizer)
     template = _chat_template_for(args, tokenizer, repl=False)
     if template is None:
         ids = tokenizer.encode(prompt)
@@ -720,7 +838,7 @@ def _generate(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
         err.write(
             f"rlx-lm: model {path} ({builder.resolved_format()}), prompt {len(ids)} tokens, "
             f"context {ctx}, up to {max_tokens} new tokens\n"
-            f"rlx-lm: sampling {opts}\n"
+            f"rlx-lm: sampling {_shown(opts)}\n"
         )
     for name, value in _engine_settings(args).items():
         builder = getattr(builder, name)(value)

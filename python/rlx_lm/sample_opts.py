@@ -14,7 +14,15 @@ from rlx_lm.errors import InvalidOptionError
 if TYPE_CHECKING:
     from rlx_lm._core import SamplerChain
 
-__all__ = ["KNOBS", "ORDER_PRESETS", "STAGE_NAMES", "LogitBias", "MirostatMode", "SampleOpts"]
+__all__ = [
+    "DRY_DEFAULT_BREAKERS",
+    "KNOBS",
+    "ORDER_PRESETS",
+    "STAGE_NAMES",
+    "LogitBias",
+    "MirostatMode",
+    "SampleOpts",
+]
 
 # The knobs, stages and presets are described once, in the Rust core
 # (rust/sampling/knobs.rs and stages.rs); everything here is read from there.
@@ -22,6 +30,12 @@ __all__ = ["KNOBS", "ORDER_PRESETS", "STAGE_NAMES", "LogitBias", "MirostatMode",
 #: Every knob as the core describes it (name, kind, default, range, help, llama.cpp flag),
 #: in `SampleOpts`' field order.
 KNOBS: tuple[dict[str, Any], ...] = _core.SAMPLER_KNOBS
+
+#: llama.cpp's default DRY sequence breakers (``common_params_sampling``): the CLI and the
+#: server use them when DRY is on and no breaker is given, as llama-cli and llama-server do
+#: (``SampleOpts`` itself holds token ids and defaults to none; see
+#: `rlx_lm.tokenizer.Tokenizer.ids_containing`).
+DRY_DEFAULT_BREAKERS: tuple[str, ...] = ("\n", ":", '"', "*")
 
 #: Names accepted by ``SampleOpts.into_chain(order=...)``.
 ORDER_PRESETS: tuple[str, ...] = tuple(_core.SAMPLER_PRESETS)

@@ -20,8 +20,8 @@ llama-server's own conventions, kept here:
 ``repeat_last_n`` (-1: whole history)           ``repetition_window``
 ``logit_bias`` ({"id": bias} or [[id, bias]])   ``logit_bias``; bias in [-100, 100] or
                                                 ``false`` (ban, as llama-server)
-``dry_sequence_breakers``                       token ids or strings (every token of the
-                                                string)
+``dry_sequence_breakers`` (default, when DRY    token ids or strings (every token whose
+is on: llama-server's ``"\\n" ":" "\\"" "*"``)  text holds the string); ``[]`` for none
 ``xtc_probability``                             ``xtc_prob``
 ``dynatemp_range``, ``dynatemp_exponent``       ``dynamic_temp`` = temperature +- range,
                                                 ``dynamic_temp_exponent``
@@ -60,7 +60,7 @@ from typing import Any
 from rlx_lm import _core
 from rlx_lm.errors import InvalidOptionError
 from rlx_lm.generation import TokenLogprob
-from rlx_lm.sample_opts import SampleOpts
+from rlx_lm.sample_opts import DRY_DEFAULT_BREAKERS, SampleOpts
 from rlx_lm.server.scheduler import GenerationRequest
 from rlx_lm.tokenizer import Tokenizer
 
@@ -326,6 +326,10 @@ def sample_opts(body: Mapping[str, Any], tokenizer: Tokenizer, vocab: int) -> Sa
         kw[knob], source[knob] = v, name
         if knob == "dynamic_temp" and v is not None:
             kw["temperature"] = 0.0  # dynamic temperature replaces it
+    on = kw.get("dry_multiplier", 0.0)
+    if on and "dry_sequence_breakers" not in kw and tokenizer is not None:
+        # llama-server's default breakers, as its DRY has them unless the body says otherwise
+        kw["dry_sequence_breakers"] = tokenizer.ids_containing(DRY_DEFAULT_BREAKERS)
     try:
         return SampleOpts(**kw)
     except InvalidOptionError as exc:
@@ -363,17 +367,21 @@ def _logit_bias(value: Any, name: str, vocab: int) -> dict[int, float]:
 
 
 def _tokens(value: Any, name: str, tokenizer: Tokenizer, vocab: int) -> tuple[int, ...]:
-    """Token ids, or strings standing for every token of their text (DRY's breakers)."""
+    """Token ids, or strings standing for every token whose text holds them, as llama.cpp
+    reads DRY's breaker strings (`Tokenizer.ids_containing`)."""
     if not isinstance(value, list):
         raise ProtocolError(f"{name}: must be a list of strings or token ids", name)
     out: list[int] = []
+    texts: list[str] = []
     for item in value:
         if isinstance(item, str):
-            out += tokenizer.encode(item, add_special_tokens=False)
+            texts.append(item)
         elif isinstance(item, int) and not isinstance(item, bool) and 0 <= item < vocab:
             out.append(item)
         else:
             raise ProtocolError(f"{name}: {item!r} is neither a string nor a token id", name)
+    if texts:
+        out += tokenizer.ids_containing(texts)
     return tuple(dict.fromkeys(out))
 
 

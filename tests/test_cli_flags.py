@@ -312,6 +312,37 @@ def test_serve_flags_reach_the_server_config() -> None:
     assert cfg.model_name == "x"
 
 
+def test_serve_api_key_from_the_flag_or_the_environment_and_never_in_help(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    pytest.importorskip("starlette")
+    from rlx_lm.cli import _server_settings
+    from rlx_lm.server import ServerConfig
+
+    def config(*flags: str) -> ServerConfig:
+        return ServerConfig(**_server_settings(_parser().parse_args(["serve", "x", *flags]), "x"))
+
+    monkeypatch.delenv("RLX_LM_API_KEY", raising=False)
+    assert config().api_key is None
+    # --ray: the replicas build their app from the same settings, key included
+    import rlx_lm.cli as cli
+
+    seen: list[dict[str, object]] = []
+    monkeypatch.setattr(cli, "_serve_on_ray", lambda a, m, server, e: seen.append(server) or 0)
+    assert cli.main(["serve", "x.gguf", "--ray", "--api-key", "sk-ray"]) == 0
+    assert seen[0]["api_key"] == "sk-ray"
+    assert config("--api-key", "sk-flag").api_key == "sk-flag"
+    monkeypatch.setenv("RLX_LM_API_KEY", "sk-env")
+    assert config().api_key == "sk-env"
+    assert config("--api-key", "sk-flag").api_key == "sk-flag"  # the flag wins
+    with pytest.raises(SystemExit):
+        _parser().parse_args(["serve", "--help"])
+    assert "sk-env" not in capsys.readouterr().out
+    # llama-server's and vLLM's names for --model-name
+    for flag in ("-a", "--alias", "--served-model-name", "--model-name"):
+        assert config(flag, "named").model_name == "named"
+
+
 def test_serve_engine_flags_reach_the_runner_and_every_ray_replica(
     model: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -753,3 +753,45 @@ def test_a_non_streaming_client_that_goes_away_frees_its_slot(model: tuple[Any, 
         assert scheduler.metrics.finished["cancelled"] == 1
         assert scheduler.running == 0
         assert scheduler.metrics.generation_tokens < 300
+
+
+def test_an_api_key_guards_the_v1_routes_and_not_health(model: tuple[Any, Any]) -> None:
+    runner, tok = fresh(model)
+    key = "sk-local-0123"
+    app = create_app(runner, tok, config=ServerConfig(model_name="austen", api_key=key))
+    with live_server(app) as s:
+        good = openai.OpenAI(base_url=f"{s.url}/v1", api_key=key, max_retries=0, timeout=60)
+        bad = openai.OpenAI(base_url=f"{s.url}/v1", api_key="sk-wrong", max_retries=0, timeout=60)
+        with pytest.raises(openai.AuthenticationError) as err:
+            bad.completions.create(model="austen", prompt=PROMPT, max_tokens=2)
+        assert err.value.code == "invalid_api_key"
+        with pytest.raises(openai.AuthenticationError):
+            bad.models.list()
+        out = good.completions.create(model="austen", prompt=PROMPT, max_tokens=2)
+        assert out.choices[0].finish_reason == "length"
+        stream = good.chat.completions.create(
+            model="austen", messages=[{"role": "user", "content": "Hi"}], max_tokens=2, stream=True
+        )
+        assert sum(1 for _ in stream) >= 2
+        assert [m.id for m in good.models.list()] == ["austen"]
+        with httpx.Client(base_url=s.url, timeout=30) as raw:
+            r = raw.get("/v1/models")  # no key at all
+            assert r.status_code == 401
+            assert r.headers["www-authenticate"] == "Bearer"
+            assert r.json()["error"]["code"] == "invalid_api_key"
+            assert raw.get("/v1/models", headers={"X-Api-Key": key}).status_code == 200
+            assert (
+                raw.get("/v1/models", headers={"Authorization": f"Basic {key}"}).status_code == 401
+            )
+            assert raw.get("/health").status_code == 200  # probes need no key
+            assert raw.get("/metrics").status_code == 200
+
+
+@pytest.mark.parametrize("key", ["", "has space", "tab\t", "é-key", 42])
+def test_a_bad_api_key_is_refused_by_name(key: Any) -> None:
+    with pytest.raises(rlx_lm.InvalidOptionError, match="api_key"):
+        ServerConfig(api_key=key)
+
+
+def test_the_api_key_stays_out_of_the_configs_repr() -> None:
+    assert "sk-secret" not in repr(ServerConfig(api_key="sk-secret"))

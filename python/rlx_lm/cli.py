@@ -559,7 +559,24 @@ def _serve_parser(sub: Any) -> None:
     s.add_argument("--host", default="127.0.0.1", help="address to listen on")
     s.add_argument("--port", type=int, default=8080, help="port to listen on")
     s.add_argument("-c", "--ctx-size", type=int, default=2048, help="context per sequence")
-    s.add_argument("--model-name", default=None, help="name in /v1/models (default: file stem)")
+    s.add_argument(
+        "--model-name",
+        "-a",
+        "--alias",
+        "--served-model-name",
+        dest="model_name",
+        default=None,
+        help="name in /v1/models (default: file stem); llama-server's -a/--alias and vLLM's "
+        "--served-model-name are this flag too",
+    )
+    s.add_argument(
+        "--api-key",
+        default=None,
+        metavar="KEY",
+        help="require this key on the /v1/ routes (Authorization: Bearer KEY), as "
+        "llama-server and vLLM do; /health and /metrics stay open (default: the "
+        "RLX_LM_API_KEY environment variable, else no key)",
+    )
     s.add_argument("--max-batch", type=int, default=16, help="sequences decoded together")
     s.add_argument("--max-queue", type=int, default=64, help="requests waiting beyond the batch")
     s.add_argument("--max-tokens", type=int, default=4096, help="largest max_tokens accepted")
@@ -699,7 +716,14 @@ def _server_settings(args: argparse.Namespace, stem: str) -> dict[str, Any]:
         "prompt_cache_bytes": args.prompt_cache_mb * 1024 * 1024,
         "shutdown_timeout": args.shutdown_timeout,
         "prefill_chunk": args.prefill_chunk,
+        # the environment's key is read here, not as the flag's default: --help shows those
+        "api_key": args.api_key if args.api_key is not None else _env_api_key(),
     }
+
+
+def _env_api_key() -> str | None:
+    """``RLX_LM_API_KEY``, when set and not empty."""
+    return os.environ.get("RLX_LM_API_KEY") or None
 
 
 def _sample_opts(args: argparse.Namespace) -> SampleOpts:

@@ -9,7 +9,8 @@
 The model runs on the scheduler's thread; the event loop only parses, submits and
 forwards events. Errors are OpenAI's error JSON: 400 for a bad field (``param`` names
 it), 404 for an unknown model, 413 for a body over ``max_body_bytes``, 503 with
-``Retry-After`` when the queue is full or the server is shutting down, 500 when the
+``Retry-After`` when the queue is full or the server is shutting down, 401 on a ``/v1/``
+route without the key when ``config.api_key`` is set, 500 when the
 runner fails (that request alone). A stream that fails after it started gets one
 ``data: {"error": ...}`` event, then ``[DONE]``. A client that disconnects cancels its
 request; the scheduler frees the slot at its next step.
@@ -18,6 +19,7 @@ request; the scheduler frees the slot at its next step.
 from __future__ import annotations
 
 import asyncio
+import hmac
 import json
 import logging
 import threading
@@ -30,9 +32,11 @@ from typing import Any
 
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
+from starlette.middleware import Middleware
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
+from starlette.types import ASGIApp, Receive, Scope, Send
 
 from rlx_lm.errors import CapacityError, InvalidOptionError
 from rlx_lm.generation import TokenLogprob
@@ -75,6 +79,38 @@ def _error(
         else "overloaded"
     )
     return JSONResponse(error_body(message, param, kind, code), status_code=status, headers=headers)
+
+
+class _ApiKey:
+    """ASGI middleware: the ``/v1/`` routes answer 401 (OpenAI's ``invalid_api_key`` error
+    JSON) unless the request carries the key, as ``Authorization: Bearer KEY`` or
+    ``X-Api-Key: KEY``; compared in constant time."""
+
+    def __init__(self, app: ASGIApp, key: str) -> None:
+        self.app = app
+        self.key = key.encode("ascii")
+
+    def _given(self, scope: Scope) -> bool:
+        for name, value in scope.get("headers", ()):
+            if name == b"authorization":
+                scheme, _, token = value.partition(b" ")
+                if scheme.lower() == b"bearer" and hmac.compare_digest(token.strip(), self.key):
+                    return True
+            elif name == b"x-api-key" and hmac.compare_digest(value.strip(), self.key):
+                return True
+        return False
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http" and scope["path"].startswith("/v1/") and not self._given(scope):
+            response = _error(
+                401,
+                "Invalid or missing API key: send it as 'Authorization: Bearer KEY'.",
+                code="invalid_api_key",
+                headers={"WWW-Authenticate": "Bearer"},
+            )
+            await response(scope, receive, send)
+            return
+        await self.app(scope, receive, send)
 
 
 def _option_error(exc: Exception, prompt_field: str) -> JSONResponse:
@@ -617,7 +653,10 @@ def create_app(
         HTTPException: app_state.not_found,
         Exception: app_state.internal,
     }
-    app = Starlette(routes=routes, exception_handlers=handlers, lifespan=lifespan)
+    middleware = [] if config.api_key is None else [Middleware(_ApiKey, key=config.api_key)]
+    app = Starlette(
+        routes=routes, exception_handlers=handlers, lifespan=lifespan, middleware=middleware
+    )
     app.state.scheduler = scheduler
     app.state.config = config
     return app

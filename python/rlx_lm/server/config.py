@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from rlx_lm.errors import InvalidOptionError
 
@@ -41,6 +41,10 @@ class ServerConfig:
       prefill (a chunked prefill gives the same logits, bit for bit). With nothing
       running the prompt is prefilled whole. 0 turns chunking off. Needs a runner with
       sessions (the cached pair); others prefill whole.
+    * ``api_key``: when set, every ``/v1/`` route wants it as ``Authorization: Bearer
+      KEY`` (or ``X-Api-Key: KEY``) and answers 401 without it, as ``llama-server
+      --api-key`` and ``vllm serve --api-key`` do; ``/health`` and ``/metrics`` stay open.
+      Printable ASCII without spaces; left out of the config's ``repr``.
     """
 
     model_name: str = "rlx-lm"
@@ -55,6 +59,7 @@ class ServerConfig:
     retry_after: int = 1
     shutdown_timeout: float = 10.0
     prefill_chunk: int = 128
+    api_key: str | None = field(default=None, repr=False)
 
     def __post_init__(self) -> None:
         if not isinstance(self.model_name, str) or not self.model_name:
@@ -73,6 +78,13 @@ class ServerConfig:
             _positive("max_context", self.max_context)
             if self.max_context < 2:
                 raise InvalidOptionError("max_context: must be >= 2 (a prompt and one token)")
+        key = self.api_key
+        if key is not None and not (
+            isinstance(key, str) and key and all("!" <= c <= "~" for c in key)
+        ):
+            raise InvalidOptionError(
+                "api_key: must be a non-empty string of printable ASCII without spaces"
+            )
         if not self.shutdown_timeout >= 0:
             raise InvalidOptionError(
                 f"shutdown_timeout: must be >= 0 seconds, got {self.shutdown_timeout}"

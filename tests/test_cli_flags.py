@@ -8,6 +8,7 @@ import re
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 from model_factory import make_tiny, write_gguf
@@ -328,7 +329,7 @@ def test_serve_api_key_from_the_flag_or_the_environment_and_never_in_help(
     import rlx_lm.cli as cli
 
     seen: list[dict[str, object]] = []
-    monkeypatch.setattr(cli, "_serve_on_ray", lambda a, m, server, e: seen.append(server) or 0)
+    monkeypatch.setattr(cli, "_serve_on_ray", lambda a, m, server, *_: seen.append(server) or 0)
     assert cli.main(["serve", "x.gguf", "--ray", "--api-key", "sk-ray"]) == 0
     assert seen[0]["api_key"] == "sk-ray"
     assert config("--api-key", "sk-flag").api_key == "sk-flag"
@@ -368,7 +369,7 @@ def test_serve_engine_flags_reach_the_runner_and_every_ray_replica(
     assert getattr(served[0], "kv_dtype", None) == "float16"
     # --ray: the same settings go to every replica's load_model (they were dropped).
     seen: list[dict[str, object]] = []
-    monkeypatch.setattr(cli, "_serve_on_ray", lambda a, m, s, engine: seen.append(engine) or 0)
+    monkeypatch.setattr(cli, "_serve_on_ray", lambda a, m, s, engine, *_: seen.append(engine) or 0)
     assert main(["serve", str(model), "--ray", "--no-packed", *flags]) == 0
     assert seen == [
         {"packed_weights": False, "threads": 1, "activations": "q8", "kv_dtype": "float16"}
@@ -391,3 +392,46 @@ def test_serve_refuses_a_bad_prefill_chunk_before_loading(
     assert code == 2
     assert "prefill_chunk" in err, err
     assert err.count("\n") == 1, err
+
+
+TEMPLATE = (
+    "{% for m in messages %}<{{ m.role }}>{{ m.content }}</{{ m.role }}>\n{% endfor %}"
+    "{% if add_generation_prompt %}<assistant>{% endif %}"
+)
+
+
+def test_serve_chat_template_replaces_the_models_in_one_process_and_on_ray(
+    model: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    pytest.importorskip("starlette")
+    import rlx_lm.cli as cli
+    import rlx_lm.server as server
+
+    path = tmp_path / "t.jinja"
+    path.write_text(TEMPLATE, encoding="utf-8")
+    tokenizers: list[Any] = []
+    monkeypatch.setattr(server, "serve", lambda runner, tok, **k: tokenizers.append(tok))
+    for flag in ("--chat-template", "--chat-template-file"):
+        assert main(["serve", str(model), "-c", "64", flag, str(path)]) == 0
+        tok = tokenizers.pop()
+        assert tok.chat_template.source == TEMPLATE
+        text = tok.apply_chat_template([{"role": "user", "content": "hi"}], tokenize=False)
+        assert text == "<user>hi</user>\n<assistant>"
+    templates: list[Any] = []
+    monkeypatch.setattr(cli, "_serve_on_ray", lambda *a: templates.append(a[4]) or 0)
+    assert main(["serve", str(model), "--ray", "--chat-template", str(path)]) == 0
+    assert templates[0].source == TEMPLATE
+    # A broken template is refused before a model is loaded.
+    path.write_text("{% for m in messages %}", encoding="utf-8")
+    code, _, err = run(capsys, "serve", str(model), "--chat-template", str(path))
+    assert code == 2
+    assert "syntax error" in err
+    assert not tokenizers
+
+
+def test_a_ray_replica_takes_the_chat_template() -> None:
+    pytest.importorskip("starlette")
+    from rlx_lm.ray.serve import _Replica
+
+    replica = _Replica(None, {"max_context": 64}, {"max_seq": 64}, chat_template=TEMPLATE)
+    assert replica.tokenizer.chat_template.source == TEMPLATE

@@ -570,6 +570,15 @@ def _serve_parser(sub: Any) -> None:
         "--served-model-name are this flag too",
     )
     s.add_argument(
+        "--chat-template",
+        "--chat-template-file",
+        dest="chat_template",
+        default=None,
+        metavar="FILE",
+        help="render chats with this Jinja template file (or tokenizer_config.json) instead "
+        "of the model's, as generate and chat take it (llama-server: --chat-template-file)",
+    )
+    s.add_argument(
         "--api-key",
         default=None,
         metavar="KEY",
@@ -625,7 +634,11 @@ def _serve_parser(sub: Any) -> None:
 
 
 def _serve_on_ray(
-    args: argparse.Namespace, model: str, server: dict[str, Any], engine: dict[str, Any]
+    args: argparse.Namespace,
+    model: str,
+    server: dict[str, Any],
+    engine: dict[str, Any],
+    template: Any = None,
 ) -> int:
     import importlib.util
 
@@ -644,6 +657,7 @@ def _serve_on_ray(
         num_cpus_per_replica=args.cpus_per_replica,
         server=server,
         load_kwargs=engine,
+        chat_template=None if template is None else template.source,
     )
     if not ray.is_initialized():
         ray.init()
@@ -655,6 +669,8 @@ def _serve_on_ray(
 def _serve(args: argparse.Namespace) -> int:
     import importlib.util
     from pathlib import Path
+
+    from rlx_lm.chat_template import ChatTemplate
 
     missing = [m for m in ("starlette", "uvicorn") if importlib.util.find_spec(m) is None]
     if missing:
@@ -671,12 +687,17 @@ def _serve(args: argparse.Namespace) -> int:
     if args.ctx_size < 2:
         raise _usage(f"-c must be >= 2, got {args.ctx_size}")
     engine = _engine_settings(args)
+    # read (and compiled, so a broken file is refused) before any model is loaded
+    template = None if args.chat_template is None else ChatTemplate.from_file(args.chat_template)
     if args.ray:
-        return _serve_on_ray(args, model, _server_settings(args, Path(model).stem), engine)
+        server = _server_settings(args, Path(model).stem)
+        return _serve_on_ray(args, model, server, engine, template)
     builder = LmRunnerBuilder().weights(model)
     # The server's settings are checked before anything is read.
     config = ServerConfig(**_server_settings(args, Path(builder.resolved_weights()).stem))
     tokenizer = Tokenizer.load(builder.resolved_weights())
+    if template is not None:
+        tokenizer.set_chat_template(template)
     builder = builder.max_seq(args.ctx_size)
     for name, value in engine.items():
         builder = getattr(builder, name)(value)

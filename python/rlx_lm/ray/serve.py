@@ -147,7 +147,13 @@ def __getattr__(name: str) -> Any:
 class _Replica:
     """One model replica: the single-process server's ASGI app, fed by forwarded requests."""
 
-    def __init__(self, model: str | None, server: Mapping[str, Any], load: Mapping[str, Any]):
+    def __init__(
+        self,
+        model: str | None,
+        server: Mapping[str, Any],
+        load: Mapping[str, Any],
+        chat_template: str | None = None,
+    ):
         from rlx_lm.default_model import load_default
         from rlx_lm.generation import load_model
         from rlx_lm.server import ServerConfig, create_app
@@ -157,6 +163,8 @@ class _Replica:
             self.runner, self.tokenizer = load_default(**kwargs)
         else:
             self.runner, self.tokenizer = load_model(model, **kwargs)
+        if chat_template is not None:
+            self.tokenizer.set_chat_template(chat_template)
         self.app = create_app(self.runner, self.tokenizer, config=ServerConfig(**dict(server)))
 
     async def handle(
@@ -291,6 +299,7 @@ def serve_app(
     imbalance: int = 4,
     server: Mapping[str, Any] | None = None,
     load_kwargs: Mapping[str, Any] | None = None,
+    chat_template: str | None = None,
 ) -> Any:
     """A Ray Serve application: ``serve.run(serve_app(...))`` serves the OpenAI API.
 
@@ -299,7 +308,8 @@ def serve_app(
     ``model`` (None: the bundled default model) with ``threads`` compute
     threads (default: the CPUs it reserves). ``server`` holds `ServerConfig`
     fields for every replica. ``max_ongoing_requests`` bounds what Serve sends
-    one replica at once (its batch plus queue).
+    one replica at once (its batch plus queue). ``chat_template`` (Jinja text) replaces
+    the model's own chat template in every replica.
     """
     from ray import serve
 
@@ -311,6 +321,10 @@ def serve_app(
     from rlx_lm.server import ServerConfig
 
     ServerConfig(**server_cfg)  # refuse a bad field here, not in every replica
+    if chat_template is not None:
+        from rlx_lm.chat_template import ChatTemplate
+
+        ChatTemplate(chat_template)  # and a template that does not compile
     load = dict(load_kwargs or {})
     if server_cfg.get("max_context"):
         load.setdefault("max_seq", server_cfg["max_context"])
@@ -338,7 +352,7 @@ def serve_app(
     ingress = serve.deployment(name="RlxIngress", ray_actor_options={"num_cpus": 0})(
         serve.ingress()(_Ingress)
     )
-    return ingress.bind(model_dep.bind(model_path, server_cfg, load), prefix_chars)
+    return ingress.bind(model_dep.bind(model_path, server_cfg, load, chat_template), prefix_chars)
 
 
 def build_app(args: dict[str, str]) -> Any:

@@ -117,33 +117,15 @@ def test_dry_takes_llama_cpps_default_breakers(tok: Tokenizer) -> None:
 
 
 def test_dry_sequence_breaker_replaces_the_defaults_and_none_clears(tok: Tokenizer) -> None:
-    one = _opts(tok, "--dry-multiplier", "0.8", "--dry-sequence-breaker", "at")
-    assert one.dry_sequence_breakers == tok.ids_containing(["at"])
-    assert set(one.dry_sequence_breakers).isdisjoint(tok.encode("\n", add_special_tokens=False))
-    two = _opts(
-        tok,
-        "--dry-multiplier",
-        "0.8",
-        "--dry-sequence-breaker",
-        "at",
-        "--dry-sequence-breaker",
-        "!",
-    )
-    assert two.dry_sequence_breakers == tok.ids_containing(["at", "!"])
-    none = _opts(tok, "--dry-multiplier", "0.8", "--dry-sequence-breaker", "none")
-    assert none.dry_sequence_breakers == ()
-    after = _opts(
-        tok,
-        "--dry-multiplier",
-        "0.8",
-        "--dry-sequence-breaker",
-        "at",
-        "--dry-sequence-breaker",
-        "none",
-        "--dry-sequence-breaker",
-        "!",
-    )
-    assert after.dry_sequence_breakers == tok.ids_containing(["!"])
+    def breakers(*given: str) -> tuple[int, ...]:
+        flags = [f for b in given for f in ("--dry-sequence-breaker", b)]
+        return _opts(tok, "--dry-multiplier", "0.8", *flags).dry_sequence_breakers
+
+    assert breakers("at") == tok.ids_containing(["at"])
+    assert set(breakers("at")).isdisjoint(tok.encode("\n", add_special_tokens=False))
+    assert breakers("at", "!") == tok.ids_containing(["at", "!"])
+    assert breakers("none") == ()
+    assert breakers("at", "none", "!") == tok.ids_containing(["!"])
 
 
 def test_ignore_eos_bans_every_end_of_generation_token(tok: Tokenizer) -> None:

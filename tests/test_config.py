@@ -21,6 +21,12 @@ def _write(path: Path, text: str) -> None:
     path.write_text(text, encoding="ascii")
 
 
+def _v1(cgroup: Path, quota: int, period: int = 100000) -> None:
+    """A cgroup v1 ``cpu`` directory with its CFS quota and period."""
+    _write(cgroup / "cpu.cfs_quota_us", f"{quota}\n")
+    _write(cgroup / "cpu.cfs_period_us", f"{period}\n")
+
+
 def _proc(tmp_path: Path, text: str) -> Path:
     p = tmp_path / "proc_self_cgroup"
     p.write_text(text, encoding="ascii")
@@ -45,19 +51,15 @@ def test_v2_without_a_quota(tmp_path: Path) -> None:
 
 def test_v1_cpu_controller_quota(tmp_path: Path) -> None:
     root = tmp_path / "cg"
-    leaf = root / "cpu,cpuacct" / "docker" / "abc"
-    _write(leaf / "cpu.cfs_quota_us", "200000\n")
-    _write(leaf / "cpu.cfs_period_us", "100000\n")
-    _write(root / "cpu,cpuacct" / "cpu.cfs_quota_us", "-1\n")
-    _write(root / "cpu,cpuacct" / "cpu.cfs_period_us", "100000\n")
+    _v1(root / "cpu,cpuacct" / "docker" / "abc", 200000)
+    _v1(root / "cpu,cpuacct", -1)
     proc = _proc(tmp_path, "5:memory:/docker/abc\n4:cpu,cpuacct:/docker/abc\n0::/\n")
     assert cgroup_cpu_quota(root, proc) == pytest.approx(2.0)
 
 
 def test_v1_unlimited_is_no_quota(tmp_path: Path) -> None:
     root = tmp_path / "cg"
-    _write(root / "cpu" / "cpu.cfs_quota_us", "-1\n")
-    _write(root / "cpu" / "cpu.cfs_period_us", "100000\n")
+    _v1(root / "cpu", -1)
     proc = _proc(tmp_path, "1:cpu:/\n")
     assert cgroup_cpu_quota(root, proc) is None
 
@@ -66,8 +68,7 @@ def test_a_host_path_outside_the_mount_finds_the_containers_own_cgroup(tmp_path:
     # Without a cgroup namespace the container sees the host's path, but its cgroup is
     # mounted at the root of the hierarchy it can see.
     root = tmp_path / "cg"
-    _write(root / "cpu" / "cpu.cfs_quota_us", "50000\n")
-    _write(root / "cpu" / "cpu.cfs_period_us", "100000\n")
+    _v1(root / "cpu", 50000)
     proc = _proc(tmp_path, "1:cpu:/docker/0123456789abcdef\n")
     assert cgroup_cpu_quota(root, proc) == pytest.approx(0.5)
 

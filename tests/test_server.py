@@ -755,7 +755,7 @@ def test_a_non_streaming_client_that_goes_away_frees_its_slot(model: tuple[Any, 
         assert scheduler.metrics.generation_tokens < 300
 
 
-def test_an_api_key_guards_the_v1_routes_and_not_health(model: tuple[Any, Any]) -> None:
+def test_an_api_key_guards_every_route_but_health_and_metrics(model: tuple[Any, Any]) -> None:
     runner, tok = fresh(model)
     key = "sk-local-0123"
     app = create_app(runner, tok, config=ServerConfig(model_name="austen", api_key=key))
@@ -785,6 +785,9 @@ def test_an_api_key_guards_the_v1_routes_and_not_health(model: tuple[Any, Any]) 
             )
             assert raw.get("/health").status_code == 200  # probes need no key
             assert raw.get("/metrics").status_code == 200
+            assert raw.post("/tokenize", json={"content": "a"}).status_code == 401
+            ok = raw.post("/tokenize", json={"content": "a"}, headers={"X-Api-Key": key})
+            assert ok.status_code == 200
 
 
 @pytest.mark.parametrize("key", ["", "has space", "tab\t", "é-key", 42])
@@ -795,3 +798,63 @@ def test_a_bad_api_key_is_refused_by_name(key: Any) -> None:
 
 def test_the_api_key_stays_out_of_the_configs_repr() -> None:
     assert "sk-secret" not in repr(ServerConfig(api_key="sk-secret"))
+
+
+def test_tokenize_and_detokenize_take_llama_server_and_vllm_shapes(
+    server: LiveServer, model: tuple[Any, Any]
+) -> None:
+    _, tok = model
+    text = "It is a truth"
+    plain = tok.encode(text, add_special_tokens=False)
+    with_bos = tok.encode(text)
+    with httpx.Client(base_url=server.url, timeout=30) as raw:
+        # llama-server: content, special tokens only with add_special
+        r = raw.post("/tokenize", json={"content": text}).json()
+        assert r["tokens"] == plain
+        assert r["count"] == len(plain)
+        assert r["max_model_len"] == MAX_SEQ
+        assert (
+            raw.post("/tokenize", json={"content": text, "add_special": True}).json()["tokens"]
+            == with_bos
+        )
+        pieces = raw.post("/tokenize", json={"content": text, "with_pieces": True}).json()
+        assert [p["id"] for p in pieces["tokens"]] == plain
+        assert "".join(p["piece"] for p in pieces["tokens"]) == tok.decode(plain)
+        # vLLM: prompt, special tokens unless add_special_tokens is false; token_strs
+        r = raw.post("/tokenize", json={"model": "austen", "prompt": text}).json()
+        assert r["tokens"] == with_bos
+        r = raw.post(
+            "/tokenize",
+            json={"prompt": text, "add_special_tokens": False, "return_token_strs": True},
+        ).json()
+        assert r["tokens"] == plain
+        assert len(r["token_strs"]) == len(plain)
+        # messages: the prompt /v1/chat/completions would prefill
+        messages = [{"role": "user", "content": "Hello"}]
+        r = raw.post("/tokenize", json={"messages": messages}).json()
+        from rlx_lm.server.protocol import render_chat
+
+        assert r["tokens"] == render_chat(tok, messages)
+        back = raw.post("/detokenize", json={"tokens": plain}).json()
+        assert back == {"content": tok.decode(plain), "prompt": tok.decode(plain)}
+        # errors name the field
+        for body, param in [
+            ({}, "content"),
+            ({"content": "a", "prompt": "b"}, "content"),
+            ({"content": 5}, "content"),
+            ({"content": "a", "add_special": "yes"}, "add_special"),
+            ({"content": "a", "bogus": 1}, "bogus"),
+            ({"content": "a", "model": "other"}, "model"),
+        ]:
+            r = raw.post("/tokenize", json=body)
+            assert r.status_code in (400, 404), body
+            assert r.json()["error"]["param"] == param, body
+        for body, param in [
+            ({"tokens": [10**9]}, "tokens"),
+            ({"tokens": "abc"}, "tokens"),
+            ({}, "tokens"),
+        ]:
+            r = raw.post("/detokenize", json=body)
+            assert r.status_code == 400, body
+            assert r.json()["error"]["param"] == param, body
+        assert raw.post("/tokenize", content=b"{not json").status_code == 400

@@ -582,7 +582,7 @@ def _serve_parser(sub: Any) -> None:
         "--api-key",
         default=None,
         metavar="KEY",
-        help="require this key on the /v1/ routes (Authorization: Bearer KEY), as "
+        help="require this key on every route (Authorization: Bearer KEY), as "
         "llama-server and vLLM do; /health and /metrics stay open (default: the "
         "RLX_LM_API_KEY environment variable, else no key)",
     )

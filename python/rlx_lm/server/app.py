@@ -4,13 +4,15 @@
 
 * ``POST /v1/chat/completions`` and ``POST /v1/completions`` (JSON, or server-sent
   events in OpenAI's chunk format ending with ``data: [DONE]`` when ``stream`` is true);
-* ``GET /v1/models`` (and ``/v1/models/{id}``), ``GET /health``, ``GET /metrics``.
+* ``GET /v1/models`` (and ``/v1/models/{id}``), ``GET /health``, ``GET /metrics``;
+* ``POST /tokenize`` and ``POST /detokenize`` (llama-server's and vLLM's request shapes).
 
 The model runs on the scheduler's thread; the event loop only parses, submits and
 forwards events. Errors are OpenAI's error JSON: 400 for a bad field (``param`` names
 it), 404 for an unknown model, 413 for a body over ``max_body_bytes``, 503 with
 ``Retry-After`` when the queue is full or the server is shutting down, 401 on a ``/v1/``
-route without the key when ``config.api_key`` is set, 500 when the
+route (but ``/health`` and ``/metrics``) without the key when ``config.api_key`` is set, 500
+when the
 runner fails (that request alone). A stream that fails after it started gets one
 ``data: {"error": ...}`` event, then ``[DONE]``. A client that disconnects cancels its
 request; the scheduler frees the slot at its next step.
@@ -82,9 +84,11 @@ def _error(
 
 
 class _ApiKey:
-    """ASGI middleware: the ``/v1/`` routes answer 401 (OpenAI's ``invalid_api_key`` error
-    JSON) unless the request carries the key, as ``Authorization: Bearer KEY`` or
-    ``X-Api-Key: KEY``; compared in constant time."""
+    """ASGI middleware: every route but ``/health`` and ``/metrics`` answers 401 (OpenAI's
+    ``invalid_api_key`` error JSON) unless the request carries the key, as
+    ``Authorization: Bearer KEY`` or ``X-Api-Key: KEY``; compared in constant time."""
+
+    OPEN = frozenset({"/health", "/metrics"})
 
     def __init__(self, app: ASGIApp, key: str) -> None:
         self.app = app
@@ -101,7 +105,7 @@ class _ApiKey:
         return False
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] == "http" and scope["path"].startswith("/v1/") and not self._given(scope):
+        if scope["type"] == "http" and scope["path"] not in self.OPEN and not self._given(scope):
             response = _error(
                 401,
                 "Invalid or missing API key: send it as 'Authorization: Bearer KEY'.",
@@ -312,6 +316,28 @@ class _App:
                 404, f"The model `{name}` does not exist", "model", code="model_not_found"
             )
         return JSONResponse(self._model_card())
+
+    async def tokenize(self, request: Request) -> Response:
+        return await self._tokens(request, proto.tokenize)
+
+    async def detokenize(self, request: Request) -> Response:
+        return await self._tokens(request, proto.detokenize)
+
+    async def _tokens(
+        self, request: Request, answer: Callable[[Any, Tokenizer, proto.Limits], dict[str, Any]]
+    ) -> Response:
+        try:
+            body = await self._body(request)
+            # a long prompt or a chat template takes a while: off the event loop
+            out = await asyncio.to_thread(answer, body, self.tokenizer, self.limits)
+        except ProtocolError as exc:
+            response = _error(exc.status, exc.message, exc.param, code=exc.code)
+        else:
+            if "count" in out:
+                out["max_model_len"] = self.scheduler.max_context
+            response = JSONResponse(out)
+        self.metrics.observe_request(request.url.path, response.status_code)
+        return response
 
     async def metrics_text(self, request: Request) -> Response:
         return Response(self.metrics.render(), media_type="text/plain; version=0.0.4")
@@ -646,6 +672,8 @@ def create_app(
         Route("/v1/completions", app_state.completions, methods=["POST"]),
         Route("/v1/models", app_state.models, methods=["GET"]),
         Route("/v1/models/{model:path}", app_state.model, methods=["GET"]),
+        Route("/tokenize", app_state.tokenize, methods=["POST"]),
+        Route("/detokenize", app_state.detokenize, methods=["POST"]),
         Route("/health", app_state.health, methods=["GET"]),
         Route("/metrics", app_state.metrics_text, methods=["GET"]),
     ]

@@ -41,9 +41,9 @@ class ServerConfig:
       prefill (a chunked prefill gives the same logits, bit for bit). With nothing
       running the prompt is prefilled whole. 0 turns chunking off. Needs a runner with
       sessions (the cached pair); others prefill whole.
-    * ``api_key``: when set, every ``/v1/`` route wants it as ``Authorization: Bearer
-      KEY`` (or ``X-Api-Key: KEY``) and answers 401 without it, as ``llama-server
-      --api-key`` and ``vllm serve --api-key`` do; ``/health`` and ``/metrics`` stay open.
+    * ``api_key``: when set, every route wants it as ``Authorization: Bearer KEY`` (or
+      ``X-Api-Key: KEY``) and answers 401 without it, as ``llama-server --api-key`` does;
+      ``/health`` and ``/metrics`` stay open.
       Printable ASCII without spaces; left out of the config's ``repr``.
     """
 

@@ -71,9 +71,11 @@ __all__ = [
     "SAMPLER_NAMES",
     "ParsedRequest",
     "ProtocolError",
+    "detokenize",
     "error_body",
     "parse_chat",
     "parse_completion",
+    "tokenize",
 ]
 
 IGNORED_FIELDS = frozenset({"user", "store", "metadata", "service_tier", "parallel_tool_calls"})
@@ -763,3 +765,88 @@ def completion_logprobs(
 def finish_reason(reason: str) -> str | None:
     """The OpenAI ``finish_reason``: the context limit reports ``length``, as vLLM does."""
     return {"stop": "stop", "length": "length", "context": "length"}.get(reason)
+
+
+# ------------------------------------------------------------ tokenize / detokenize
+
+TOKENIZE_FIELDS = frozenset(
+    {
+        "content",  # llama-server
+        "add_special",
+        "with_pieces",
+        "prompt",  # vLLM
+        "messages",
+        "add_special_tokens",
+        "add_generation_prompt",
+        "return_token_strs",
+        "tools",
+        "chat_template_kwargs",
+        "model",
+    }
+)
+DETOKENIZE_FIELDS = frozenset({"tokens", "model"})
+
+
+def tokenize(body: Any, tokenizer: Tokenizer, limits: Limits) -> dict[str, Any]:
+    """A ``POST /tokenize`` answer, for llama-server's and vLLM's request shapes alike.
+
+    The text is ``content`` (llama-server: special tokens such as BOS added only with
+    ``add_special``), ``prompt`` (vLLM: added unless ``add_special_tokens`` is false) or
+    ``messages`` (vLLM: rendered with the chat template, ``add_generation_prompt`` true by
+    default, as ``/v1/chat/completions`` renders them). The answer has ``tokens`` (each
+    ``{"id", "piece"}`` with llama-server's ``with_pieces``), ``count`` and, with vLLM's
+    ``return_token_strs``, ``token_strs``.
+    """
+    if not isinstance(body, Mapping):
+        raise ProtocolError("the request body must be a JSON object")
+    _check_fields(body, TOKENIZE_FIELDS, "/tokenize")
+    _model(body, limits.model_name, limits.aliases)
+    given = [k for k in ("content", "prompt", "messages") if body.get(k) is not None]
+    if len(given) != 1:
+        raise ProtocolError("give the text once: content, prompt or messages", "content")
+    (field,) = given
+    if field == "messages":
+        tools = body.get("tools")
+        if tools is not None and not isinstance(tools, list):
+            raise ProtocolError("tools: must be a list", "tools")
+        kwargs = body.get("chat_template_kwargs")
+        if kwargs is not None and not isinstance(kwargs, Mapping):
+            raise ProtocolError("chat_template_kwargs: must be an object", "chat_template_kwargs")
+        ids = render_chat(
+            tokenizer,
+            _messages(body["messages"]),
+            tools=tools,
+            add_generation_prompt=_bool(body, "add_generation_prompt", True),
+            template_kwargs=kwargs,
+        )
+    else:
+        text = body[field]
+        if not isinstance(text, str):
+            raise ProtocolError(f"{field}: must be a string", field)
+        special = (
+            _bool(body, "add_special", False)
+            if field == "content"
+            else _bool(body, "add_special_tokens", True)
+        )
+        ids = tokenizer.encode(text, add_special_tokens=special)
+    out: dict[str, Any] = {"tokens": ids, "count": len(ids)}
+    strs = [tokenizer.decode([t], skip_special_tokens=False) for t in ids]
+    if _bool(body, "with_pieces", False):
+        out["tokens"] = [{"id": t, "piece": s} for t, s in zip(ids, strs, strict=True)]
+    if _bool(body, "return_token_strs", False):
+        out["token_strs"] = strs
+    return out
+
+
+def detokenize(body: Any, tokenizer: Tokenizer, limits: Limits) -> dict[str, Any]:
+    """A ``POST /detokenize`` answer: the text of ``tokens``, special tokens written out,
+    as ``content`` (llama-server's name) and ``prompt`` (vLLM's)."""
+    if not isinstance(body, Mapping):
+        raise ProtocolError("the request body must be a JSON object")
+    _check_fields(body, DETOKENIZE_FIELDS, "/detokenize")
+    _model(body, limits.model_name, limits.aliases)
+    if body.get("tokens") is None:
+        raise ProtocolError("tokens: required", "tokens")
+    ids = _token_list(body["tokens"], "tokens", limits.vocab_size)
+    text = tokenizer.decode(ids, skip_special_tokens=False)
+    return {"content": text, "prompt": text}

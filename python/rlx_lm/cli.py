@@ -304,6 +304,7 @@ def _parser() -> argparse.ArgumentParser:
 
     _serve_parser(sub)
     _chat_parser(sub)
+    _bench_parser(sub)
 
     # Listed for --help; main() hands "check" and its arguments to rlx_lm.testing.
     sub.add_parser("check", help="check a runner factory against the conformance clauses")
@@ -538,6 +539,91 @@ def _chat(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
     if session.transcript:
         err.write("rlx-lm chat: the model has no chat template; using a plain transcript\n")
     return run_repl(session, stdin=sys.stdin, out=out, err=err, verbose=args.verbose)
+
+
+def _int_list(text: str) -> list[int]:
+    """llama-bench's comma-separated values: ``512`` or ``128,512``."""
+    try:
+        return [int(v) for v in text.split(",")]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r}: expected numbers separated by ','") from None
+
+
+def _bench_parser(sub: Any) -> None:
+    b = sub.add_parser(
+        "bench",
+        help="measure prompt processing and generation speed, as llama-bench does",
+        formatter_class=_Formatter,
+    )
+    _add_model_args(
+        b, what="GGUF file, safetensors file, or model directory (default: the bundled model)"
+    )
+    b.add_argument(
+        "-p",
+        "--n-prompt",
+        type=_int_list,
+        default=[512],
+        metavar="N[,N...]",
+        help="prompt lengths: one prefill of N tokens each (ppN); 0 skips",
+    )
+    b.add_argument(
+        "-n",
+        "--n-gen",
+        type=_int_list,
+        default=[128],
+        metavar="N[,N...]",
+        help="generation lengths: N tokens one at a time (tgN); 0 skips",
+    )
+    b.add_argument(
+        "-t",
+        "--threads",
+        type=_int_list,
+        default=None,
+        metavar="N[,N...]",
+        help="compute threads (default: the cores this process may use)",
+    )
+    b.add_argument(
+        "--activations",
+        default="exact",
+        metavar="MODE[,MODE...]",
+        help="exact, q8, or both as exact,q8",
+    )
+    b.add_argument("-r", "--repetitions", type=int, default=5, help="runs of each test")
+    b.add_argument("-o", "--output", choices=("md", "json"), default="md", help="a table, or JSON")
+
+
+def _bench(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
+    from typing import get_args
+
+    from rlx_lm.bench import bench_model, format_json, format_markdown
+    from rlx_lm.config import Activations
+    from rlx_lm.default_model import default_model_path
+
+    modes = [m for m in args.activations.split(",") if m]
+    bad = [m for m in modes if m not in get_args(Activations)]
+    if bad or not modes:
+        raise _usage(f"--activations: expected exact, q8 or exact,q8, got {args.activations!r}")
+    model = str(default_model_path()) if args.model is None else args.model
+    first = [True]
+
+    def row(r: Any) -> None:
+        if args.output == "md":
+            out.write(format_markdown([r], header=first[0]) + "\n")
+            out.flush()
+            first[0] = False
+
+    rows = bench_model(
+        model,
+        prompts=args.n_prompt,
+        gens=args.n_gen,
+        threads=args.threads,
+        activations=modes,
+        reps=args.repetitions,
+        on_result=row,
+    )
+    if args.output == "json":
+        out.write(format_json(rows) + "\n")
+    return 0
 
 
 def _sampler_order(args: argparse.Namespace) -> str | list[str]:
@@ -959,6 +1045,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             return _serve(args)
         if args.command == "chat":
             return _chat(args, sys.stdout, sys.stderr)
+        if args.command == "bench":
+            return _bench(args, sys.stdout, sys.stderr)
         return _inspect(args, sys.stdout)
     except BrokenPipeError:
         # the reader went away (`| head`): that ends the run, it is not an error

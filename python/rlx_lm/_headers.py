@@ -8,13 +8,17 @@ reason. Only headers are read (through a memory map); tensor data never is.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import math
 import mmap
+import os
 import struct
+import threading
+from collections import OrderedDict
 from collections.abc import Collection, Container, Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import IO, Any, BinaryIO
 
@@ -199,9 +203,63 @@ def read_gguf_header(path: Path, *, arrays: Collection[str] | bool = ()) -> Gguf
     merges): strings as ``list[str]``, numbers as a numpy array. Their counts are checked
     against the file before anything is allocated; nested arrays keep only their length.
     ``arrays=True`` keeps every flat array.
+
+    A header read without arrays is served from a small cache when the file's bytes up
+    to its tensor data are the ones it was read from (same size, same BLAKE2 digest of
+    the header bytes, a few milliseconds): loading a model asks for the header from
+    several places (architecture, context length, weights, tensor checks), and each walk
+    reads every token string of the vocabulary to skip it (~0.1 s for 49k tokens). Every
+    read refreshes the cache; each caller gets its own dicts.
     """
     with mapped(path) as buf:
-        return walk_gguf(buf, path, arrays=arrays)
+        if not arrays:
+            hit = _cached(path, buf)
+            if hit is not None:
+                return hit
+        header = walk_gguf(buf, path, arrays=arrays)
+        _remember(path, buf, header)
+        return header
+
+
+_CACHE_SIZE = 8
+_CACHE: OrderedDict[str, tuple[int, bytes, GgufHeader]] = OrderedDict()
+_CACHE_LOCK = threading.Lock()
+
+
+def _digest(buf: memoryview, n: int) -> bytes:
+    return hashlib.blake2b(buf[:n], digest_size=16).digest()
+
+
+def _copy(header: GgufHeader) -> GgufHeader:
+    """The header with dicts of its own (without array values)."""
+    return replace(
+        header,
+        metadata=dict(header.metadata),
+        array_lengths=dict(header.array_lengths),
+        array_types=dict(header.array_types),
+        arrays={},
+    )
+
+
+def _cached(path: Path, buf: memoryview) -> GgufHeader | None:
+    with _CACHE_LOCK:
+        entry = _CACHE.get(os.path.realpath(path))
+    if entry is None:
+        return None
+    size, digest, header = entry
+    if len(buf) != size or _digest(buf, header.data_offset) != digest:
+        return None
+    return _copy(header)
+
+
+def _remember(path: Path, buf: memoryview, header: GgufHeader) -> None:
+    entry = (len(buf), _digest(buf, header.data_offset), _copy(header))
+    key = os.path.realpath(path)
+    with _CACHE_LOCK:
+        _CACHE[key] = entry
+        _CACHE.move_to_end(key)
+        while len(_CACHE) > _CACHE_SIZE:
+            _CACHE.popitem(last=False)
 
 
 def walk_gguf(
@@ -482,9 +540,62 @@ def _is_utf8(raw: bytes) -> bool:
     return True
 
 
-def _tensor_info(cur: _Cursor, index: int) -> GgufTensorInfo:
+#: GGML tensor types as gguf-py 0.19 lists them: id -> (name, values a block, bytes a
+#: block). Our own table, so that reading a header does not import gguf-py (~80 ms);
+#: an id missing here is looked up in gguf-py, which may know newer ones (and a test
+#: checks the two agree on every id both know).
+GGML_TYPES: dict[int, tuple[str, int, int]] = {
+    0: ("F32", 1, 4),
+    1: ("F16", 1, 2),
+    2: ("Q4_0", 32, 18),
+    3: ("Q4_1", 32, 20),
+    6: ("Q5_0", 32, 22),
+    7: ("Q5_1", 32, 24),
+    8: ("Q8_0", 32, 34),
+    9: ("Q8_1", 32, 40),
+    10: ("Q2_K", 256, 84),
+    11: ("Q3_K", 256, 110),
+    12: ("Q4_K", 256, 144),
+    13: ("Q5_K", 256, 176),
+    14: ("Q6_K", 256, 210),
+    15: ("Q8_K", 256, 292),
+    16: ("IQ2_XXS", 256, 66),
+    17: ("IQ2_XS", 256, 74),
+    18: ("IQ3_XXS", 256, 98),
+    19: ("IQ1_S", 256, 50),
+    20: ("IQ4_NL", 32, 18),
+    21: ("IQ3_S", 256, 110),
+    22: ("IQ2_S", 256, 82),
+    23: ("IQ4_XS", 256, 136),
+    24: ("I8", 1, 1),
+    25: ("I16", 1, 2),
+    26: ("I32", 1, 4),
+    27: ("I64", 1, 8),
+    28: ("F64", 1, 8),
+    29: ("IQ1_M", 256, 56),
+    30: ("BF16", 1, 2),
+    34: ("TQ1_0", 256, 54),
+    35: ("TQ2_0", 256, 66),
+    39: ("MXFP4", 32, 17),
+}
+
+
+def ggml_type(raw: int) -> tuple[str, int, int] | None:
+    """(name, values a block, bytes a block) of GGML type id ``raw``, or None."""
+    known = GGML_TYPES.get(raw)
+    if known is not None:
+        return known
     from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
 
+    try:
+        qt = GGMLQuantizationType(raw)
+        block, size = GGML_QUANT_SIZES[qt]
+    except (ValueError, KeyError):
+        return None
+    return qt.name, block, size
+
+
+def _tensor_info(cur: _Cursor, index: int) -> GgufTensorInfo:
     name = cur.string(f"name of tensor #{index}")
     n_dims = cur.u32(f"dimension count of {name!r}")
     if n_dims > GGML_MAX_DIMS:
@@ -492,10 +603,10 @@ def _tensor_info(cur: _Cursor, index: int) -> GgufTensorInfo:
     shape = tuple(cur.u64(f"dimension {d} of {name!r}") for d in range(n_dims))
     raw_type = cur.u32(f"type of {name!r}")
     offset = cur.u64(f"data offset of {name!r}")
-    try:
-        block, type_size = GGML_QUANT_SIZES[GGMLQuantizationType(raw_type)]
-    except (ValueError, KeyError):
-        raise fail(cur.path, f"tensor {name!r} has unknown GGML type {raw_type}") from None
+    known = ggml_type(raw_type)
+    if known is None:
+        raise fail(cur.path, f"tensor {name!r} has unknown GGML type {raw_type}")
+    _, block, type_size = known
     n_elements = math.prod(shape)
     if n_elements % block:
         raise fail(

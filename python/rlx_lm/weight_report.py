@@ -22,6 +22,7 @@ import numpy as np
 
 from rlx_lm._headers import (
     fail,
+    ggml_type,
     load_json,
     parse_safetensors_header,
     read_gguf_header,
@@ -120,9 +121,12 @@ def architecture_of(path: str | os.PathLike[str], fmt: WeightFormat | None = Non
 # -- GGUF --------------------------------------------------------------------------
 
 
-def _inspect_gguf(p: Path) -> WeightReport:
-    from gguf import GGMLQuantizationType
+def _type_name(raw: int) -> str:
+    known = ggml_type(raw)
+    return known[0] if known is not None else f"#{raw}"
 
+
+def _inspect_gguf(p: Path) -> WeightReport:
     if p.is_dir():
         files = sorted(e for e in p.iterdir() if e.is_file() and e.suffix.lower() == ".gguf")
         if len(files) != 1:
@@ -139,11 +143,9 @@ def _inspect_gguf(p: Path) -> WeightReport:
         header = read_gguf_header(shard)
         version = version or header.version
         total += len(header.tensors)
-        dtypes.update(GGMLQuantizationType(t.ggml_type).name for t in header.tensors)
+        dtypes.update(_type_name(t.ggml_type) for t in header.tensors)
         no_kernel.update(
-            GGMLQuantizationType(t.ggml_type).name
-            for t in header.tensors
-            if t.ggml_type not in kernels
+            _type_name(t.ggml_type) for t in header.tensors if t.ggml_type not in kernels
         )
         meta = header.metadata
         arch = arch or _str_or_none(meta.get("general.architecture"))

@@ -21,6 +21,7 @@ import numpy.typing as npt
 
 from rlx_lm._core import QUANT_TYPES, Engine, engine_kernel_types
 from rlx_lm._headers import GgufHeader, read_gguf_header, read_safetensors_header
+from rlx_lm._headers import ggml_type as ggml_type_info
 from rlx_lm.config import available_cores
 from rlx_lm.errors import UnsupportedError, WeightFormatError
 from rlx_lm.runners.llama_config import LlamaConfig, RopeScaling
@@ -91,12 +92,8 @@ class EngineLoad:
 
 
 def _type_name(ggml_type: int) -> str:
-    from gguf import GGMLQuantizationType
-
-    try:
-        return GGMLQuantizationType(ggml_type).name
-    except ValueError:
-        return f"#{ggml_type}"
+    known = ggml_type_info(ggml_type)
+    return known[0] if known is not None else f"#{ggml_type}"
 
 
 def _decodable(ggml_type: int) -> bool:

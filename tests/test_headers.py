@@ -1,0 +1,101 @@
+"""`rlx_lm._headers`: the GGML type table and the cache of GGUF headers read without arrays."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from model_factory import make_tiny, write_gguf
+from tokenizer_factory import bpe_gguf_fields, train_bpe
+
+from rlx_lm import WeightFormatError, _headers
+from rlx_lm._headers import GGML_TYPES, ggml_type, read_gguf_header
+
+
+def test_our_ggml_type_table_agrees_with_gguf_py() -> None:
+    from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
+
+    both = 0
+    for qt in GGMLQuantizationType:
+        if int(qt) in GGML_TYPES and qt in GGML_QUANT_SIZES:
+            assert GGML_TYPES[int(qt)] == (qt.name, *GGML_QUANT_SIZES[qt]), qt
+            both += 1
+    assert both >= 30
+    assert ggml_type(2) == ("Q4_0", 32, 18)
+    assert ggml_type(10**6) is None
+
+
+@pytest.fixture
+def model(tmp_path: Path) -> Path:
+    path = tmp_path / "m.gguf"
+    write_gguf(make_tiny(vocab=300), path, tokenizer=bpe_gguf_fields(train_bpe()))
+    return path
+
+
+def _count_walks(monkeypatch: pytest.MonkeyPatch) -> list[Path]:
+    walks: list[Path] = []
+    real = _headers._walk_gguf
+
+    def walk(buf: memoryview, path: Path, wanted: object = frozenset()) -> object:
+        walks.append(path)
+        return real(buf, path, wanted)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(_headers, "_walk_gguf", walk)
+    return walks
+
+
+def test_a_header_read_again_comes_from_the_cache(
+    model: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    walks = _count_walks(monkeypatch)
+    first = read_gguf_header(model)
+    again = read_gguf_header(model)
+    assert len(walks) == 1
+    assert again == first
+    again.metadata["general.architecture"] = "mutated"  # a caller's dict is its own
+    assert read_gguf_header(model).metadata["general.architecture"] == "llama"
+    # arrays are never cached: the tokenizer's read walks the file (and refreshes the cache)
+    tokens = read_gguf_header(model, arrays=["tokenizer.ggml.tokens"])
+    assert len(walks) == 2
+    assert tokens.arrays["tokenizer.ggml.tokens"]
+    assert read_gguf_header(model).arrays == {}
+    assert len(walks) == 2
+
+
+def test_a_header_changed_in_place_is_read_again(
+    model: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    walks = _count_walks(monkeypatch)
+    assert read_gguf_header(model).metadata["general.architecture"] == "llama"
+    data = model.read_bytes()
+    at = data.index(b"llama", data.index(b"general.architecture"))
+    # same size, rewritten at once (the modification time may not even tick)
+    model.write_bytes(data[:at] + b"llamb" + data[at + 5 :])
+    assert read_gguf_header(model).metadata["general.architecture"] == "llamb"
+    assert len(walks) == 2
+    # a file whose header breaks is refused, not served from the cache
+    model.write_bytes(data[:8] + b"\xff" * 8 + data[16:])
+    with pytest.raises(WeightFormatError, match=r"claims \d+ (tensors|metadata)"):
+        read_gguf_header(model)
+
+
+def test_loading_a_model_neither_imports_gguf_py_nor_walks_the_header_repeatedly(
+    model: Path,
+) -> None:
+    code = (
+        "import sys, rlx_lm\n"
+        "from rlx_lm import _headers\n"
+        "walks = []\n"
+        "real = _headers._walk_gguf\n"
+        "_headers._walk_gguf = lambda *a: walks.append(1) or real(*a)\n"
+        "rlx_lm.load_model(sys.argv[1], max_seq=32)\n"
+        "print('gguf' in sys.modules, len(walks))\n"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code, str(model)], capture_output=True, text=True, check=True
+    )
+    imported, walks = out.stdout.split()
+    assert imported == "False"
+    assert int(walks) <= 2  # the header once, the tokenizer's arrays once

@@ -7,6 +7,7 @@
 pub mod argmax;
 pub mod engine;
 pub mod error;
+pub mod gguf_strings;
 pub mod kv;
 pub mod per_process;
 pub mod quant;

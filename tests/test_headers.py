@@ -1,12 +1,17 @@
-"""`rlx_lm._headers`: the GGML type table and the cache of GGUF headers read without arrays."""
+"""`rlx_lm._headers`: the GGML type table, the cache of GGUF headers read without arrays,
+and string arrays walked by the core a chunk at a time."""
 
 from __future__ import annotations
 
+import struct
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from model_factory import make_tiny, write_gguf
 from tokenizer_factory import bpe_gguf_fields, train_bpe
 
@@ -99,3 +104,77 @@ def test_loading_a_model_neither_imports_gguf_py_nor_walks_the_header_repeatedly
     imported, walks = out.stdout.split()
     assert imported == "False"
     assert int(walks) <= 2  # the header once, the tokenizer's arrays once
+
+
+# ------------------------------------------- string arrays, walked by the core a chunk at a time
+
+_TEXT = st.text(alphabet="ab é日\0\n", max_size=40)
+
+
+def _encode(items: list[bytes], order: str) -> bytes:
+    return b"".join(struct.pack(order + "Q", len(b)) + b for b in items)
+
+
+def _cursor(data: bytes, order: str) -> Any:
+    return _headers._Cursor(memoryview(data), Path("x.gguf"), order)
+
+
+@settings(max_examples=150, deadline=None)
+@given(
+    items=st.lists(_TEXT, max_size=30),
+    chunk=st.sampled_from([9, 16, 64, 1 << 20]),
+    order=st.sampled_from(["<", ">"]),
+    tail=st.binary(max_size=12),
+)
+def test_string_arrays_read_as_a_plain_walk_reads_them(
+    items: list[str], chunk: int, order: str, tail: bytes
+) -> None:
+    data = _encode([s.encode() for s in items], order) + tail
+    saved = _headers._CHUNK
+    _headers._CHUNK = chunk  # strings across and beyond chunk ends
+    try:
+        cur = _cursor(data, order)
+        assert _headers._read_strings(cur, "k", len(items)) == items
+        end = cur.pos
+        assert end == len(data) - len(tail)
+        cur = _cursor(data, order)
+        assert _headers._read_strings(cur, "k", len(items), keep=False) == []
+        assert cur.pos == end
+    finally:
+        _headers._CHUNK = saved
+
+
+@settings(max_examples=100, deadline=None)
+@given(items=st.lists(_TEXT, min_size=1, max_size=12), cut=st.integers(0, 10**6))
+def test_a_truncated_string_array_names_the_first_item_cut(items: list[str], cut: int) -> None:
+    raw = [s.encode() for s in items]
+    data = _encode(raw, "<")
+    cut %= len(data)
+    # the reference: where each item's prefix and bytes end
+    at, first_cut, what = 0, None, ""
+    for i, b in enumerate(raw):
+        if at + 8 > cut:
+            first_cut, what = i, f"length of item {i} of 'k'"
+            break
+        if at + 8 + len(b) > cut:
+            first_cut, what = i, f"item {i} of 'k'"
+            break
+        at += 8 + len(b)
+    cur = _cursor(data[:cut] + b"", "<")
+    if first_cut is None:
+        assert _headers._read_strings(cur, "k", len(items)) == items
+        return
+    # the room check may refuse a count first; otherwise the cut item is named
+    with pytest.raises(WeightFormatError) as err:
+        _headers._read_strings(cur, "k", len(items))
+    msg = str(err.value)
+    assert what in msg or "claims" in msg, (msg, what)
+
+
+def test_a_string_that_is_not_utf8_is_named() -> None:
+    data = _encode([b"ok", b"\xff", b"fine"], "<")
+    with pytest.raises(WeightFormatError, match="item 1 of 'k' is not valid UTF-8"):
+        _headers._read_strings(_cursor(data, "<"), "k", 3)
+    cur = _cursor(data, "<")
+    assert _headers._read_strings(cur, "k", 3, keep=False) == []  # skipped unread
+    assert cur.pos == len(data)

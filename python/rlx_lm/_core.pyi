@@ -30,6 +30,7 @@ __all__ = [
     "argmax",
     "build_profile",
     "engine_kernel_types",
+    "gguf_strings",
     "quant_matmul",
     "quant_rows",
     "quant_simd",
@@ -56,6 +57,12 @@ def argmax(logits: npt.NDArray[np.float32]) -> int:
 
 def _panic_for_tests(message: str) -> None:
     """Panics on purpose inside the binding's panic boundary (raises InternalError)."""
+
+def gguf_strings(
+    chunk: bytes, count: int, big_endian: bool, keep: bool
+) -> tuple[int, int, list[str], int | None]:
+    """Up to ``count`` GGUF strings whole in ``chunk``: ``(parsed, consumed bytes, texts
+    (when ``keep``), index of the first non-UTF-8 one)`` (rust/gguf_strings.rs)."""
 
 # --- GGUF block-quantised weights (rust/py/quant.rs) ------------------------
 

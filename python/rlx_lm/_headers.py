@@ -479,8 +479,10 @@ _CHUNK = 1 << 20
 def _read_strings(cur: _Cursor, key: str, count: int, *, keep: bool = True) -> list[str]:
     """Walk ``count`` length-prefixed strings (decoded when ``keep``), every length checked.
 
-    The walk copies the mapped bytes a megabyte at a time: slicing ``bytes`` is several
-    times cheaper per item than slicing the memory map.
+    The strings are stepped over by the core (`rlx_lm._core.gguf_strings`, ~50x faster
+    than a Python loop over length prefixes), a chunk of the mapped bytes at a time; a
+    string longer than a chunk gets a chunk of its own. Lengths that run past the file
+    end the walk with the header's truncation error.
     """
     if count > cur.room() // 8:
         raise fail(
@@ -488,56 +490,31 @@ def _read_strings(cur: _Cursor, key: str, count: int, *, keep: bool = True) -> l
             f"metadata array {key!r} claims {count} strings, but the file has room for at most "
             f"{cur.room() // 8}",
         )
-    buf, size = cur.buf, cur.size
-    unpack = struct.Struct(cur.order + "Q").unpack_from
-    out: list[bytes] = []
-    keep_one = out.append
-    base = cur.pos
-    chunk = bytes(buf[base : base + _CHUNK])
-    at, lim = 0, len(chunk)
+    from rlx_lm._core import gguf_strings
+
+    buf, size, big = cur.buf, cur.size, cur.order == ">"
+    out: list[str] = []
+    done, base, want = 0, cur.pos, _CHUNK
     try:
-        for i in range(count):
-            if at + 8 > lim:
-                base += at
-                chunk, at = bytes(buf[base : base + _CHUNK]), 0
-                lim = len(chunk)
-                if lim < 8:
+        while done < count:
+            chunk = bytes(buf[base : base + want])
+            parsed, used, texts, bad = gguf_strings(chunk, count - done, big, keep)
+            if bad is not None:
+                raise fail(cur.path, f"item {done + bad} of {key!r} is not valid UTF-8")
+            out += texts
+            done, base, want = done + parsed, base + used, _CHUNK
+            if done < count and parsed == 0:  # the next string is not whole in the chunk
+                if base + 8 > size:
                     cur.pos = base
-                    cur.need(8, f"length of item {i} of {key!r}")
-            (n,) = unpack(chunk, at)
-            end = at + 8 + n
-            if end > lim:
-                if n > size - (base + at + 8):
-                    cur.pos = base + at + 8
-                    cur.need(n, f"item {i} of {key!r}")
-                base += at
-                chunk, at = bytes(buf[base : base + max(_CHUNK, 8 + n)]), 0
-                lim, end = len(chunk), 8 + n
-            if keep:
-                keep_one(chunk[at + 8 : end])
-            at = end
+                    cur.need(8, f"length of item {done} of {key!r}")
+                (n,) = struct.unpack_from(cur.order + "Q", buf, base)
+                if n > size - (base + 8):
+                    cur.pos = base + 8
+                    cur.need(n, f"item {done} of {key!r}")
+                want = 8 + n
     finally:
-        cur.pos = base + at
-    if not keep:
-        return []
-    # One decode for all items; items holding NUL (none in real vocabularies) one by one.
-    joined = b"\0".join(out)
-    try:
-        texts = joined.decode("utf-8").split("\0")
-        if len(texts) == count:
-            return texts
-        return [b.decode("utf-8") for b in out]
-    except UnicodeDecodeError:
-        bad = next(i for i, b in enumerate(out) if not _is_utf8(b))
-        raise fail(cur.path, f"item {bad} of {key!r} is not valid UTF-8") from None
-
-
-def _is_utf8(raw: bytes) -> bool:
-    try:
-        raw.decode("utf-8")
-    except UnicodeDecodeError:
-        return False
-    return True
+        cur.pos = base
+    return out
 
 
 #: GGML tensor types as gguf-py 0.19 lists them: id -> (name, values a block, bytes a

@@ -5,6 +5,7 @@ mod argmax;
 mod arrays;
 mod engine;
 mod errors;
+mod gguf_strings;
 mod gil;
 mod kv;
 mod quant;
@@ -23,6 +24,8 @@ mod _core {
     use super::engine::{engine_kernel_types, PyEngine};
     #[pymodule_export]
     use super::errors::_panic_for_tests;
+    #[pymodule_export]
+    use super::gguf_strings::gguf_strings;
     #[pymodule_export]
     use super::kv::{_kv_snapshot_from_state, PyKvCache, PyKvSnapshot};
     #[pymodule_export]

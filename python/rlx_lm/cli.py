@@ -558,30 +558,15 @@ def _bench_parser(sub: Any) -> None:
     _add_model_args(
         b, what="GGUF file, safetensors file, or model directory (default: the bundled model)"
     )
-    b.add_argument(
-        "-p",
-        "--n-prompt",
-        type=_int_list,
-        default=[512],
-        metavar="N[,N...]",
-        help="prompt lengths: one prefill of N tokens each (ppN); 0 skips",
-    )
-    b.add_argument(
-        "-n",
-        "--n-gen",
-        type=_int_list,
-        default=[128],
-        metavar="N[,N...]",
-        help="generation lengths: N tokens one at a time (tgN); 0 skips",
-    )
-    b.add_argument(
-        "-t",
-        "--threads",
-        type=_int_list,
-        default=None,
-        metavar="N[,N...]",
-        help="compute threads (default: the cores this process may use)",
-    )
+    lists = [
+        ("-p", "--n-prompt", [512], "prompt lengths: one prefill of N tokens each (ppN); 0 skips"),
+        ("-n", "--n-gen", [128], "generation lengths: N tokens one at a time (tgN); 0 skips"),
+        ("-t", "--threads", None, "compute threads (default: the cores this process may use)"),
+    ]
+    for short, long, default, sentence in lists:
+        b.add_argument(
+            short, long, type=_int_list, default=default, metavar="N[,N...]", help=sentence
+        )
     b.add_argument(
         "--activations",
         default="exact",

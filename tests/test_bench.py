@@ -9,7 +9,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from rlx_lm import InvalidOptionError
+from rlx_lm import InvalidOptionError, UnsupportedError
 from rlx_lm.bench import BenchResult, _Timer, bench_model, format_json, format_markdown
 from rlx_lm.cli import main
 from rlx_lm.default_model import default_model_path
@@ -113,3 +113,45 @@ def test_the_bench_command(capsys: pytest.CaptureFixture[str]) -> None:
     with pytest.raises(SystemExit):
         main(["bench", "-p", "1,x"])
     assert "expected numbers" in capsys.readouterr().err
+
+
+def test_batched_generation_is_one_decode_batch_of_b_tokens_a_step(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from rlx_lm.runners.llama import LlamaRunner
+
+    steps: list[int] = []
+    real = LlamaRunner.decode_batch
+
+    def spy(self: LlamaRunner, sessions: Any, tokens: Any) -> Any:
+        steps.append(len(tokens))
+        return real(self, sessions, tokens)
+
+    monkeypatch.setattr(LlamaRunner, "decode_batch", spy)
+    rows = bench_model(default_model_path(), prompts=[0], gens=[5], batches=[3], reps=1)
+    assert [r.test for r in rows] == ["tg5", "tg5 x3"]
+    assert steps == [3] * 4 * 2  # the warm-up and one rep, four steps after the first token
+    assert main(["bench", "-p", "0", "-n", "2", "-b", "2,4", "-r", "1", "-t", "1"]) == 0
+    tests = [line.split("|")[5].strip() for line in capsys.readouterr().out.splitlines()[2:]]
+    assert tests == ["tg2", "tg2 x2", "tg2 x4"]
+    with pytest.raises(InvalidOptionError, match="batches"):
+        bench_model(default_model_path(), batches=[0])
+
+
+def test_batched_generation_needs_a_runner_with_sessions() -> None:
+    class Plain:
+        family = "plain"
+        vocab_size = 8
+        max_seq = 16
+
+        def predict_logits(self, ids: list[int]) -> Any:
+            return np.zeros(self.vocab_size, np.float32)
+
+        def prefill_logits(self, ids: list[int]) -> Any:  # a cached pair, but no sessions
+            return self.predict_logits(ids)
+
+        def decode_logits(self, token: int) -> Any:
+            return self.predict_logits([token])
+
+    with pytest.raises(UnsupportedError, match="no sessions"):
+        _Timer(Plain()).batched(2)(3)

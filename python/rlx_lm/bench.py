@@ -3,7 +3,11 @@ llama.cpp's ``llama-bench`` measures them.
 
 * ``ppN``: one prefill of N random tokens into an empty context (tokens a second);
 * ``tgN``: N tokens generated one at a time from an empty context (the first one
-  prefilled alone, then N - 1 ``decode_logits`` steps; tokens a second).
+  prefilled alone, then N - 1 ``decode_logits`` steps; tokens a second);
+* ``tgN xB`` (with ``batches``): B sequences generating N tokens each together, as
+  llama.cpp's ``llama-batched-bench`` does and a server's batch does: each prefilled with
+  its first token, then N - 1 ``decode_batch`` steps of B tokens (tokens a second, all B
+  sequences counted).
 
 Each test runs once to warm up, then ``reps`` times; a row gives the mean and the standard
 deviation of the reps' rates. Random tokens (from a fixed seed) stand for text: the work
@@ -24,7 +28,8 @@ from typing import Any
 import numpy as np
 
 from rlx_lm.config import Activations
-from rlx_lm.errors import InvalidOptionError
+from rlx_lm.errors import InvalidOptionError, UnsupportedError
+from rlx_lm.session import SessionSnapshot
 
 __all__ = ["BenchResult", "bench_model", "format_json", "format_markdown"]
 
@@ -73,12 +78,14 @@ def bench_model(
     gens: Sequence[int] = (128,),
     threads: Sequence[int] | None = None,
     activations: Sequence[Activations] = ("exact",),
+    batches: Sequence[int] = (),
     reps: int = 5,
     on_result: Callable[[BenchResult], None] | None = None,
 ) -> list[BenchResult]:
     """Run ``ppN`` for each of ``prompts`` and ``tgN`` for each of ``gens`` (0 skips a
-    test), for every thread count (default: `available_cores`) and activations mode, on the
-    model at ``path``. ``on_result`` sees each row as it is done."""
+    test), and ``tgN xB`` for each of ``batches`` too, for every thread count (default:
+    `available_cores`) and activations mode, on the model at ``path``. ``on_result`` sees
+    each row as it is done."""
     from rlx_lm.builder import LmRunnerBuilder, available_cores
 
     prompts = [p for p in prompts if p != 0]
@@ -89,6 +96,7 @@ def bench_model(
         raise InvalidOptionError("nothing to run: give a prompt or a generation length")
     thread_counts = list(threads) if threads is not None else [available_cores()]
     _check("threads", thread_counts, 1)
+    _check("batches", list(batches) or [1], 1)
     if isinstance(reps, bool) or reps < 1:
         raise InvalidOptionError(f"reps: must be >= 1, got {reps}")
     file = Path(path)
@@ -99,8 +107,11 @@ def bench_model(
         for n_threads in thread_counts:
             builder = LmRunnerBuilder().weights(path).max_seq(ctx).threads(n_threads)
             timer = _Timer(builder.activations(mode).build())
-            tests = [*((f"pp{n}", n, timer.pp) for n in prompts)]
+            tests: list[tuple[str, int, Callable[[int], float]]]
+            tests = [(f"pp{n}", n, timer.pp) for n in prompts]
             tests += [(f"tg{n}", n, timer.tg) for n in gens]
+            for b in batches:
+                tests += [(f"tg{n} x{b}", n, timer.batched(b)) for n in gens]
             for name, n, run in tests:
                 run(n)  # warm-up
                 row = BenchResult(
@@ -135,6 +146,30 @@ class _Timer:
         t = time.perf_counter()
         self.runner.prefill_logits(prompt)
         return n / (time.perf_counter() - t)
+
+    def batched(self, b: int) -> Callable[[int], float]:
+        """``tgN xB``: ``b`` sequences, each prefilled with its first token, then ``n - 1``
+        ``decode_batch`` steps (through `with_defaults`, so any runner); tokens a second."""
+        from rlx_lm.runner import with_defaults
+
+        runner = with_defaults(self.runner)
+
+        def run(n: int) -> float:
+            firsts = self._ids(b)
+            steps = [self._ids(b) for _ in range(n - 1)]
+            t = time.perf_counter()
+            sessions: list[SessionSnapshot] = []
+            for tok in firsts:
+                runner.prefill_logits([tok])
+                session = runner.export_session()
+                if session is None:
+                    raise UnsupportedError(f"{runner.family}: no sessions to decode in a batch")
+                sessions.append(session)
+            for toks in steps:
+                _, sessions = runner.decode_batch(sessions, toks)
+            return b * n / (time.perf_counter() - t)
+
+        return run
 
     def tg(self, n: int) -> float:
         """``n`` tokens one at a time from an empty context, tokens a second."""

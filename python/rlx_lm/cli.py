@@ -562,6 +562,7 @@ def _bench_parser(sub: Any) -> None:
         ("-p", "--n-prompt", [512], "prompt lengths: one prefill of N tokens each (ppN); 0 skips"),
         ("-n", "--n-gen", [128], "generation lengths: N tokens one at a time (tgN); 0 skips"),
         ("-t", "--threads", None, "compute threads (default: the cores this process may use)"),
+        ("-b", "--batch", [], "also generate with B sequences together (tgN xB, decode_batch)"),
     ]
     for short, long, default, sentence in lists:
         b.add_argument(
@@ -603,6 +604,7 @@ def _bench(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
         gens=args.n_gen,
         threads=args.threads,
         activations=modes,
+        batches=args.batch,
         reps=args.repetitions,
         on_result=row,
     )

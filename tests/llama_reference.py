@@ -1,4 +1,5 @@
-"""A plain, obvious numpy Llama/Mistral/Qwen2/Qwen3 written from the Hugging Face definition.
+"""A plain, obvious numpy Llama/Mistral/Qwen2/Qwen3/Gemma 1-3 written from the Hugging Face
+definition.
 
 Float64, the whole sequence at once, no cache, weights under HF names: the thing the runner's
 logits are checked against. Deliberately shares no code with ``rlx_lm.runners``.
@@ -24,26 +25,49 @@ def reference_logits(
     config: dict[str, Any], t: dict[str, np.ndarray], ids: list[int]
 ) -> np.ndarray:
     """Logits ``[len(ids), vocab]`` of every position."""
-    w = {k: v.astype(np.float64) for k, v in t.items()}
+    arch = config["model_type"]
+    gemma = arch in ("gemma", "gemma2", "gemma3_text")
+    post_norms = arch in ("gemma2", "gemma3_text")
+    # Gemma's RMSNorm multiplies by 1 + w.
+    w = {
+        k: v.astype(np.float64) + (1.0 if gemma and k.endswith("norm.weight") else 0.0)
+        for k, v in t.items()
+    }
     n_layers = config["num_hidden_layers"]
     nh, nkv = config["num_attention_heads"], config["num_key_value_heads"]
     hd = config["head_dim"]
     eps = config["rms_norm_eps"]
     seq = len(ids)
 
-    inv_freq = 1.0 / config["rope_theta"] ** (np.arange(0, hd, 2) / hd)
-    freqs = np.outer(np.arange(seq), inv_freq)
-    emb = np.concatenate([freqs, freqs], axis=-1)
-    cos, sin = np.cos(emb), np.sin(emb)
+    def rope_tables(theta: float, factor: float) -> tuple[np.ndarray, np.ndarray]:
+        inv_freq = 1.0 / theta ** (np.arange(0, hd, 2) / hd) / factor
+        freqs = np.outer(np.arange(seq), inv_freq)
+        emb = np.concatenate([freqs, freqs], axis=-1)
+        return np.cos(emb), np.sin(emb)
+
+    rs = config.get("rope_scaling") or {}
+    factor = rs["factor"] if rs.get("rope_type") == "linear" else 1.0
+    global_rope = rope_tables(config["rope_theta"], factor)
+    local_rope = rope_tables(config.get("rope_local_base_freq", config["rope_theta"]), 1.0)
 
     x = w["model.embed_tokens.weight"][ids]
-    mask = np.triu(np.full((seq, seq), -np.inf), k=1)
-    window = config.get("sliding_window") if config["model_type"] == "mistral" else None
-    if window:
-        # query i attends to keys i-window+1 .. i
-        mask += np.tril(np.full((seq, seq), -np.inf), k=-window)
+    if gemma:
+        x = x * np.sqrt(config["hidden_size"])
+    causal = np.triu(np.full((seq, seq), -np.inf), k=1)
+    window = config.get("sliding_window") if arch in ("mistral", "gemma2", "gemma3_text") else None
+    period = {"gemma2": 2, "gemma3_text": config.get("sliding_window_pattern", 6)}.get(arch, 1)
+    scaling = config.get("query_pre_attn_scalar", hd) ** -0.5
+    cap = config.get("attn_logit_softcapping")
     for i in range(n_layers):
         p = f"model.layers.{i}."
+        # Gemma 2/3: the layers with i % period < period - 1 are windowed (and in Gemma 3
+        # use the local RoPE base); the others see everything.
+        windowed = window is not None and (period == 1 or i % period < period - 1)
+        mask = causal
+        if windowed:
+            # query i attends to keys i-window+1 .. i
+            mask = causal + np.tril(np.full((seq, seq), -np.inf), k=-window)
+        cos, sin = local_rope if windowed and arch == "gemma3_text" else global_rope
         h = _rms(x, w[p + "input_layernorm.weight"], eps)
         q = h @ w[p + "self_attn.q_proj.weight"].T
         k = h @ w[p + "self_attn.k_proj.weight"].T
@@ -62,15 +86,36 @@ def reference_logits(
         k = k * cos + _rotate_half(k) * sin
         k = np.repeat(k, nh // nkv, axis=0)
         v = np.repeat(v, nh // nkv, axis=0)
-        scores = q @ k.transpose(0, 2, 1) / np.sqrt(hd) + mask
+        scores = q @ k.transpose(0, 2, 1) * scaling
+        if cap:
+            scores = np.tanh(scores / cap) * cap
+        scores = scores + mask
         probs = np.exp(scores - scores.max(-1, keepdims=True))
         probs /= probs.sum(-1, keepdims=True)
         attn = (probs @ v).transpose(1, 0, 2).reshape(seq, nh * hd)
-        x = x + attn @ w[p + "self_attn.o_proj.weight"].T
-        h = _rms(x, w[p + "post_attention_layernorm.weight"], eps)
+        o = attn @ w[p + "self_attn.o_proj.weight"].T
+        if post_norms:
+            o = _rms(o, w[p + "post_attention_layernorm.weight"], eps)
+            h = _rms(x + o, w[p + "pre_feedforward_layernorm.weight"], eps)
+        else:
+            h = _rms(x + o, w[p + "post_attention_layernorm.weight"], eps)
+        x = x + o
         gate = h @ w[p + "mlp.gate_proj.weight"].T
         up = h @ w[p + "mlp.up_proj.weight"].T
-        x = x + (gate / (1 + np.exp(-gate)) * up) @ w[p + "mlp.down_proj.weight"].T
+        if gemma:
+            # GELU, tanh form (gelu_pytorch_tanh)
+            inner = np.sqrt(2 / np.pi) * (gate + 0.044715 * gate**3)
+            act = 0.5 * gate * (1 + np.tanh(inner))
+        else:
+            act = gate / (1 + np.exp(-gate))
+        mlp = (act * up) @ w[p + "mlp.down_proj.weight"].T
+        if post_norms:
+            mlp = _rms(mlp, w[p + "post_feedforward_layernorm.weight"], eps)
+        x = x + mlp
     x = _rms(x, w["model.norm.weight"], eps)
     head = w.get("lm_head.weight", w["model.embed_tokens.weight"])
-    return x @ head.T
+    logits = x @ head.T
+    final_cap = config.get("final_logit_softcapping")
+    if final_cap:
+        logits = np.tanh(logits / final_cap) * final_cap
+    return logits

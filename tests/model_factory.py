@@ -53,11 +53,18 @@ def make_tiny(
     theta: float = 10000.0,
     scale: float = 0.3,
 ) -> TinyModel:
-    """Random weights with the given geometry (norm weights near 1 so activations stay sane)."""
+    """Random weights with the given geometry (norm weights near 1 so activations stay sane).
+
+    Gemma models (``gemma``, ``gemma2``, ``gemma3``) follow Hugging Face's layout: norms
+    stored as ``w - 1``, Gemma 2/3's four norms a block, and config fields chosen so each
+    feature matters at this size (a window of 3, soft caps of 4 and 6, every other layer
+    windowed, a local RoPE base of 10000 against a global 1e6 with linear scaling).
+    """
     rng = np.random.default_rng(seed)
     hd = head_dim or hidden // heads
+    gemma = arch in ("gemma", "gemma2", "gemma3")
     cfg: dict[str, Any] = {
-        "model_type": arch,
+        "model_type": "gemma3_text" if arch == "gemma3" else arch,
         "vocab_size": vocab,
         "hidden_size": hidden,
         "intermediate_size": inter,
@@ -70,12 +77,26 @@ def make_tiny(
         "max_position_embeddings": 512,
         "tie_word_embeddings": tie,
     }
+    if gemma:
+        cfg["hidden_activation"] = "gelu_pytorch_tanh"
+        cfg["query_pre_attn_scalar"] = hd
+    if arch == "gemma2":
+        cfg.update(sliding_window=3, attn_logit_softcapping=4.0, final_logit_softcapping=6.0)
+    if arch == "gemma3":
+        cfg.update(
+            sliding_window=3,
+            sliding_window_pattern=2,
+            rope_local_base_freq=10000.0,
+            rope_theta=1e6,
+            rope_scaling={"rope_type": "linear", "factor": 4.0},
+        )
 
     def mat(out: int, inp: int) -> np.ndarray:
         return (rng.standard_normal((out, inp)) * scale / np.sqrt(inp) * 3).astype(np.float32)
 
     def norm(n: int) -> np.ndarray:
-        return (1.0 + 0.1 * rng.standard_normal(n)).astype(np.float32)
+        # Gemma's checkpoints store w - 1 (its RMSNorm multiplies by 1 + w).
+        return ((0.0 if gemma else 1.0) + 0.1 * rng.standard_normal(n)).astype(np.float32)
 
     t: dict[str, np.ndarray] = {
         "model.embed_tokens.weight": rng.standard_normal((vocab, hidden)).astype(np.float32),
@@ -99,9 +120,12 @@ def make_tiny(
                 t[p + f"self_attn.{name}_proj.bias"] = (0.2 * rng.standard_normal(n)).astype(
                     np.float32
                 )
-        if arch == "qwen3":
+        if arch in ("qwen3", "gemma3"):
             t[p + "self_attn.q_norm.weight"] = norm(hd)
             t[p + "self_attn.k_norm.weight"] = norm(hd)
+        if arch in ("gemma2", "gemma3"):
+            t[p + "pre_feedforward_layernorm.weight"] = norm(hidden)
+            t[p + "post_feedforward_layernorm.weight"] = norm(hidden)
     return TinyModel(cfg, t)
 
 
@@ -220,6 +244,13 @@ _GGUF_LAYER = {
     "mlp.up_proj.weight": "ffn_up.weight",
     "mlp.down_proj.weight": "ffn_down.weight",
 }
+# Gemma 2/3 name their norms differently (llama.cpp's tensor map for those architectures).
+_GGUF_POST_NORMS = {
+    **_GGUF_LAYER,
+    "post_attention_layernorm.weight": "post_attention_norm.weight",
+    "pre_feedforward_layernorm.weight": "ffn_norm.weight",
+    "post_feedforward_layernorm.weight": "post_ffw_norm.weight",
+}
 _GGUF_TOP = {
     "model.embed_tokens.weight": "token_embd.weight",
     "model.norm.weight": "output_norm.weight",
@@ -243,7 +274,9 @@ def write_gguf(
     architecture ``llama``, as llama.cpp's converter does.
     """
     c = model.config
-    arch = arch_override or ("llama" if model.arch == "mistral" else model.arch)
+    own = {"mistral": "llama", "gemma3_text": "gemma3"}.get(model.arch, model.arch)
+    arch = arch_override or own
+    gemma = own in ("gemma", "gemma2", "gemma3")
     w = gguf.GGUFWriter(str(path), arch, split_max_tensors=split_max_tensors)
     w.add_block_count(c["num_hidden_layers"])
     w.add_context_length(c["max_position_embeddings"])
@@ -256,6 +289,20 @@ def write_gguf(
     w.add_layer_norm_rms_eps(c["rms_norm_eps"])
     w.add_rope_freq_base(c["rope_theta"])
     w.add_vocab_size(c["vocab_size"])
+    if c.get("sliding_window") and own in ("gemma2", "gemma3"):
+        w.add_sliding_window(c["sliding_window"])
+        if c.get("sliding_window_pattern", 6 if own == "gemma3" else 2) != (
+            6 if own == "gemma3" else 2
+        ):
+            w.add_sliding_window_pattern(int(c["sliding_window_pattern"]))
+    if c.get("attn_logit_softcapping"):
+        w.add_attn_logit_softcapping(c["attn_logit_softcapping"])
+    if c.get("final_logit_softcapping"):
+        w.add_final_logit_softcapping(c["final_logit_softcapping"])
+    rs = c.get("rope_scaling")
+    if rs and rs.get("rope_type") == "linear":
+        w.add_rope_scaling_type(gguf.RopeScalingType.LINEAR)
+        w.add_rope_scaling_factor(rs["factor"])
     for key, val in (tokenizer or {}).items():
         if isinstance(val, list):
             w.add_array(key, val)
@@ -268,13 +315,16 @@ def write_gguf(
     permute = arch in ("llama", "mistral")
     heads, kv_heads = c["num_attention_heads"], c["num_key_value_heads"]
     qt = QT[qtype]
+    names = _GGUF_POST_NORMS if own in ("gemma2", "gemma3") else _GGUF_LAYER
     for name in sorted(model.tensors):
         a = model.tensors[name]
         if name in _GGUF_TOP:
             gname = _GGUF_TOP[name]
         else:
             _, _, idx, rest = name.split(".", 3)
-            gname = f"blk.{idx}.{_GGUF_LAYER[rest]}"
+            gname = f"blk.{idx}.{names[rest]}"
+        if gemma and name.endswith("norm.weight"):
+            a = a + np.float32(1.0)  # llama.cpp's converter stores Gemma's 1 + w
         n_perm = 0
         if permute and ("q_proj" in name or "k_proj" in name):
             n_perm = heads if "q_proj" in name else kv_heads

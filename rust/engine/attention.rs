@@ -109,6 +109,35 @@ pub(crate) fn span_of<'a>(segments: &[(Seg<'a>, Seg<'a>)], s: usize, hd: usize) 
     out
 }
 
+/// How `q . k` becomes a score: times `scale`, then, with a cap `c`,
+/// `c * tanh(s / c)` (Gemma 2's soft-capping).
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub(crate) struct Scoring {
+    pub(crate) scale: f32,
+    pub(crate) softcap: Option<f32>,
+}
+
+impl Scoring {
+    /// Scores scaled by `scale`, not capped.
+    #[cfg(test)]
+    pub(crate) fn scaled(scale: f32) -> Self {
+        Self {
+            scale,
+            softcap: None,
+        }
+    }
+
+    /// Apply the cap (if any) to scaled scores, in place: one scalar
+    /// function every build and path shares, so the bits agree.
+    #[inline]
+    fn cap(self, scores: &mut [f32]) {
+        if let Some(c) = self.softcap {
+            let inv = 1.0 / c;
+            scores.iter_mut().for_each(|s| *s = c * (*s * inv).tanh());
+        }
+    }
+}
+
 /// Scratch of [`attend`] and [`attend_group`].
 #[derive(Default)]
 pub(crate) struct Scratch {
@@ -126,11 +155,11 @@ pub(crate) fn attend(
     qv: &[f32],
     segments: &[(Seg<'_>, Seg<'_>)],
     hd: usize,
-    scale: f32,
+    sc: Scoring,
     scratch: &mut Scratch,
     out: &mut [f32],
 ) {
-    attend_group(&[qv], segments, hd, scale, scratch, &mut [out]);
+    attend_group(&[qv], segments, hd, sc, scratch, &mut [out]);
 }
 
 /// [`attend`] for several query heads over the same keys (the query heads
@@ -140,16 +169,16 @@ pub(crate) fn attend_group(
     qs: &[&[f32]],
     segments: &[(Seg<'_>, Seg<'_>)],
     hd: usize,
-    scale: f32,
+    sc: Scoring,
     scratch: &mut Scratch,
     outs: &mut [&mut [f32]],
 ) {
-    group_with(attend_span, qs, segments, hd, scale, scratch, outs);
+    group_with(attend_span, qs, segments, hd, sc, scratch, outs);
 }
 
 /// The span kernel of [`attend_group`] and [`portable`]'s signature.
 type SpanFn =
-    fn(&[f32], &[(Seg<'_>, Seg<'_>)], usize, f32, &mut Vec<f32>, &mut [f32]) -> (f32, f32);
+    fn(&[f32], &[(Seg<'_>, Seg<'_>)], usize, Scoring, &mut Vec<f32>, &mut [f32]) -> (f32, f32);
 
 /// [`attend_group`] with the span kernel `span_fn`.
 fn group_with(
@@ -157,7 +186,7 @@ fn group_with(
     qs: &[&[f32]],
     segments: &[(Seg<'_>, Seg<'_>)],
     hd: usize,
-    scale: f32,
+    sc: Scoring,
     scratch: &mut Scratch,
     outs: &mut [&mut [f32]],
 ) {
@@ -175,7 +204,7 @@ fn group_with(
                 qv,
                 span.get(),
                 hd,
-                scale,
+                sc,
                 &mut scratch.scores,
                 &mut scratch.outs[at * hd..(at + 1) * hd],
             );
@@ -200,16 +229,16 @@ pub(crate) fn attend_span(
     qv: &[f32],
     segments: &[(Seg<'_>, Seg<'_>)],
     hd: usize,
-    scale: f32,
+    sc: Scoring,
     scores: &mut Vec<f32>,
     out: &mut [f32],
 ) -> (f32, f32) {
     #[cfg(target_arch = "x86_64")]
     if hd.is_multiple_of(8) && hd <= 256 && avx2() {
         // SAFETY: the features were detected.
-        return unsafe { x86::attend_span(qv, segments, hd, scale, scores, out) };
+        return unsafe { x86::attend_span(qv, segments, hd, sc, scores, out) };
     }
-    portable(qv, segments, hd, scale, scores, out)
+    portable(qv, segments, hd, sc, scores, out)
 }
 
 /// The softmax-weighted values of one head from its spans' partials
@@ -238,7 +267,7 @@ fn portable(
     qv: &[f32],
     segments: &[(Seg<'_>, Seg<'_>)],
     hd: usize,
-    scale: f32,
+    sc: Scoring,
     scores: &mut Vec<f32>,
     out: &mut [f32],
 ) -> (f32, f32) {
@@ -254,9 +283,10 @@ fn portable(
     for (keys, _) in segments {
         for i in 0..seg_rows(keys, hd) {
             widen(keys, i, &mut row);
-            scores.push(dot(qv, &row) * scale);
+            scores.push(dot(qv, &row) * sc.scale);
         }
     }
+    sc.cap(scores);
     let max = scores.iter().fold(f32::NEG_INFINITY, |m, &s| m.max(s));
     let mut sum = 0.0f32;
     for s in scores.iter_mut() {
@@ -295,7 +325,7 @@ fn dot(a: &[f32], b: &[f32]) -> f32 {
 
 #[cfg(target_arch = "x86_64")]
 mod x86 {
-    use super::{seg_rows, Seg};
+    use super::{seg_rows, Scoring, Seg};
     use crate::kv::Rows;
     use std::arch::x86_64::*;
 
@@ -537,12 +567,13 @@ mod x86 {
         qv: &[f32],
         segments: &[(Seg<'_>, Seg<'_>)],
         hd: usize,
-        scale: f32,
+        sc: Scoring,
         scores: &mut Vec<f32>,
         out: &mut [f32],
     ) -> (f32, f32) {
         // SAFETY: AVX2, FMA, F16C present; qv and every row hold hd values.
-        unsafe { qk_scores(qv, segments, hd, scale, scores) };
+        unsafe { qk_scores(qv, segments, hd, sc.scale, scores) };
+        sc.cap(scores);
         // SAFETY: AVX2 + FMA present.
         let (max, sum) = unsafe { softmax(scores) };
         // SAFETY: as above; out holds hd values.
@@ -570,13 +601,25 @@ mod tests {
     }
 
     fn reference(q: &[f32], k: &[f32], v: &[f32], hd: usize, scale: f32) -> Vec<f64> {
+        reference_capped(q, k, v, hd, scale, None)
+    }
+
+    fn reference_capped(
+        q: &[f32],
+        k: &[f32],
+        v: &[f32],
+        hd: usize,
+        scale: f32,
+        cap: Option<f32>,
+    ) -> Vec<f64> {
         let t = k.len() / hd;
         let s: Vec<f64> = (0..t)
             .map(|i| {
-                (0..hd)
+                let s = (0..hd)
                     .map(|d| f64::from(q[d]) * f64::from(k[i * hd + d]))
                     .sum::<f64>()
-                    * f64::from(scale)
+                    * f64::from(scale);
+                cap.map_or(s, |c| f64::from(c) * (s / f64::from(c)).tanh())
             })
             .collect();
         let m = s.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
@@ -625,14 +668,21 @@ mod tests {
                 for (segs, want) in cases {
                     let mut scratch = Scratch::default();
                     let mut fast = vec![0.0f32; hd];
-                    attend(&q, &segs, hd, scale, &mut scratch, &mut fast);
+                    attend(
+                        &q,
+                        &segs,
+                        hd,
+                        Scoring::scaled(scale),
+                        &mut scratch,
+                        &mut fast,
+                    );
                     let mut slow = vec![0.0f32; hd];
                     group_with(
                         portable,
                         &[&q],
                         &segs,
                         hd,
-                        scale,
+                        Scoring::scaled(scale),
                         &mut scratch,
                         &mut [&mut slow],
                     );
@@ -644,6 +694,48 @@ mod tests {
                             );
                         }
                     }
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn soft_capped_scores_match_a_float64_reference_in_every_build() {
+        let mut rnd = lcg(9);
+        for hd in [8usize, 12, 64] {
+            for t in [1usize, 9, 70, 130] {
+                let (q, k, v) = (rnd(hd, 6.0), rnd(t * hd, 6.0), rnd(t * hd, 2.0));
+                let sc = Scoring {
+                    scale: 0.5,
+                    softcap: Some(2.0),
+                };
+                let want = reference_capped(&q, &k, &v, hd, 0.5, Some(2.0));
+                let plain = reference(&q, &k, &v, hd, 0.5);
+                let segs = [(Rows::F32(&k), Rows::F32(&v))];
+                let mut scratch = Scratch::default();
+                let mut fast = vec![0.0f32; hd];
+                attend(&q, &segs, hd, sc, &mut scratch, &mut fast);
+                let mut slow = vec![0.0f32; hd];
+                group_with(
+                    portable,
+                    &[&q],
+                    &segs,
+                    hd,
+                    sc,
+                    &mut scratch,
+                    &mut [&mut slow],
+                );
+                for (d, w) in want.iter().enumerate() {
+                    for got in [fast[d], slow[d]] {
+                        assert!(
+                            (f64::from(got) - w).abs() <= 1e-5 * (1.0 + w.abs()),
+                            "hd {hd} t {t} d {d}: {got} vs {w}"
+                        );
+                    }
+                }
+                if t > 1 {
+                    let moved = want.iter().zip(&plain).map(|(a, b)| (a - b).abs());
+                    assert!(moved.fold(0.0, f64::max) > 1e-3, "the cap must matter here");
                 }
             }
         }
@@ -684,13 +776,20 @@ mod tests {
                         let mut scratch = Scratch::default();
                         let mut alone = vec![vec![0.0f32; hd]; heads];
                         for (q, out) in qs.iter().zip(alone.iter_mut()) {
-                            attend(q, &segs, hd, 0.25, &mut scratch, out);
+                            attend(q, &segs, hd, Scoring::scaled(0.25), &mut scratch, out);
                         }
                         let mut together = vec![vec![0.0f32; hd]; heads];
                         let refs: Vec<&[f32]> = qs.iter().map(|q| q.as_slice()).collect();
                         let mut outs: Vec<&mut [f32]> =
                             together.iter_mut().map(|o| o.as_mut_slice()).collect();
-                        attend_group(&refs, &segs, hd, 0.25, &mut scratch, &mut outs);
+                        attend_group(
+                            &refs,
+                            &segs,
+                            hd,
+                            Scoring::scaled(0.25),
+                            &mut scratch,
+                            &mut outs,
+                        );
                         assert_eq!(alone, together, "hd {hd} t {t} heads {heads}");
                     }
                 }
@@ -721,7 +820,14 @@ mod tests {
             {
                 let start = Instant::now();
                 for _ in 0..reps {
-                    std::hint::black_box(f(&q, &segs, hd, 0.125, &mut scores, &mut out));
+                    std::hint::black_box(f(
+                        &q,
+                        &segs,
+                        hd,
+                        Scoring::scaled(0.125),
+                        &mut scores,
+                        &mut out,
+                    ));
                 }
                 *us = start.elapsed().as_secs_f64() / reps as f64 * 1e6;
             }

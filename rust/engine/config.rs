@@ -21,8 +21,25 @@ pub enum RopeStyle {
 pub struct BlockVariant {
     /// Biases on the q, k and v projections (Qwen2).
     pub qkv_bias: bool,
-    /// RMS norms over each head of q and k before RoPE (Qwen3).
+    /// RMS norms over each head of q and k before RoPE (Qwen3, Gemma 3).
     pub qk_norm: bool,
+    /// GeGLU: `gelu(gate) * up` with GELU's tanh form, instead of SwiGLU (Gemma).
+    pub gelu: bool,
+    /// RMS norms of the attention output and of the MLP output before each
+    /// is added to the residual stream (`attn_post_norm`, `ffn_post_norm`:
+    /// Gemma 2 and 3).
+    pub post_norms: bool,
+}
+
+/// RoPE of the windowed layers when they differ from the rest (Gemma 3's
+/// local layers: base 10000, no scaling, while its global layers use base
+/// 1e6 and linear scaling).
+#[derive(Clone, Debug, PartialEq)]
+pub struct LocalRope {
+    /// Per-pair inverse frequencies (`head_dim / 2`).
+    pub inv_freq: Vec<f64>,
+    /// Positions are divided by this before RoPE.
+    pub position_scale: f64,
 }
 
 /// Geometry and numerics of one model.
@@ -52,8 +69,22 @@ pub struct Config {
     pub rope_position_scale: f64,
     /// Pairing convention of the q/k rows as stored.
     pub rope_style: RopeStyle,
-    /// Each query sees only its last `w` positions (Mistral), if set.
+    /// Each query sees only its last `w` positions (Mistral), if set: in
+    /// every layer, or in the layers `window_pattern` picks.
     pub sliding_window: Option<usize>,
+    /// Which layers the window applies to, one flag a layer (Gemma 2: every
+    /// other layer, Gemma 3: five of every six); empty: every layer.
+    pub window_layers: Vec<bool>,
+    /// RoPE of the windowed layers, if not the model's own.
+    pub rope_local: Option<LocalRope>,
+    /// Factor on the embedding rows before the first block (Gemma: `sqrt(hidden)`), else 1.
+    pub embed_scale: f32,
+    /// Factor on `q . k` before the softmax (usually `1 / sqrt(head_dim)`).
+    pub attn_scale: f32,
+    /// Attention scores become `c * tanh(s / c)` (Gemma 2), if set.
+    pub attn_softcap: Option<f32>,
+    /// Logits become `c * tanh(z / c)` (Gemma 2), if set.
+    pub final_softcap: Option<f32>,
     /// Optional block pieces.
     pub block: BlockVariant,
 }
@@ -118,7 +149,85 @@ impl Config {
         if self.sliding_window == Some(0) {
             return Err(CoreError::option("sliding_window", "must be positive"));
         }
+        if !self.window_layers.is_empty() {
+            if self.sliding_window.is_none() {
+                return Err(CoreError::option(
+                    "window_layers",
+                    "is set but the model has no sliding_window",
+                ));
+            }
+            if self.window_layers.len() != self.n_layers {
+                return Err(CoreError::option(
+                    "window_layers",
+                    format!(
+                        "has {} flags for {} layers",
+                        self.window_layers.len(),
+                        self.n_layers
+                    ),
+                ));
+            }
+        }
+        if let Some(local) = &self.rope_local {
+            if local.inv_freq.len() != self.head_dim / 2 {
+                return Err(CoreError::option(
+                    "rope_local",
+                    format!(
+                        "has {} frequencies, head_dim {} needs {}",
+                        local.inv_freq.len(),
+                        self.head_dim,
+                        self.head_dim / 2
+                    ),
+                ));
+            }
+            if !(local.position_scale.is_finite() && local.position_scale > 0.0) {
+                return Err(CoreError::option(
+                    "rope_local",
+                    format!(
+                        "position scale must be positive, got {}",
+                        local.position_scale
+                    ),
+                ));
+            }
+        }
+        for (field, value) in [
+            ("embed_scale", Some(self.embed_scale)),
+            ("attn_scale", Some(self.attn_scale)),
+            ("attn_softcap", self.attn_softcap),
+            ("final_softcap", self.final_softcap),
+        ] {
+            if let Some(v) = value {
+                if !(v.is_finite() && v > 0.0) {
+                    return Err(CoreError::option(
+                        field,
+                        format!("must be positive and finite, got {v}"),
+                    ));
+                }
+            }
+        }
         Ok(())
+    }
+
+    /// The window of layer `layer`'s attention, if it has one.
+    pub fn window(&self, layer: usize) -> Option<usize> {
+        self.sliding_window.filter(|_| self.windowed(layer))
+    }
+
+    /// Whether `layer` is one of the windowed layers (all layers when the
+    /// model has a window and no pattern).
+    fn windowed(&self, layer: usize) -> bool {
+        self.sliding_window.is_some()
+            && (self.window_layers.is_empty() || self.window_layers.get(layer) == Some(&true))
+    }
+
+    /// Whether `layer` uses [`Config::rope_local`].
+    pub fn local_rope(&self, layer: usize) -> bool {
+        self.rope_local.is_some() && self.windowed(layer)
+    }
+
+    /// Whether every layer has the same attention window and RoPE (what the
+    /// team's one-step decode assumes) and no post norms.
+    pub fn uniform_layers(&self) -> bool {
+        self.window_layers.is_empty() && self.rope_local.is_none() && !self.block.post_norms
     }
 
     /// Query heads per key/value head.
@@ -156,6 +265,12 @@ pub(crate) fn tiny(arch: &str) -> Config {
         rope_position_scale: 1.0,
         rope_style: RopeStyle::Halves,
         sliding_window: None,
+        window_layers: Vec::new(),
+        rope_local: None,
+        embed_scale: 1.0,
+        attn_scale: 1.0 / (head_dim as f32).sqrt(),
+        attn_softcap: None,
+        final_softcap: None,
         block: BlockVariant::default(),
     }
 }
@@ -176,5 +291,45 @@ mod tests {
         let mut c = tiny("llama");
         c.sliding_window = Some(0);
         assert!(c.validate().is_err());
+        let mut c = tiny("gemma2");
+        c.window_layers = vec![true, false];
+        assert!(c.validate().is_err(), "windowed layers without a window");
+        c.sliding_window = Some(4);
+        assert!(c.validate().is_ok());
+        c.window_layers.push(true);
+        assert!(c.validate().is_err(), "a flag per layer");
+        c.window_layers.pop();
+        c.attn_softcap = Some(0.0);
+        assert!(c.validate().is_err());
+        let mut c = tiny("gemma3");
+        c.rope_local = Some(LocalRope {
+            inv_freq: vec![1.0; 3],
+            position_scale: 1.0,
+        });
+        assert!(c.validate().is_err());
+    }
+
+    #[test]
+    fn window_flags_pick_the_windowed_layers_and_their_rope() {
+        let mut c = tiny("gemma3");
+        c.n_layers = 4;
+        c.sliding_window = Some(8);
+        c.window_layers = vec![true, false, true, true];
+        let windowed: Vec<usize> = (0..4).filter(|&i| c.window(i).is_some()).collect();
+        assert_eq!(windowed, [0, 2, 3]);
+        assert!(!c.local_rope(0), "no local RoPE given");
+        c.rope_local = Some(LocalRope {
+            inv_freq: c.rope_inv_freq.clone(),
+            position_scale: 1.0,
+        });
+        let local: Vec<usize> = (0..4).filter(|&i| c.local_rope(i)).collect();
+        assert_eq!(local, [0, 2, 3]);
+        assert!(!c.uniform_layers());
+        c.window_layers.clear();
+        c.rope_local = None;
+        assert!((0..4).all(|i| c.window(i) == Some(8)));
+        assert!(c.uniform_layers());
+        c.sliding_window = None;
+        assert!((0..4).all(|i| c.window(i).is_none()));
     }
 }

@@ -25,12 +25,13 @@
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Mutex;
 
-use crate::engine::attention::{attend_span, combine, slice_rows, span_of, spans};
+use crate::engine::attention::{attend_span, combine, slice_rows, span_of, spans, Scoring};
 use crate::engine::forward::{
-    head_major, rms_heads, rms_rows, rope, rope_tables, window_start, Model, Step,
+    head_major, rms_heads, rms_rows, rope, rope_tables, scale_embedding, soft_cap, window_start,
+    Model, Step,
 };
+use crate::engine::glu::glu;
 use crate::engine::linear::RowPrep;
-use crate::engine::silu::silu_mul;
 use crate::engine::team::{Member, Team};
 use crate::engine::weights::Tensor;
 use crate::kv::{convert_f32_to_f16, f16_to_f32, Dtype, Half, KvCache, Rows};
@@ -163,7 +164,7 @@ struct Bufs {
     /// pairs (2 a span) and outputs (`head_dim` a span), at [`Plan::span_at`].
     parts: Shared,
     outs: Shared,
-    /// `silu(gate) * up` (`n x intermediate`).
+    /// `act(gate) * up` (`n x intermediate`).
     act: Shared,
     /// Every block's new key and value rows (after RoPE),
     /// `layers x n x 2 x kv_width`.
@@ -220,6 +221,7 @@ impl Model {
         let (layers, n) = (cfg.n_layers, steps.len());
         let ids: Vec<i64> = steps.iter().map(|s| s.tokens[0]).collect();
         let mut x = self.embed(&ids)?;
+        scale_embedding(cfg, &mut x);
         let (mut q, mut k, mut v) = (
             vec![0.0f32; n * qw],
             vec![0.0f32; n * kvw],
@@ -280,6 +282,7 @@ impl Model {
                 )?;
             }
         }
+        soft_cap(cfg.final_softcap, &mut logits);
         Ok(logits)
     }
 
@@ -303,7 +306,11 @@ impl Model {
         let group = cfg.group();
         let eps = cfg.rms_norm_eps;
         let (cos, sin) = rope_tables(cfg, starts);
-        let scale = 1.0 / (hd as f32).sqrt();
+        let sc = Scoring {
+            scale: cfg.attn_scale,
+            softcap: cfg.attn_softcap,
+        };
+        let act = self.act();
         let mut h = vec![0.0f32; n * hdim];
         let mut tmp = vec![0.0f32; n * hdim];
         let (mut gate, mut up) = (vec![0.0f32; n * inter], vec![0.0f32; n * inter]);
@@ -420,7 +427,7 @@ impl Model {
                         };
                         let qo = si * qw + head * hd;
                         let (mx, l) =
-                            attend_span(&q[qo..qo + hd], span.get(), hd, scale, &mut scores, dst);
+                            attend_span(&q[qo..qo + hd], span.get(), hd, sc, &mut scores, dst);
                         pair[0] = mx;
                         pair[1] = l;
                     }
@@ -452,7 +459,7 @@ impl Model {
                 self.residual(&mut cl, first, &mut prep, &lw.o, &mut tmp, b.x, n)?;
             }
             cl.finish();
-            // gate and up, then silu(gate) * up.
+            // gate and up, then act(gate) * up.
             let mut cl = open();
             if let Some(first) = cl.next() {
                 // SAFETY: as for q, k, v.
@@ -470,7 +477,7 @@ impl Model {
                         let (a, z) = (r * inter + lo, r * inter + hi);
                         // SAFETY: columns lo..hi of act are this member's claim.
                         let dst = unsafe { b.act.part(a, z) };
-                        silu_mul(&gate[a..z], &up[a..z], dst);
+                        glu(act, &gate[a..z], &up[a..z], dst);
                     }
                     c = cl.next();
                 }

@@ -9,10 +9,10 @@
 use ndarray::ArrayView3;
 use rayon::prelude::*;
 
-use crate::engine::attention::{attend_group, slice_rows, Scratch};
+use crate::engine::attention::{attend_group, slice_rows, Scoring, Scratch};
 use crate::engine::config::{Config, RopeStyle};
+use crate::engine::glu::{glu_in_place, Act};
 use crate::engine::linear::{gather, matmul, matmul_many, Activations, Part};
-use crate::engine::silu::silu_mul_in_place;
 use crate::engine::team::Team;
 use crate::engine::weights::{Store, Tensor, Weights};
 use crate::kv::{Dtype, Geometry, Half, KvCache};
@@ -173,7 +173,11 @@ impl Model {
             starts.push(len);
         }
         let out = match &self.team {
-            Some(team) if !all_logits && steps.iter().all(|s| s.tokens.len() == 1) => {
+            Some(team)
+                if !all_logits
+                    && self.cfg.uniform_layers()
+                    && steps.iter().all(|s| s.tokens.len() == 1) =>
+            {
                 self.decode_team(team, steps, &starts)
             }
             _ => self.run(steps, &starts, all_logits),
@@ -207,7 +211,13 @@ impl Model {
         offsets.push(ids.len());
         let rows = ids.len();
         let (cos, sin) = rope_tables(cfg, &positions);
+        let local = cfg
+            .rope_local
+            .as_ref()
+            .map(|l| rope_tables_for(&l.inv_freq, l.position_scale, &positions));
         let mut x = self.embed(&ids)?;
+        scale_embedding(cfg, &mut x);
+        let act = self.act();
         let mut h = vec![0.0f32; rows * hdim];
         let (mut q, mut k, mut v) = (Vec::new(), Vec::new(), Vec::new());
         let (mut ctx, mut o) = (vec![0.0f32; rows * qw], Vec::new());
@@ -230,8 +240,12 @@ impl Model {
                 rms_heads(&mut q, qn, cfg.rms_norm_eps);
                 rms_heads(&mut k, kn, cfg.rms_norm_eps);
             }
-            rope(cfg.rope_style, &mut q, hd, &cos, &sin);
-            rope(cfg.rope_style, &mut k, hd, &cos, &sin);
+            let (c, sn) = match &local {
+                Some((lc, ls)) if cfg.local_rope(li) => (lc, ls),
+                _ => (&cos, &sin),
+            };
+            rope(cfg.rope_style, &mut q, hd, c, sn);
+            rope(cfg.rope_style, &mut k, hd, c, sn);
             for (si, s) in steps.iter_mut().enumerate() {
                 let (lo, hi) = (offsets[si], offsets[si + 1]);
                 s.cache.append(
@@ -243,12 +257,22 @@ impl Model {
             let caches: Vec<&KvCache> = steps.iter().map(|s| &*s.cache).collect();
             self.attention(li, &caches, &offsets, &positions, &q, &mut ctx)?;
             self.mm(&lw.o, &ctx, &mut o)?;
-            x.iter_mut().zip(&o).for_each(|(a, b)| *a += b);
+            add_residual(
+                &mut x,
+                &mut o,
+                lw.attn_post_norm.as_deref(),
+                cfg.rms_norm_eps,
+            );
             rms_rows(&x, &lw.ffn_norm, cfg.rms_norm_eps, &mut h);
             self.mm_many(&h, &mut [(&lw.gate, &mut gate), (&lw.up, &mut up)])?;
-            silu_mul_in_place(&mut gate, &up);
+            glu_in_place(act, &mut gate, &up);
             self.mm(&lw.down, &gate, &mut down)?;
-            x.iter_mut().zip(&down).for_each(|(a, b)| *a += b);
+            add_residual(
+                &mut x,
+                &mut down,
+                lw.ffn_post_norm.as_deref(),
+                cfg.rms_norm_eps,
+            );
         }
         // Final norm and head on the rows whose logits are wanted.
         let picked: Vec<usize> = if all_logits {
@@ -264,7 +288,17 @@ impl Model {
         rms_rows(&last, &self.weights.norm, cfg.rms_norm_eps, &mut normed);
         let mut logits = Vec::new();
         self.mm(self.weights.head(), &normed, &mut logits)?;
+        soft_cap(cfg.final_softcap, &mut logits);
         Ok(logits)
+    }
+
+    /// The MLP gate's activation.
+    pub(crate) fn act(&self) -> Act {
+        if self.cfg.block.gelu {
+            Act::Gelu
+        } else {
+            Act::Silu
+        }
     }
 
     /// Causal (optionally windowed) attention of every row's query heads over
@@ -293,19 +327,23 @@ impl Model {
                 }
             }
         }
-        let scale = 1.0 / (hd as f32).sqrt();
+        let sc = Scoring {
+            scale: cfg.attn_scale,
+            softcap: cfg.attn_softcap,
+        };
+        let window = cfg.window(layer);
         let results: Vec<CoreResult<Vec<f32>>> = tasks
             .par_iter()
             .map(|&(si, j, lo, hi)| {
                 let cache = caches[si];
                 let keys = cache.head_rows(layer, Half::Keys, j)?;
                 let values = cache.head_rows(layer, Half::Values, j)?;
-                let first = window_start(cfg.sliding_window, positions[lo]);
+                let first = window_start(window, positions[lo]);
                 let mut out = vec![0.0f32; (hi - lo) * group * hd];
                 let mut scratch = Scratch::default();
                 for r in lo..hi {
                     let pos = positions[r];
-                    let from = window_start(cfg.sliding_window, pos) - first;
+                    let from = window_start(window, pos) - first;
                     let to = pos + 1 - first;
                     let qs: Vec<&[f32]> = (0..group)
                         .map(|g| {
@@ -321,7 +359,7 @@ impl Model {
                         slice_rows(keys, first + from, first + to, hd),
                         slice_rows(values, first + from, first + to, hd),
                     );
-                    attend_group(&qs, &[seg], hd, scale, &mut scratch, &mut dsts);
+                    attend_group(&qs, &[seg], hd, sc, &mut scratch, &mut dsts);
                 }
                 Ok(out)
             })
@@ -381,14 +419,50 @@ pub(crate) fn rms_heads(x: &mut [f32], w: &[f32], eps: f32) {
     }
 }
 
+/// `x += o`, or with a post norm `w`, `x += rms_norm(o) * w` (`o` is
+/// overwritten then).
+pub(crate) fn add_residual(x: &mut [f32], o: &mut [f32], post: Option<&[f32]>, eps: f32) {
+    if let Some(w) = post {
+        let raw = o.to_vec();
+        rms_rows(&raw, w, eps, o);
+    }
+    x.iter_mut().zip(o.iter()).for_each(|(a, b)| *a += b);
+}
+
+/// Embedding rows times the model's `embed_scale` (Gemma's `sqrt(hidden)`),
+/// rounded to float32 first as llama.cpp does.
+pub(crate) fn scale_embedding(cfg: &Config, x: &mut [f32]) {
+    if cfg.embed_scale != 1.0 {
+        let s = cfg.embed_scale;
+        x.iter_mut().for_each(|v| *v *= s);
+    }
+}
+
+/// `z = c * tanh(z / c)` for every value, with a cap `c`.
+pub(crate) fn soft_cap(cap: Option<f32>, z: &mut [f32]) {
+    if let Some(c) = cap {
+        let inv = 1.0 / c;
+        z.iter_mut().for_each(|v| *v = c * (*v * inv).tanh());
+    }
+}
+
 /// cos/sin `[rows, head_dim / 2]` at each row's position.
 pub(crate) fn rope_tables(cfg: &Config, positions: &[usize]) -> (Vec<f32>, Vec<f32>) {
-    let half = cfg.head_dim / 2;
+    rope_tables_for(&cfg.rope_inv_freq, cfg.rope_position_scale, positions)
+}
+
+/// cos/sin `[rows, inv_freq.len()]` at each row's position divided by `scale`.
+pub(crate) fn rope_tables_for(
+    inv_freq: &[f64],
+    scale: f64,
+    positions: &[usize],
+) -> (Vec<f32>, Vec<f32>) {
+    let half = inv_freq.len();
     let mut cos = Vec::with_capacity(positions.len() * half);
     let mut sin = Vec::with_capacity(positions.len() * half);
     for &p in positions {
-        let pos = p as f64 / cfg.rope_position_scale;
-        for &f in &cfg.rope_inv_freq {
+        let pos = p as f64 / scale;
+        for &f in inv_freq {
             let a = pos * f;
             cos.push(a.cos() as f32);
             sin.push(a.sin() as f32);

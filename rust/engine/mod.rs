@@ -7,7 +7,7 @@
 //! - [`linear`]: products with stored weights (`crate::quant`'s kernels).
 //! - `attention`: query heads over cached keys and values, read in place, in spans.
 //! - [`forward`]: the forward pass.
-//! - `silu`: the feed-forward gate, `silu(gate) * up`, one `exp` polynomial in every build.
+//! - `glu`: the feed-forward gate, `act(gate) * up` (SiLU or GELU), one `exp` polynomial in every build.
 //! - `decode`: a one-token step of one or more sequences as one elastic job of a
 //!   [`team::Team`].
 //! - [`team`]: the engine's own threads (barrier jobs, and elastic jobs that wait
@@ -19,12 +19,12 @@ mod attention;
 pub mod config;
 mod decode;
 pub mod forward;
+mod glu;
 pub mod linear;
-mod silu;
 pub mod team;
 pub mod weights;
 
-pub use config::{BlockVariant, Config, RopeStyle};
+pub use config::{BlockVariant, Config, LocalRope, RopeStyle};
 pub use forward::{Model, Step};
 pub use linear::Activations;
 pub use weights::{Store, TensorEntry};

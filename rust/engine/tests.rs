@@ -2,7 +2,7 @@
 //! re-prefill, chunking does not matter, a batch row equals the same
 //! sequence alone (bit for bit), and failures leave caches untouched.
 
-use crate::engine::config::{tiny, Config, RopeStyle};
+use crate::engine::config::{tiny, Config, LocalRope, RopeStyle};
 use crate::engine::{Model, Step, Store};
 use crate::kv::{Dtype, KvCache};
 use crate::CoreError;
@@ -53,6 +53,10 @@ fn model(cfg: Config) -> Model {
             put(p("attn_q_norm.weight"), vec![hd], 0.2, 1.0);
             put(p("attn_k_norm.weight"), vec![hd], 0.2, 1.0);
         }
+        if cfg.block.post_norms {
+            put(p("post_attention_norm.weight"), vec![h], 0.2, 1.0);
+            put(p("post_ffw_norm.weight"), vec![h], 0.2, 1.0);
+        }
     }
     let store = Store::open(&[], vec![], owned).unwrap();
     Model::new(cfg, store).unwrap()
@@ -92,6 +96,38 @@ fn variants() -> Vec<Config> {
     out.push(c);
     let mut c = tiny("qwen3");
     c.block.qk_norm = true;
+    out.push(c);
+    // Gemma: GeGLU, scaled embeddings and its own score scale (team path).
+    let mut c = tiny("gemma");
+    c.block.gelu = true;
+    c.embed_scale = (c.hidden_size as f32).sqrt();
+    c.attn_scale = 0.3;
+    c.attn_softcap = Some(4.0);
+    out.push(c);
+    // Gemma 2: post norms, soft-capping, a window on every other layer.
+    let mut c = tiny("gemma2");
+    c.block.gelu = true;
+    c.block.post_norms = true;
+    c.embed_scale = (c.hidden_size as f32).sqrt();
+    c.sliding_window = Some(3);
+    c.window_layers = vec![true, false];
+    c.attn_softcap = Some(5.0);
+    c.final_softcap = Some(3.0);
+    out.push(c);
+    // Gemma 3: q/k norms, windowed layers with a RoPE of their own.
+    let mut c = tiny("gemma3");
+    c.block.gelu = true;
+    c.block.post_norms = true;
+    c.block.qk_norm = true;
+    c.sliding_window = Some(4);
+    c.window_layers = vec![false, true];
+    c.rope_position_scale = 8.0;
+    c.rope_local = Some(LocalRope {
+        inv_freq: (0..c.head_dim / 2)
+            .map(|i| 1.0 / 100f64.powf(2.0 * i as f64 / c.head_dim as f64))
+            .collect(),
+        position_scale: 1.0,
+    });
     out.push(c);
     out
 }

@@ -240,6 +240,9 @@ pub struct Layer {
     pub v_bias: Option<Vec<f32>>,
     pub q_norm: Option<Vec<f32>>,
     pub k_norm: Option<Vec<f32>>,
+    /// Norms of the attention and MLP outputs (`BlockVariant::post_norms`).
+    pub attn_post_norm: Option<Vec<f32>>,
+    pub ffn_post_norm: Option<Vec<f32>>,
 }
 
 /// All weights of a model.
@@ -284,6 +287,7 @@ impl Weights {
             let p = |s: &str| format!("blk.{i}.{s}");
             let bias = cfg.block.qkv_bias;
             let qk = cfg.block.qk_norm;
+            let post = cfg.block.post_norms;
             layers.push(Layer {
                 attn_norm: need(vector(&store, &p("attn_norm.weight"), h, true)?),
                 ffn_norm: need(vector(&store, &p("ffn_norm.weight"), h, true)?),
@@ -292,6 +296,8 @@ impl Weights {
                 v_bias: vector(&store, &p("attn_v.bias"), kvw, bias)?,
                 q_norm: vector(&store, &p("attn_q_norm.weight"), hd, qk)?,
                 k_norm: vector(&store, &p("attn_k_norm.weight"), hd, qk)?,
+                attn_post_norm: vector(&store, &p("post_attention_norm.weight"), h, post)?,
+                ffn_post_norm: vector(&store, &p("post_ffw_norm.weight"), h, post)?,
                 q: matrix(&mut store, &p("attn_q.weight"), qw, h)?,
                 k: matrix(&mut store, &p("attn_k.weight"), kvw, h)?,
                 v: matrix(&mut store, &p("attn_v.weight"), kvw, h)?,

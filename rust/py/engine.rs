@@ -14,7 +14,7 @@ use super::errors::{catch_panics, IntoPyResult};
 use super::gil::{detached, pin, Pin};
 use super::kv::PyKvCache;
 use crate::engine::{
-    Activations, BlockVariant, Config, Model, RopeStyle, Step, Store, TensorEntry,
+    Activations, BlockVariant, Config, LocalRope, Model, RopeStyle, Step, Store, TensorEntry,
 };
 use crate::kv::KvCache;
 use crate::per_process::PerProcess;
@@ -67,6 +67,19 @@ fn item<'py, T: FromPyObjectOwned<'py>>(cfg: &Bound<'py, PyDict>, key: &str) -> 
         .py()
 }
 
+/// `cfg[key]`, or `default` when the key is absent (keys later families added).
+fn item_or<'py, T: FromPyObjectOwned<'py>>(
+    cfg: &Bound<'py, PyDict>,
+    key: &str,
+    default: T,
+) -> PyResult<T> {
+    if cfg.contains(key)? {
+        item(cfg, key)
+    } else {
+        Ok(default)
+    }
+}
+
 fn config(cfg: &Bound<'_, PyDict>) -> PyResult<Config> {
     let style: String = item(cfg, "rope_style")?;
     let rope_style = match style.as_str() {
@@ -94,9 +107,26 @@ fn config(cfg: &Bound<'_, PyDict>) -> PyResult<Config> {
         rope_position_scale: item(cfg, "rope_position_scale")?,
         rope_style,
         sliding_window: item(cfg, "sliding_window")?,
+        window_layers: item_or(cfg, "window_layers", Vec::new())?,
+        rope_local: match item_or::<Option<Vec<f64>>>(cfg, "rope_local_inv_freq", None)? {
+            Some(inv_freq) => Some(LocalRope {
+                inv_freq,
+                position_scale: item_or(cfg, "rope_local_position_scale", 1.0)?,
+            }),
+            None => None,
+        },
+        embed_scale: item_or::<f64>(cfg, "embed_scale", 1.0)? as f32,
+        attn_scale: match item_or::<Option<f64>>(cfg, "attn_scale", None)? {
+            Some(s) => s as f32,
+            None => 1.0 / (item::<usize>(cfg, "head_dim")? as f32).sqrt(),
+        },
+        attn_softcap: item_or::<Option<f64>>(cfg, "attn_softcap", None)?.map(|c| c as f32),
+        final_softcap: item_or::<Option<f64>>(cfg, "final_softcap", None)?.map(|c| c as f32),
         block: BlockVariant {
             qkv_bias: item(cfg, "qkv_bias")?,
             qk_norm: item(cfg, "qk_norm")?,
+            gelu: item_or(cfg, "gelu", false)?,
+            post_norms: item_or(cfg, "post_norms", false)?,
         },
     })
 }

@@ -42,6 +42,26 @@ def rms_norm(x: F32, w: F32, eps: float) -> F32:
     return out
 
 
+class _Rope:
+    """cos/sin tables of one set of RoPE frequencies, grown as positions are asked for."""
+
+    def __init__(self, inv_freq: npt.NDArray[np.float64], pos_scale: float, hd: int) -> None:
+        self.inv_freq = inv_freq
+        self.pos_scale = pos_scale
+        self.cos = np.empty((0, hd // 2), dtype=np.float32)
+        self.sin = np.empty((0, hd // 2), dtype=np.float32)
+
+    def tables(self, pos0: int, n: int) -> tuple[F32, F32]:
+        end = pos0 + n
+        if end > self.cos.shape[0]:
+            size = max(end, 2 * self.cos.shape[0], 64)
+            pos = np.arange(size, dtype=np.float64) / self.pos_scale
+            ang = np.outer(pos, self.inv_freq)
+            self.cos = np.cos(ang).astype(np.float32)
+            self.sin = np.sin(ang).astype(np.float32)
+        return self.cos[pos0:end], self.sin[pos0:end]
+
+
 class LlamaForward:
     """Runs token chunks through the blocks of one model, appending their K/V to a store."""
 
@@ -49,24 +69,24 @@ class LlamaForward:
         self.cfg = cfg
         self.w = weights
         self.chunk = max(1, chunk)
-        self._inv_freq = cfg.inv_freq()
-        self._pos_scale = cfg.position_scale()
-        self._cos = np.empty((0, cfg.head_dim // 2), dtype=np.float32)
-        self._sin = np.empty((0, cfg.head_dim // 2), dtype=np.float32)
-        self._scale = np.float32(1.0 / np.sqrt(cfg.head_dim))
         self._eps = np.float32(cfg.rms_norm_eps)
+        self._scale = np.float32(cfg.score_scale())
+        # RoPE tables: the model's, and the windowed layers' own (Gemma 3), grown as needed.
+        local = cfg.local_inv_freq()
+        self._ropes = {
+            False: _Rope(cfg.inv_freq(), cfg.position_scale(), cfg.head_dim),
+            True: _Rope(
+                cfg.inv_freq() if local is None else local,
+                cfg.position_scale() if local is None else 1.0,
+                cfg.head_dim,
+            ),
+        }
 
     # ----------------------------------------------------------------- pieces
 
-    def _rope_tables(self, pos0: int, n: int) -> tuple[F32, F32]:
-        end = pos0 + n
-        if end > self._cos.shape[0]:
-            size = max(end, 2 * self._cos.shape[0], 64)
-            pos = np.arange(size, dtype=np.float64) / self._pos_scale
-            ang = np.outer(pos, self._inv_freq)
-            self._cos = np.cos(ang).astype(np.float32)
-            self._sin = np.sin(ang).astype(np.float32)
-        return self._cos[pos0:end], self._sin[pos0:end]
+    def _rope_tables(self, layer: int, pos0: int, n: int) -> tuple[F32, F32]:
+        windowed = self.cfg.window_of(layer) is not None
+        return self._ropes[windowed].tables(pos0, n)
 
     @staticmethod
     def _rope(x: F32, cos: F32, sin: F32) -> F32:
@@ -97,13 +117,13 @@ class LlamaForward:
         if lw.q_norm is not None and lw.k_norm is not None:
             q = rms_norm(q, lw.q_norm, cfg.rms_norm_eps)
             k = rms_norm(k, lw.k_norm, cfg.rms_norm_eps)
-        cos, sin = self._rope_tables(pos0, n)
+        cos, sin = self._rope_tables(layer, pos0, n)
         q = self._rope(q, cos, sin)
         k = self._rope(k, cos, sin)
         store.append(layer, k, v)
         keys = store.keys(layer)
         values = store.values(layer)
-        window = cfg.sliding_window
+        window = cfg.window_of(layer)
         if window is not None and keys.shape[1] - n + 1 > window:
             # no query of this chunk sees keys before its first query's window
             first = keys.shape[1] - n + 1 - window
@@ -113,6 +133,9 @@ class LlamaForward:
         qg = q.reshape(nkv, group * n, hd)
         scores = np.matmul(qg, keys.transpose(0, 2, 1))
         scores *= self._scale
+        if cfg.attn_softcap is not None:
+            cap = np.float32(cfg.attn_softcap)
+            scores = np.tanh(scores / cap) * cap
         if n > 1:
             # query i sits at column total-n+i and sees keys up to it (and, with a window,
             # only the last `window` of them).
@@ -130,18 +153,28 @@ class LlamaForward:
 
     def _block(self, layer: int, x: F32, store: KvStore, pos0: int) -> F32:
         lw = self.w.layers[layer]
-        x = x + self._attention(
-            lw, layer, rms_norm(x, lw.attn_norm, self.cfg.rms_norm_eps), store, pos0
-        )
-        h = rms_norm(x, lw.ffn_norm, self.cfg.rms_norm_eps)
+        eps = self.cfg.rms_norm_eps
+        o = self._attention(lw, layer, rms_norm(x, lw.attn_norm, eps), store, pos0)
+        if lw.attn_post_norm is not None:
+            o = rms_norm(o, lw.attn_post_norm, eps)
+        x = x + o
+        h = rms_norm(x, lw.ffn_norm, eps)
         gate = lw.gate.apply(h)
-        # silu(g) = g * sigmoid(g), with sigmoid written through tanh so it cannot overflow.
-        act: F32 = np.tanh(gate * np.float32(0.5))
-        act += np.float32(1.0)
-        act *= np.float32(0.5)
-        act *= gate
+        if self.cfg.gelu:
+            # GELU, tanh form: 0.5 g (1 + tanh(sqrt(2/pi) (g + 0.044715 g^3))).
+            inner = np.float32(np.sqrt(2 / np.pi)) * (gate + np.float32(0.044715) * gate**3)
+            act: F32 = np.float32(0.5) * gate * (np.float32(1.0) + np.tanh(inner))
+        else:
+            # silu(g) = g * sigmoid(g), with sigmoid written through tanh so it cannot overflow.
+            act = np.tanh(gate * np.float32(0.5))
+            act += np.float32(1.0)
+            act *= np.float32(0.5)
+            act *= gate
         act *= lw.up.apply(h)
-        out: F32 = x + lw.down.apply(act)
+        mlp = lw.down.apply(act)
+        if lw.ffn_post_norm is not None:
+            mlp = rms_norm(mlp, lw.ffn_post_norm, eps)
+        out: F32 = x + mlp
         return out
 
     # ------------------------------------------------------------------ API
@@ -149,13 +182,19 @@ class LlamaForward:
     def run_chunk(self, ids: npt.NDArray[np.intp], store: KvStore, pos0: int) -> F32:
         """Hidden states ``[n, hidden]`` (before the final norm) of ``ids`` at ``pos0..``."""
         x = self.w.embed.rows(ids)
+        if self.cfg.embed_scale != 1.0:
+            x = x * np.float32(self.cfg.embed_scale)
         for layer in range(self.cfg.n_layers):
             x = self._block(layer, x, store, pos0)
         return x
 
     def logits(self, hidden: F32) -> F32:
         """Output-head logits ``[n, vocab]`` of hidden states ``[n, hidden]``."""
-        return self.w.output.apply(rms_norm(hidden, self.w.norm, self.cfg.rms_norm_eps))
+        logits = self.w.output.apply(rms_norm(hidden, self.w.norm, self.cfg.rms_norm_eps))
+        if self.cfg.final_softcap is not None:
+            cap = np.float32(self.cfg.final_softcap)
+            logits = np.tanh(logits / cap) * cap
+        return logits
 
     def prefill(
         self,

@@ -85,6 +85,13 @@ _LAYER_NAMES = {
     "mlp.up_proj.weight": "ffn_up",
     "mlp.down_proj.weight": "ffn_down",
 }
+# Gemma 2/3: a norm after attention, and one before and one after the MLP.
+_POST_NORM_NAMES = {
+    **_LAYER_NAMES,
+    "post_attention_layernorm.weight": "post_attention_norm",
+    "pre_feedforward_layernorm.weight": "ffn_norm",
+    "post_feedforward_layernorm.weight": "post_ffw_norm",
+}
 _TOP_NAMES = {
     "model.embed_tokens.weight": "token_embd",
     "model.norm.weight": "output_norm",
@@ -175,12 +182,15 @@ class SafetensorsCheckpoint:
     ) -> LlamaWeights:
         """Load every tensor under llama.cpp's names as float32."""
         renamed: dict[str, str] = {}
+        names = _POST_NORM_NAMES if cfg.post_norms else _LAYER_NAMES
         for hf_name in self.index:
             short = _TOP_NAMES.get(hf_name)
-            if short is None and (m := _LAYER_RE.match(hf_name)) and m.group(2) in _LAYER_NAMES:
-                short = f"blk.{m.group(1)}.{_LAYER_NAMES[m.group(2)]}"
+            if short is None and (m := _LAYER_RE.match(hf_name)) and m.group(2) in names:
+                short = f"blk.{m.group(1)}.{names[m.group(2)]}"
             if short is not None:
                 renamed[short] = hf_name
+        # Gemma's checkpoints store norm weights as w - 1 (its RMSNorm multiplies by 1 + w).
+        offset = np.float32(1.0 if cfg.arch in ("gemma", "gemma2", "gemma3") else 0.0)
 
         def get(name: str, kind: str) -> Matrix | npt.NDArray[np.float32] | None:
             hf_name = renamed.get(name)
@@ -188,7 +198,7 @@ class SafetensorsCheckpoint:
                 return None
             arr = self.index[hf_name].tensor(hf_name)
             if kind == "vector":
-                return arr
+                return arr + offset if name.endswith("norm") else arr
             if arr.ndim != 2:
                 raise WeightFormatError(f"tensor {hf_name} is not a matrix: shape {arr.shape}")
             return DenseMatrix(arr)

@@ -38,6 +38,8 @@ class LayerWeights:
     v_bias: F32 | None = None
     q_norm: F32 | None = None
     k_norm: F32 | None = None
+    attn_post_norm: F32 | None = None
+    ffn_post_norm: F32 | None = None
 
 
 @dataclass
@@ -122,6 +124,8 @@ class LlamaWeights:
                     v_bias=vector(p + "attn_v.bias", kv_out, required=cfg.attention_bias),
                     q_norm=vector(p + "attn_q_norm", hd, required=cfg.qk_norm),
                     k_norm=vector(p + "attn_k_norm", hd, required=cfg.qk_norm),
+                    attn_post_norm=vector(p + "post_attention_norm", h, required=cfg.post_norms),
+                    ffn_post_norm=vector(p + "post_ffw_norm", h, required=cfg.post_norms),
                 )
             )
             if on_progress is not None:

@@ -1,4 +1,4 @@
-"""The reference Llama-family runner: llama, mistral, qwen2, qwen3 on the Rust engine.
+"""The reference Llama-family runner: llama, mistral, qwen2, qwen3, gemma 1-3 on the Rust engine.
 
 `LlamaRunner` meets the whole runner contract natively: cached ``prefill_logits`` /
 ``decode_logits`` over one session `rlx_lm.KvCache` (one decode step is one call into the
@@ -512,7 +512,7 @@ def _config_beside(cfg_path: Path | None, weights: Path) -> LlamaConfig:
     FAMILY,
     "Llama, Mistral, Qwen2 and Qwen3 on the Rust engine, weights memory-mapped "
     "(GGUF of every common type, safetensors, MLX)",
-    matches=match_architectures(*LLAMA_ARCHITECTURES),
+    matches=match_architectures(*LLAMA_ARCHITECTURES, "gemma3_text"),
 )
 def load_from_builder(builder: LmRunnerBuilder) -> LlamaRunner:
     """Build a `LlamaRunner` from a resolved builder (weights, format, config, sizes, kv dtype)."""

@@ -1,4 +1,9 @@
-"""Hyper-parameters of a Llama-family model, from a GGUF header or a Hugging Face config."""
+"""Hyper-parameters of a Llama-family model, from a GGUF header or a Hugging Face config.
+
+The family is the Llama block and its variants: Mistral's window, Qwen2's biases, Qwen3's
+q/k norms, and Gemma's (GeGLU, scaled embeddings, its own score scale; Gemma 2 and 3: norms
+after attention and MLP, windowed layers, Gemma 2's soft-capping, Gemma 3's local RoPE).
+"""
 
 from __future__ import annotations
 
@@ -12,17 +17,36 @@ import numpy.typing as npt
 
 from rlx_lm.errors import UnsupportedError, WeightFormatError
 
-__all__ = ["LLAMA_ARCHITECTURES", "LlamaConfig", "RopeScaling"]
+__all__ = ["GEMMA_ARCHITECTURES", "LLAMA_ARCHITECTURES", "LlamaConfig", "RopeScaling"]
 
 #: Architectures this runner implements (GGUF ``general.architecture`` / HF ``model_type``).
-LLAMA_ARCHITECTURES = ("llama", "mistral", "qwen2", "qwen3")
+LLAMA_ARCHITECTURES = ("llama", "mistral", "qwen2", "qwen3", "gemma", "gemma2", "gemma3")
+
+#: The Gemma generations (GeGLU, embeddings times sqrt(hidden), norms stored as ``w`` in GGUF
+#: and as ``w - 1`` in Hugging Face checkpoints).
+GEMMA_ARCHITECTURES = ("gemma", "gemma2", "gemma3")
 
 _HF_ARCH_ALIASES = {
     "LlamaForCausalLM": "llama",
     "MistralForCausalLM": "mistral",
     "Qwen2ForCausalLM": "qwen2",
     "Qwen3ForCausalLM": "qwen3",
+    "GemmaForCausalLM": "gemma",
+    "Gemma2ForCausalLM": "gemma2",
+    "Gemma3ForCausalLM": "gemma3",
 }
+# Hugging Face ``model_type`` spellings of our names.
+_HF_TYPE_ALIASES = {"gemma3_text": "gemma3"}
+
+# llama.cpp's defaults where a Gemma GGUF leaves a key out (llama-model.cpp).
+_GEMMA2_WINDOW = 4096
+_GEMMA2_ATTN_SOFTCAP = 50.0
+_GEMMA2_FINAL_SOFTCAP = 30.0
+_GEMMA3_LOCAL_THETA = 10000.0
+# Layers windowed in a pattern of n: layer i when i % n < n - 1 (Gemma 2: 2, Gemma 3: 6).
+_WINDOW_PATTERN = {"gemma2": 2, "gemma3": 6}
+# Block counts llama.cpp takes for the 27B models, whose score scale is 1/sqrt(hidden/heads).
+_GEMMA_27B_LAYERS = {"gemma2": 46, "gemma3": 62}
 
 
 #: The widest attention head a model may declare (real models: 64-256).
@@ -61,6 +85,22 @@ class LlamaConfig:
     qk_norm: bool = False
     rope_scaling: RopeScaling | None = field(default=None)
     sliding_window: int | None = None
+    window_layers: tuple[bool, ...] = ()
+    """Which layers the window applies to, one flag a layer; empty: every layer."""
+    rope_local_theta: float | None = None
+    """RoPE base of the windowed layers (Gemma 3's local layers: no scaling), else the model's."""
+    embed_scale: float = 1.0
+    """Factor on the embedding rows (Gemma: ``sqrt(hidden_size)``)."""
+    attn_scale: float | None = None
+    """Factor on ``q . k`` (Gemma: ``query_pre_attn_scalar ** -0.5``); None: 1/sqrt(head_dim)."""
+    attn_softcap: float | None = None
+    """Scores become ``c * tanh(s / c)`` (Gemma 2)."""
+    final_softcap: float | None = None
+    """Logits become ``c * tanh(z / c)`` (Gemma 2)."""
+    gelu: bool = False
+    """GeGLU (GELU, tanh form) instead of SwiGLU."""
+    post_norms: bool = False
+    """Norms of the attention and MLP outputs before the residual adds (Gemma 2/3)."""
 
     def __post_init__(self) -> None:
         if self.arch not in LLAMA_ARCHITECTURES:
@@ -100,6 +140,42 @@ class LlamaConfig:
         rs = self.rope_scaling
         if rs is not None and not (math.isfinite(rs.factor) and rs.factor > 0):
             raise WeightFormatError(f"rope scaling factor must be positive, got {rs.factor}")
+        if self.window_layers and len(self.window_layers) != self.n_layers:
+            raise WeightFormatError(
+                f"window_layers has {len(self.window_layers)} flags for {self.n_layers} layers"
+            )
+        if self.window_layers and self.sliding_window is None:
+            raise WeightFormatError("window_layers is set but there is no sliding_window")
+        for name in ("rope_local_theta", "attn_scale", "attn_softcap", "final_softcap"):
+            value = getattr(self, name)
+            if value is not None and not (math.isfinite(value) and value > 0):
+                raise WeightFormatError(f"{name} must be positive and finite, got {value}")
+        if not (math.isfinite(self.embed_scale) and self.embed_scale > 0):
+            raise WeightFormatError(
+                f"embed_scale must be positive and finite, got {self.embed_scale}"
+            )
+
+    def window_of(self, layer: int) -> int | None:
+        """The attention window of ``layer``, if it has one."""
+        if self.sliding_window is None:
+            return None
+        if self.window_layers and not self.window_layers[layer]:
+            return None
+        return self.sliding_window
+
+    def local_inv_freq(self) -> npt.NDArray[np.float64] | None:
+        """RoPE inverse frequencies of the windowed layers, if they have their own."""
+        if self.rope_local_theta is None:
+            return None
+        hd = self.head_dim
+        inv: npt.NDArray[np.float64] = 1.0 / (
+            self.rope_local_theta ** (np.arange(0, hd, 2, dtype=np.float64) / hd)
+        )
+        return inv
+
+    def score_scale(self) -> float:
+        """The factor on ``q . k`` before the softmax."""
+        return self.attn_scale if self.attn_scale is not None else 1.0 / math.sqrt(self.head_dim)
 
     @property
     def geometry(self) -> tuple[int, ...]:
@@ -150,6 +226,7 @@ class LlamaConfig:
     def from_hf(cls, cfg: Mapping[str, Any], *, where: str = "config.json") -> LlamaConfig:
         """Read a Hugging Face ``config.json`` mapping (MLX directories use the same keys)."""
         arch = str(cfg.get("model_type", "")).lower()
+        arch = _HF_TYPE_ALIASES.get(arch, arch)
         if not arch:
             archs = cfg.get("architectures") or []
             arch = _HF_ARCH_ALIASES.get(archs[0], "") if archs else ""
@@ -167,23 +244,27 @@ class LlamaConfig:
         hidden = need("hidden_size")
         n_heads = need("num_attention_heads")
         head_dim = cfg.get("head_dim") or (hidden // n_heads if n_heads > 0 else 0)
+        n_layers = need("num_hidden_layers")
+        gemma = _hf_gemma(cfg, arch, n_layers, hidden, where) if arch in GEMMA_ARCHITECTURES else {}
+        window = gemma.pop("sliding_window", None) or _hf_sliding_window(cfg, arch, where)
         return cls(
             arch=arch,
             vocab_size=need("vocab_size"),
             hidden_size=hidden,
             intermediate_size=need("intermediate_size"),
-            n_layers=need("num_hidden_layers"),
+            n_layers=n_layers,
             n_heads=n_heads,
             n_kv_heads=int(cfg.get("num_key_value_heads") or n_heads),
             head_dim=int(head_dim),
             rms_norm_eps=float(cfg.get("rms_norm_eps", 1e-6)),
             rope_theta=float(cfg.get("rope_theta", 10000.0)),
             max_position=int(cfg.get("max_position_embeddings", 4096)),
-            tie_word_embeddings=bool(cfg.get("tie_word_embeddings", False)),
+            tie_word_embeddings=bool(cfg.get("tie_word_embeddings", arch in GEMMA_ARCHITECTURES)),
             attention_bias=bool(cfg.get("attention_bias", arch == "qwen2")),
-            qk_norm=arch == "qwen3",
+            qk_norm=arch in ("qwen3", "gemma3"),
             rope_scaling=_hf_rope_scaling(cfg.get("rope_scaling"), where),
-            sliding_window=_hf_sliding_window(cfg, arch, where),
+            sliding_window=window,
+            **gemma,
         )
 
     @classmethod
@@ -226,13 +307,37 @@ class LlamaConfig:
         scaling = None
         if str(get(f"{arch}.rope.scaling.type") or "none") == "linear":
             scaling = RopeScaling("linear", factor=opt_float("rope.scaling.factor", 1.0) or 1.0)
+        n_layers = need("block_count")
+        gemma: dict[str, Any] = {}
+        if arch in GEMMA_ARCHITECTURES:
+            gemma = {"embed_scale": math.sqrt(hidden), "gelu": True}
+            scale = 1.0 / math.sqrt(head_dim)
+            if _GEMMA_27B_LAYERS.get(arch) == n_layers:
+                scale = 1.0 / math.sqrt(hidden // n_heads)
+            gemma["attn_scale"] = scale
+        if arch in ("gemma2", "gemma3"):
+            gemma["post_norms"] = True
+            window = opt_int("attention.sliding_window", _GEMMA2_WINDOW if arch == "gemma2" else 0)
+            if window <= 0:
+                raise WeightFormatError(
+                    f"{where}: GGUF header lacks {arch}.attention.sliding_window"
+                )
+            gemma["sliding_window"] = window
+            gemma["window_layers"] = _window_flags(
+                get(f"{arch}.attention.sliding_window_pattern"), arch, n_layers, where
+            )
+        if arch == "gemma2":
+            gemma["attn_softcap"] = opt_float("attn_logit_softcapping", _GEMMA2_ATTN_SOFTCAP)
+            gemma["final_softcap"] = opt_float("final_logit_softcapping", _GEMMA2_FINAL_SOFTCAP)
+        if arch == "gemma3":
+            gemma["rope_local_theta"] = opt_float("rope.freq_base_swa", _GEMMA3_LOCAL_THETA)
         try:
             return cls(
                 arch=arch,
                 vocab_size=vocab,
                 hidden_size=hidden,
                 intermediate_size=need("feed_forward_length"),
-                n_layers=need("block_count"),
+                n_layers=n_layers,
                 n_heads=n_heads,
                 n_kv_heads=n_kv,
                 head_dim=head_dim,
@@ -240,11 +345,74 @@ class LlamaConfig:
                 rope_theta=opt_float("rope.freq_base", 10000.0),
                 max_position=opt_int("context_length", 0) or 4096,
                 attention_bias=arch == "qwen2",
-                qk_norm=arch == "qwen3",
+                qk_norm=arch in ("qwen3", "gemma3"),
                 rope_scaling=scaling,
+                **gemma,
             )
         except WeightFormatError as exc:
             raise WeightFormatError(f"{where}: {exc}") from None
+
+
+def _pattern_flags(n: int, n_layers: int) -> tuple[bool, ...]:
+    """llama.cpp's window pattern of ``n``: layer ``i`` is windowed when ``i % n < n - 1``."""
+    return tuple(i % n < n - 1 for i in range(n_layers))
+
+
+def _window_flags(value: Any, arch: str, n_layers: int, where: str) -> tuple[bool, ...]:
+    """The windowed layers of a Gemma 2/3 GGUF: ``{arch}.attention.sliding_window_pattern``
+    (a period, or one flag a layer) when the header has it, else llama.cpp's fixed period."""
+    if value is None:
+        return _pattern_flags(_WINDOW_PATTERN[arch], n_layers)
+    key = f"{arch}.attention.sliding_window_pattern"
+    if isinstance(value, (int, np.integer)) and not isinstance(value, bool):
+        if int(value) <= 0:
+            raise WeightFormatError(f"{where}: GGUF field {key} must be positive, got {value}")
+        return _pattern_flags(int(value), n_layers)
+    flags = np.asarray(value).reshape(-1)
+    if flags.size != n_layers:
+        raise WeightFormatError(
+            f"{where}: GGUF field {key} has {flags.size} flags for {n_layers} layers"
+        )
+    return tuple(bool(f) for f in flags)
+
+
+def _hf_gemma(
+    cfg: Mapping[str, Any], arch: str, n_layers: int, hidden: int, where: str
+) -> dict[str, Any]:
+    """The Gemma fields of a Hugging Face config."""
+    act = str(cfg.get("hidden_activation") or cfg.get("hidden_act") or "gelu_pytorch_tanh")
+    if act not in ("gelu_pytorch_tanh", "gelu"):
+        raise UnsupportedError(f"{where}: hidden_activation {act!r} is not supported for {arch}")
+    out: dict[str, Any] = {"embed_scale": math.sqrt(hidden), "gelu": True}
+    scalar = cfg.get("query_pre_attn_scalar")
+    if scalar is not None:
+        out["attn_scale"] = float(scalar) ** -0.5
+    if arch == "gemma":
+        return out
+    out["post_norms"] = True
+    window = cfg.get("sliding_window")
+    if not window:
+        raise WeightFormatError(f"{where}: {arch} needs 'sliding_window'")
+    out["sliding_window"] = int(window)
+    types = cfg.get("layer_types")
+    if types:
+        if len(types) != n_layers:
+            raise WeightFormatError(
+                f"{where}: layer_types has {len(types)} entries for {n_layers} layers"
+            )
+        out["window_layers"] = tuple(t == "sliding_attention" for t in types)
+    else:
+        period = cfg.get("sliding_window_pattern") or _WINDOW_PATTERN[arch]
+        out["window_layers"] = _pattern_flags(int(period), n_layers)
+    for key, name in (
+        ("attn_logit_softcapping", "attn_softcap"),
+        ("final_logit_softcapping", "final_softcap"),
+    ):
+        if cfg.get(key):
+            out[name] = float(cfg[key])
+    if arch == "gemma3":
+        out["rope_local_theta"] = float(cfg.get("rope_local_base_freq", _GEMMA3_LOCAL_THETA))
+    return out
 
 
 def _gguf_int(value: Any, key: str, where: str) -> int:
@@ -283,6 +451,8 @@ def _hf_sliding_window(cfg: Mapping[str, Any], arch: str, where: str) -> int | N
     window = cfg.get("sliding_window")
     if arch == "mistral":
         return int(window) if window else None
+    if arch in GEMMA_ARCHITECTURES:
+        return None  # Gemma 2/3's windowed layers come with the rest of its fields
     if arch in ("qwen2", "qwen3") and cfg.get("use_sliding_window"):
         raise UnsupportedError(
             f"{where}: use_sliding_window (per-layer windows) is not supported for {arch}"

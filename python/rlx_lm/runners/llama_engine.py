@@ -24,7 +24,7 @@ from rlx_lm._headers import GgufHeader, read_gguf_header, read_safetensors_heade
 from rlx_lm._headers import ggml_type as ggml_type_info
 from rlx_lm.config import available_cores
 from rlx_lm.errors import UnsupportedError, WeightFormatError
-from rlx_lm.runners.llama_config import LlamaConfig, RopeScaling
+from rlx_lm.runners.llama_config import GEMMA_ARCHITECTURES, LlamaConfig, RopeScaling
 
 __all__ = [
     "EngineLoad",
@@ -73,6 +73,17 @@ def engine_config(cfg: LlamaConfig, rope_style: str) -> dict[str, Any]:
         "sliding_window": cfg.sliding_window,
         "qkv_bias": cfg.attention_bias,
         "qk_norm": cfg.qk_norm,
+        "window_layers": list(cfg.window_layers),
+        "rope_local_inv_freq": (
+            None if (local := cfg.local_inv_freq()) is None else [float(f) for f in local]
+        ),
+        "rope_local_position_scale": 1.0,
+        "embed_scale": float(cfg.embed_scale),
+        "attn_scale": float(cfg.score_scale()),
+        "attn_softcap": cfg.attn_softcap,
+        "final_softcap": cfg.final_softcap,
+        "gelu": cfg.gelu,
+        "post_norms": cfg.post_norms,
     }
 
 
@@ -265,6 +276,14 @@ _LAYER_NAMES = {
     "mlp.up_proj.weight": "ffn_up.weight",
     "mlp.down_proj.weight": "ffn_down.weight",
 }
+# Gemma 2 and 3 norm the attention output with `post_attention_layernorm` and have a norm
+# before and after the MLP (llama.cpp's names: post_attention_norm, ffn_norm, post_ffw_norm).
+_POST_NORM_NAMES = {
+    **_LAYER_NAMES,
+    "post_attention_layernorm.weight": "post_attention_norm.weight",
+    "pre_feedforward_layernorm.weight": "ffn_norm.weight",
+    "post_feedforward_layernorm.weight": "post_ffw_norm.weight",
+}
 _TOP_NAMES = {
     "model.embed_tokens.weight": "token_embd.weight",
     "model.norm.weight": "output_norm.weight",
@@ -273,11 +292,18 @@ _TOP_NAMES = {
 _LAYER_RE = re.compile(r"^model\.layers\.(\d+)\.(.+)$")
 
 
-def _short_name(hf_name: str) -> str | None:
+def _short_name(hf_name: str, cfg: LlamaConfig | None = None) -> str | None:
+    names = _POST_NORM_NAMES if cfg is not None and cfg.post_norms else _LAYER_NAMES
     short = _TOP_NAMES.get(hf_name)
-    if short is None and (m := _LAYER_RE.match(hf_name)) and m.group(2) in _LAYER_NAMES:
-        short = f"blk.{m.group(1)}.{_LAYER_NAMES[m.group(2)]}"
+    if short is None and (m := _LAYER_RE.match(hf_name)) and m.group(2) in names:
+        short = f"blk.{m.group(1)}.{names[m.group(2)]}"
     return short
+
+
+def _norm_offset(cfg: LlamaConfig, short: str) -> bool:
+    """Whether a Hugging Face tensor is a Gemma norm weight, stored as ``w - 1`` (Gemma's
+    RMSNorm multiplies by ``1 + w``; llama.cpp's converter adds the 1 when it writes GGUF)."""
+    return cfg.arch in GEMMA_ARCHITECTURES and short.endswith("norm.weight")
 
 
 def load_safetensors_engine(
@@ -306,12 +332,19 @@ def load_safetensors_engine(
                 "use an unquantized checkpoint or a GGUF file"
             )
         for hf_name, (dtype, shape) in header.tensors.items():
-            short = _short_name(hf_name)
+            short = _short_name(hf_name, cfg)
             if short is None:
                 continue
             begin = header.data_offset + header.offsets[hf_name][0]
             dims = [int(d) for d in shape]
-            if dtype in _ST_TYPES and (packed or dtype == "F32"):
+            if _norm_offset(cfg, short) and dtype in ("F32", "F16", "BF16"):
+                count = int(np.prod(dims))
+                if dtype == "F32":
+                    values = _read_f32(f, begin, count)
+                else:
+                    values = _widen(f, begin, dtype, count)
+                owned.append((short, dims, np.ascontiguousarray(values + np.float32(1.0))))
+            elif dtype in _ST_TYPES and (packed or dtype == "F32"):
                 plan.append((short, fi, begin, _ST_TYPES[dtype], dims))
             elif dtype in ("F16", "BF16"):
                 owned.append((short, dims, _widen(f, begin, dtype, int(np.prod(dims)))))
@@ -319,6 +352,8 @@ def load_safetensors_engine(
             elif dtype == "F64":
                 count = int(np.prod(dims))
                 raw = np.fromfile(f, dtype="<f8", count=count, offset=begin)
+                if _norm_offset(cfg, short):
+                    raw = raw + 1.0
                 owned.append((short, dims, np.ascontiguousarray(raw, dtype=np.float32)))
                 dequantised[short] = "F64"
             else:

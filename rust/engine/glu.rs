@@ -1,5 +1,8 @@
-//! The feed-forward gate: `out = silu(gate) * up`, `silu(g) = g / (1 + exp(-g))`.
+//! The feed-forward gate: `out = act(gate) * up` with `act` SiLU (SwiGLU:
+//! Llama, Qwen) or GELU in its tanh form (GeGLU: Gemma).
 //!
+//! `silu(g) = g / (1 + exp(-g))`, and GELU's tanh form is the same shape:
+//! `0.5 g (1 + tanh(y)) = g / (1 + exp(-2y))`, `y = sqrt(2/pi) (g + 0.044715 g^3)`.
 //! `exp` is one polynomial (Cephes' `expf`: a power of two times a degree-7
 //! polynomial of the remainder, every step a fused multiply-add) evaluated
 //! eight lanes at a time where AVX2 and FMA are present and one value at a
@@ -8,34 +11,57 @@
 //! step), gives the same bits. libm's `expf`, one call per value, was 3% of
 //! a batched decode step.
 
-/// `out[i] = silu(gate[i]) * up[i]`.
-pub(crate) fn silu_mul(gate: &[f32], up: &[f32], out: &mut [f32]) {
-    assert!(gate.len() == up.len() && up.len() == out.len());
-    // SAFETY: three slices of one length.
-    unsafe { run(gate.as_ptr(), up.as_ptr(), out.as_mut_ptr(), out.len()) }
+/// The gate's activation.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Act {
+    /// `g / (1 + exp(-g))`.
+    Silu,
+    /// `g / (1 + exp(-2 sqrt(2/pi) (g + 0.044715 g^3)))` (PyTorch's `gelu(approximate="tanh")`).
+    Gelu,
 }
 
-/// `gate[i] = silu(gate[i]) * up[i]`.
-pub(crate) fn silu_mul_in_place(gate: &mut [f32], up: &[f32]) {
+/// `-2 sqrt(2 / pi)` and that times 0.044715: GELU's exponent is
+/// `g * (G0 + G1 * g * g)`.
+const G0: f32 = -1.595_769;
+const G1: f32 = G0 * 0.044_715;
+
+/// `out[i] = act(gate[i]) * up[i]`.
+pub(crate) fn glu(act: Act, gate: &[f32], up: &[f32], out: &mut [f32]) {
+    assert!(gate.len() == up.len() && up.len() == out.len());
+    // SAFETY: three slices of one length.
+    unsafe { run(act, gate.as_ptr(), up.as_ptr(), out.as_mut_ptr(), out.len()) }
+}
+
+/// `gate[i] = act(gate[i]) * up[i]`.
+pub(crate) fn glu_in_place(act: Act, gate: &mut [f32], up: &[f32]) {
     assert!(gate.len() == up.len());
     let p = gate.as_mut_ptr();
     // SAFETY: two slices of one length; each value is read before it is
     // written, at the same index.
-    unsafe { run(p, up.as_ptr(), p, up.len()) }
+    unsafe { run(act, p, up.as_ptr(), p, up.len()) }
 }
 
 /// # Safety
 /// `len` values at each pointer; `out` may be `gate`, else overlaps neither.
-unsafe fn run(gate: *const f32, up: *const f32, out: *mut f32, len: usize) {
+unsafe fn run(act: Act, gate: *const f32, up: *const f32, out: *mut f32, len: usize) {
     #[cfg(target_arch = "x86_64")]
     if crate::engine::attention::avx2() {
         // SAFETY: AVX2 and FMA were detected; forwarded.
-        unsafe { x86::silu_mul(gate, up, out, len) };
+        unsafe {
+            match act {
+                Act::Silu => x86::glu::<false>(gate, up, out, len),
+                Act::Gelu => x86::glu::<true>(gate, up, out, len),
+            }
+        }
         return;
     }
+    let f = match act {
+        Act::Silu => silu,
+        Act::Gelu => gelu,
+    };
     for i in 0..len {
         // SAFETY: forwarded.
-        unsafe { *out.add(i) = silu(*gate.add(i)) * *up.add(i) };
+        unsafe { *out.add(i) = f(*gate.add(i)) * *up.add(i) };
     }
 }
 
@@ -43,6 +69,12 @@ unsafe fn run(gate: *const f32, up: *const f32, out: *mut f32, len: usize) {
 #[inline(always)]
 pub(crate) fn silu(g: f32) -> f32 {
     g / (1.0 + exp(-g))
+}
+
+/// GELU's tanh form with [`exp`].
+#[inline(always)]
+pub(crate) fn gelu(g: f32) -> f32 {
+    g / (1.0 + exp(g * (g * g).mul_add(G1, G0)))
 }
 
 /// Below `LOW`, `exp` is about 1e-38 (not 0), which `silu` cannot tell
@@ -86,7 +118,7 @@ pub(crate) fn exp(x: f32) -> f32 {
 
 #[cfg(target_arch = "x86_64")]
 mod x86 {
-    use super::{silu, HIGH, LN2_HI, LN2_LO, LOW, P};
+    use super::{gelu, silu, G0, G1, HIGH, LN2_HI, LN2_LO, LOW, P};
     use std::arch::x86_64::*;
 
     /// [`super::exp`], eight lanes.
@@ -118,10 +150,18 @@ mod x86 {
         }
     }
 
+    /// SiLU (`GELU = false`) or GELU gates, eight lanes, the scalar
+    /// functions' operations in their order.
+    ///
     /// # Safety
     /// AVX2 and FMA present; as [`super::run`].
     #[target_feature(enable = "avx2,fma")]
-    pub(super) unsafe fn silu_mul(gate: *const f32, up: *const f32, out: *mut f32, len: usize) {
+    pub(super) unsafe fn glu<const GELU: bool>(
+        gate: *const f32,
+        up: *const f32,
+        out: *mut f32,
+        len: usize,
+    ) {
         let whole = len / 8 * 8;
         // SAFETY (whole body): `len` values at each pointer; each chunk is
         // loaded before it is stored.
@@ -129,12 +169,22 @@ mod x86 {
             for at in (0..whole).step_by(8) {
                 let g = _mm256_loadu_ps(gate.add(at));
                 let u = _mm256_loadu_ps(up.add(at));
-                let e = exp(_mm256_sub_ps(_mm256_setzero_ps(), g));
-                let s = _mm256_div_ps(g, _mm256_add_ps(_mm256_set1_ps(1.0), e));
+                let z = if GELU {
+                    let t = _mm256_fmadd_ps(
+                        _mm256_mul_ps(g, g),
+                        _mm256_set1_ps(G1),
+                        _mm256_set1_ps(G0),
+                    );
+                    _mm256_mul_ps(g, t)
+                } else {
+                    _mm256_sub_ps(_mm256_setzero_ps(), g)
+                };
+                let s = _mm256_div_ps(g, _mm256_add_ps(_mm256_set1_ps(1.0), exp(z)));
                 _mm256_storeu_ps(out.add(at), _mm256_mul_ps(s, u));
             }
+            let f = if GELU { gelu } else { silu };
             for i in whole..len {
-                *out.add(i) = silu(*gate.add(i)) * *up.add(i);
+                *out.add(i) = f(*gate.add(i)) * *up.add(i);
             }
         }
     }
@@ -175,6 +225,25 @@ mod tests {
     }
 
     #[test]
+    fn gelu_is_within_a_few_ulp_of_float64_tanh_form() {
+        for g in values() {
+            let x = f64::from(g);
+            let y = (2.0 / std::f64::consts::PI).sqrt() * (x + 0.044715 * x * x * x);
+            // 0.5 x (1 + tanh y), written without 1 + tanh's cancellation.
+            let want = x / (1.0 + (-2.0 * y).exp());
+            let got = f64::from(gelu(g));
+            // The exponent `2y` is rounded to float32 (relative error ~eps),
+            // which exp turns into a relative error of ~|2y| eps: the far
+            // negative tail, where gelu is below 1e-20, carries that. Beyond
+            // sqrt(f32::MAX) g^3 overflows and the float32 form is 0 or g, as
+            // the float64 one rounds to.
+            let cond = 8.0 + 2.0 * (2.0 * y).abs().min(200.0);
+            let tol = want.abs() * cond * f64::from(f32::EPSILON) + 1.0e-36;
+            assert!((got - want).abs() <= tol, "gelu({g}) = {got}, want {want}");
+        }
+    }
+
+    #[test]
     fn every_build_gives_the_same_bits_and_nan_stays_nan() {
         let mut g = values();
         g.push(f32::NAN);
@@ -183,15 +252,21 @@ mod tests {
             .enumerate()
             .map(|(i, _)| 0.5 + (i % 7) as f32)
             .collect();
-        let mut got = vec![0.0f32; g.len()];
-        silu_mul(&g, &up, &mut got);
-        for ((&g, &u), &o) in g.iter().zip(&up).zip(&got) {
-            let want = silu(g) * u;
-            assert!(
-                o.to_bits() == want.to_bits() || (o.is_nan() && want.is_nan()),
-                "silu({g}) * {u}: {o} vs one at a time {want}"
-            );
+        for (act, f) in [(Act::Silu, silu as fn(f32) -> f32), (Act::Gelu, gelu)] {
+            let mut got = vec![0.0f32; g.len()];
+            glu(act, &g, &up, &mut got);
+            let mut again = g.clone();
+            glu_in_place(act, &mut again, &up);
+            for (((&g, &u), &o), &a) in g.iter().zip(&up).zip(&got).zip(&again) {
+                let want = f(g) * u;
+                for o in [o, a] {
+                    assert!(
+                        o.to_bits() == want.to_bits() || (o.is_nan() && want.is_nan()),
+                        "{act:?}({g}) * {u}: {o} vs one at a time {want}"
+                    );
+                }
+            }
+            assert!(got.last().is_some_and(|v| v.is_nan()));
         }
-        assert!(got.last().is_some_and(|v| v.is_nan()));
     }
 }

@@ -12,6 +12,7 @@ pub mod kv;
 pub mod per_process;
 pub mod quant;
 pub mod sampling;
+pub mod spm_merges;
 
 #[cfg(feature = "python")]
 mod py;

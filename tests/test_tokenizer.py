@@ -272,3 +272,40 @@ def test_ids_containing_finds_the_tokens_around_a_string(bpe_gguf: Tokenizer) ->
     assert all("at" in bpe_gguf.decode([i]) for i in got - alone)
     assert bpe_gguf.ids_containing([]) == ()
     assert bpe_gguf.ids_containing([""]) == ()
+
+
+def _plain_spm_merges(
+    tokens: list[str], mergeable: list[bool], scores: list[float]
+) -> list[tuple[int, int]]:
+    """Every cut of every mergeable piece into two pieces of the vocabulary, best score
+    first, then by ids (a piece listed twice counts once, as its last listing)."""
+    last = {t: i for i, t in enumerate(tokens)}
+    ranked = []
+    for piece, i in last.items():
+        if not mergeable[i] or len(piece) < 2:
+            continue
+        for cut in range(1, len(piece)):
+            left, right = piece[:cut], piece[cut:]
+            if left in last and right in last:
+                ranked.append((-scores[i], last[left], last[right]))
+    return [(left, right) for _, left, right in sorted(ranked)]
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    st.lists(st.text(alphabet="ab\u2581é😀", min_size=1, max_size=5), min_size=1, max_size=40),
+    st.data(),
+)
+def test_spm_merges_from_the_core_equal_every_split_ranked_by_score(
+    tokens: list[str], data: st.DataObject
+) -> None:
+    from rlx_lm._core import spm_merges
+
+    n = len(tokens)
+    mergeable = data.draw(st.lists(st.booleans(), min_size=n, max_size=n))
+    scores = data.draw(st.lists(st.sampled_from([-3.0, -1.5, 0.0, 2.0]), min_size=n, max_size=n))
+    # A piece listed twice keeps its last listing's flag and score, as the vocabulary does.
+    for i, t in enumerate(tokens):
+        j = max(k for k, u in enumerate(tokens) if u == t)
+        mergeable[i], scores[i] = mergeable[j], scores[j]
+    assert spm_merges(tokens, mergeable, scores) == _plain_spm_merges(tokens, mergeable, scores)

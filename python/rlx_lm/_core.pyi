@@ -34,6 +34,7 @@ __all__ = [
     "quant_matmul",
     "quant_rows",
     "quant_simd",
+    "spm_merges",
 ]
 
 __version__: Final[str]
@@ -63,6 +64,13 @@ def gguf_strings(
 ) -> tuple[int, int, list[str], int | None]:
     """Up to ``count`` GGUF strings whole in ``chunk``: ``(parsed, consumed bytes, texts
     (when ``keep``), index of the first non-UTF-8 one)`` (rust/gguf_strings.rs)."""
+
+def spm_merges(
+    tokens: list[str], mergeable: list[bool], scores: list[float]
+) -> list[tuple[int, int]]:
+    """The BPE merges of a SentencePiece vocabulary as ``(left id, right id)``, best first:
+    every split of a mergeable piece into two pieces, ranked by the piece's score, then the
+    left and right ids (rust/spm_merges.rs)."""
 
 # --- GGUF block-quantised weights (rust/py/quant.rs) ------------------------
 

@@ -10,6 +10,7 @@ mod gil;
 mod kv;
 mod quant;
 mod sampling;
+mod spm_merges;
 
 use pyo3::prelude::*;
 
@@ -34,6 +35,8 @@ mod _core {
     use super::sampling::{
         _sampler_chain_from_state, _validate_sample_opts, PySamplerChain, SampleResult,
     };
+    #[pymodule_export]
+    use super::spm_merges::spm_merges;
 
     #[pymodule_init]
     fn init(m: &Bound<'_, PyModule>) -> PyResult<()> {

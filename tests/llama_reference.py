@@ -1,5 +1,5 @@
-"""A plain, obvious numpy Llama/Mistral/Qwen2/Qwen3/Gemma 1-3 written from the Hugging Face
-definition.
+"""A plain, obvious numpy Llama/Mistral/Qwen2/Qwen3/Gemma 1-3/Phi-3 written from the Hugging
+Face definition.
 
 Float64, the whole sequence at once, no cache, weights under HF names: the thing the runner's
 logits are checked against. Deliberately shares no code with ``rlx_lm.runners``.
@@ -69,9 +69,14 @@ def reference_logits(
             mask = causal + np.tril(np.full((seq, seq), -np.inf), k=-window)
         cos, sin = local_rope if windowed and arch == "gemma3_text" else global_rope
         h = _rms(x, w[p + "input_layernorm.weight"], eps)
-        q = h @ w[p + "self_attn.q_proj.weight"].T
-        k = h @ w[p + "self_attn.k_proj.weight"].T
-        v = h @ w[p + "self_attn.v_proj.weight"].T
+        if p + "self_attn.qkv_proj.weight" in w:  # Phi-3: one matrix, rows q | k | v
+            q, k, v = np.split(
+                h @ w[p + "self_attn.qkv_proj.weight"].T, [nh * hd, (nh + nkv) * hd], axis=-1
+            )
+        else:
+            q = h @ w[p + "self_attn.q_proj.weight"].T
+            k = h @ w[p + "self_attn.k_proj.weight"].T
+            v = h @ w[p + "self_attn.v_proj.weight"].T
         if p + "self_attn.q_proj.bias" in w:
             q = q + w[p + "self_attn.q_proj.bias"]
             k = k + w[p + "self_attn.k_proj.bias"]
@@ -100,8 +105,11 @@ def reference_logits(
         else:
             h = _rms(x + o, w[p + "post_attention_layernorm.weight"], eps)
         x = x + o
-        gate = h @ w[p + "mlp.gate_proj.weight"].T
-        up = h @ w[p + "mlp.up_proj.weight"].T
+        if p + "mlp.gate_up_proj.weight" in w:  # Phi-3: one matrix, rows gate | up
+            gate, up = np.split(h @ w[p + "mlp.gate_up_proj.weight"].T, 2, axis=-1)
+        else:
+            gate = h @ w[p + "mlp.gate_proj.weight"].T
+            up = h @ w[p + "mlp.up_proj.weight"].T
         if gemma:
             # GELU, tanh form (gelu_pytorch_tanh)
             inner = np.sqrt(2 / np.pi) * (gate + 0.044715 * gate**3)

@@ -126,6 +126,14 @@ def make_tiny(
         if arch in ("gemma2", "gemma3"):
             t[p + "pre_feedforward_layernorm.weight"] = norm(hidden)
             t[p + "post_feedforward_layernorm.weight"] = norm(hidden)
+        if arch == "phi3":
+            # Phi-3's checkpoints hold q, k, v as one matrix and gate, up as one (gate first).
+            t[p + "self_attn.qkv_proj.weight"] = np.concatenate(
+                [t.pop(p + f"self_attn.{x}_proj.weight") for x in "qkv"]
+            )
+            t[p + "mlp.gate_up_proj.weight"] = np.concatenate(
+                [t.pop(p + f"mlp.{x}_proj.weight") for x in ("gate", "up")]
+            )
     return TinyModel(cfg, t)
 
 
@@ -243,6 +251,8 @@ _GGUF_LAYER = {
     "mlp.gate_proj.weight": "ffn_gate.weight",
     "mlp.up_proj.weight": "ffn_up.weight",
     "mlp.down_proj.weight": "ffn_down.weight",
+    "self_attn.qkv_proj.weight": "attn_qkv.weight",
+    "mlp.gate_up_proj.weight": "ffn_up.weight",
 }
 # Gemma 2/3 name their norms differently (llama.cpp's tensor map for those architectures).
 _GGUF_POST_NORMS = {

@@ -24,7 +24,7 @@ PROMPT = [1, 17, 42, 8, 99, 5, 61, 300, 12, 7]
 
 
 @pytest.mark.parametrize(
-    "arch", ["llama", "mistral", "qwen2", "qwen3", "gemma", "gemma2", "gemma3"]
+    "arch", ["llama", "mistral", "qwen2", "qwen3", "gemma", "gemma2", "gemma3", "phi3"]
 )
 @pytest.mark.parametrize(
     ("qtype", "tol"),

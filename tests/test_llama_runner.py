@@ -26,7 +26,7 @@ from rlx_lm.session import SessionSnapshot
 PROMPT = [3, 17, 42, 8, 99, 5, 61]
 
 
-@pytest.fixture(scope="module", params=["llama", "qwen2", "qwen3", "gemma2", "gemma3"])
+@pytest.fixture(scope="module", params=["llama", "qwen2", "qwen3", "gemma2", "gemma3", "phi3"])
 def model(request: pytest.FixtureRequest) -> TinyModel:
     return make_tiny(request.param, seed=21, tie=request.param == "qwen3")
 

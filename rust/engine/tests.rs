@@ -58,8 +58,103 @@ fn model(cfg: Config) -> Model {
             put(p("post_ffw_norm.weight"), vec![h], 0.2, 1.0);
         }
     }
+    if cfg.arch == "phi3" {
+        owned = fused(owned, cfg.n_layers);
+    }
     let store = Store::open(&[], vec![], owned).unwrap();
     Model::new(cfg, store).unwrap()
+}
+
+type Owned = Vec<(String, Vec<usize>, Vec<f32>)>;
+
+/// The same numbers with each block's q, k, v as one `attn_qkv` and its gate
+/// and up as one `ffn_up` of twice the rows, gate first (Phi-3's layout).
+fn fused(mut owned: Owned, layers: usize) -> Owned {
+    let mut take = |name: &str| {
+        let i = owned.iter().position(|(n, _, _)| n == name).unwrap();
+        owned.remove(i)
+    };
+    let mut out = Vec::new();
+    for i in 0..layers {
+        for (parts, name) in [
+            (&["attn_q", "attn_k", "attn_v"][..], "attn_qkv"),
+            (&["ffn_gate", "ffn_up"][..], "ffn_up"),
+        ] {
+            let (mut rows, mut cols, mut vals) = (0, 0, Vec::new());
+            for part in parts {
+                let (_, shape, v) = take(&format!("blk.{i}.{part}.weight"));
+                rows += shape[0];
+                cols = shape[1];
+                vals.extend(v);
+            }
+            out.push((format!("blk.{i}.{name}.weight"), vec![rows, cols], vals));
+        }
+    }
+    owned.extend(out);
+    owned
+}
+
+#[test]
+fn fused_qkv_and_gate_up_give_the_separate_matrices_bits() {
+    let mut cfg = tiny("phi3");
+    cfg.intermediate_size = 40; // not a multiple of the tiles' rows
+    let fused = model(cfg.clone());
+    cfg.arch = "llama".into();
+    let separate = model(cfg);
+    let (mut ca, mut cb) = (cache(&fused, 16), cache(&separate, 16));
+    let la = fused.forward(
+        &mut [Step {
+            cache: &mut ca,
+            tokens: &IDS,
+        }],
+        true,
+    );
+    let lb = separate.forward(
+        &mut [Step {
+            cache: &mut cb,
+            tokens: &IDS,
+        }],
+        true,
+    );
+    assert_eq!(la.unwrap(), lb.unwrap());
+    // A fused matrix of the wrong height is named.
+    let mut owned = fused_store_of(tiny("phi3"));
+    let at = owned
+        .iter()
+        .position(|(n, _, _)| n == "blk.0.attn_qkv.weight")
+        .unwrap();
+    owned[at].1[0] -= 1;
+    let keep = owned[at].1[0] * owned[at].1[1];
+    owned[at].2.truncate(keep);
+    let err = Model::new(tiny("phi3"), Store::open(&[], vec![], owned).unwrap()).unwrap_err();
+    assert!(err.to_string().contains("blk.0.attn_qkv.weight"), "{err}");
+}
+
+/// Random tensors of a plain block layout for `cfg`, fused as Phi-3's.
+fn fused_store_of(cfg: Config) -> Owned {
+    let mut seed = 7u64;
+    let (h, f, v) = (cfg.hidden_size, cfg.intermediate_size, cfg.vocab_size);
+    let (qw, kvw) = (cfg.q_width(), cfg.kv_width());
+    let mut owned: Owned = Vec::new();
+    let mut put = |name: String, shape: Vec<usize>| {
+        let n = shape.iter().product();
+        owned.push((name, shape, random(n, &mut seed, 0.5)));
+    };
+    put("token_embd.weight".into(), vec![v, h]);
+    put("output_norm.weight".into(), vec![h]);
+    for i in 0..cfg.n_layers {
+        let p = |s: &str| format!("blk.{i}.{s}");
+        put(p("attn_norm.weight"), vec![h]);
+        put(p("ffn_norm.weight"), vec![h]);
+        put(p("attn_q.weight"), vec![qw, h]);
+        put(p("attn_k.weight"), vec![kvw, h]);
+        put(p("attn_v.weight"), vec![kvw, h]);
+        put(p("attn_output.weight"), vec![h, qw]);
+        put(p("ffn_gate.weight"), vec![f, h]);
+        put(p("ffn_up.weight"), vec![f, h]);
+        put(p("ffn_down.weight"), vec![h, f]);
+    }
+    fused(owned, cfg.n_layers)
 }
 
 fn cache(m: &Model, max_seq: usize) -> KvCache {
@@ -129,6 +224,8 @@ fn variants() -> Vec<Config> {
         position_scale: 1.0,
     });
     out.push(c);
+    // Phi-3: fused q/k/v and gate/up matrices.
+    out.push(tiny("phi3"));
     out
 }
 

@@ -52,6 +52,41 @@ pub struct Tensor {
     source: Source,
 }
 
+impl Tensor {
+    /// The matrix cut into consecutive row ranges of `counts` rows (which add
+    /// up to its rows): a fused projection (Phi-3's `attn_qkv`, its `ffn_up`
+    /// holding gate and up) as its parts. Rows are stored whole and in order,
+    /// so a mapped tensor's parts point into the same bytes, no copy.
+    fn split_rows(self, counts: &[usize]) -> Vec<Tensor> {
+        debug_assert_eq!(counts.iter().sum::<usize>(), self.rows);
+        let row_bytes = match &self.source {
+            Source::Mapped { len, .. } => len / self.rows,
+            Source::Owned(v) => v.len() / self.rows,
+        };
+        let mut out = Vec::with_capacity(counts.len());
+        let mut at = 0usize;
+        for &rows in counts {
+            let (lo, n) = (at * row_bytes, rows * row_bytes);
+            let source = match &self.source {
+                Source::Mapped { file, offset, .. } => Source::Mapped {
+                    file: *file,
+                    offset: offset + lo,
+                    len: n,
+                },
+                Source::Owned(v) => Source::Owned(v[lo..lo + n].to_vec()),
+            };
+            out.push(Tensor {
+                kind: self.kind,
+                rows,
+                cols: self.cols,
+                source,
+            });
+            at += rows;
+        }
+        out
+    }
+}
+
 /// Every tensor of a model and the mapped files they live in.
 pub struct Store {
     maps: Vec<Mmap>,
@@ -288,6 +323,33 @@ impl Weights {
             let bias = cfg.block.qkv_bias;
             let qk = cfg.block.qk_norm;
             let post = cfg.block.post_norms;
+            // q, k and v as one matrix (Phi-3's attn_qkv) or three.
+            let [q, k, v]: [Tensor; 3] = if store.get(&p("attn_qkv.weight")).is_some() {
+                let t = matrix(&mut store, &p("attn_qkv.weight"), qw + 2 * kvw, h)?;
+                t.split_rows(&[qw, kvw, kvw])
+                    .try_into()
+                    .expect("three parts")
+            } else {
+                [
+                    matrix(&mut store, &p("attn_q.weight"), qw, h)?,
+                    matrix(&mut store, &p("attn_k.weight"), kvw, h)?,
+                    matrix(&mut store, &p("attn_v.weight"), kvw, h)?,
+                ]
+            };
+            // gate and up as one matrix of 2f rows, gate first (Phi-3), or two.
+            let fused = store.get(&p("ffn_gate.weight")).is_none()
+                && store
+                    .get(&p("ffn_up.weight"))
+                    .is_some_and(|t| t.rows == 2 * f);
+            let [gate, up]: [Tensor; 2] = if fused {
+                let t = matrix(&mut store, &p("ffn_up.weight"), 2 * f, h)?;
+                t.split_rows(&[f, f]).try_into().expect("two parts")
+            } else {
+                [
+                    matrix(&mut store, &p("ffn_gate.weight"), f, h)?,
+                    matrix(&mut store, &p("ffn_up.weight"), f, h)?,
+                ]
+            };
             layers.push(Layer {
                 attn_norm: need(vector(&store, &p("attn_norm.weight"), h, true)?),
                 ffn_norm: need(vector(&store, &p("ffn_norm.weight"), h, true)?),
@@ -298,12 +360,12 @@ impl Weights {
                 k_norm: vector(&store, &p("attn_k_norm.weight"), hd, qk)?,
                 attn_post_norm: vector(&store, &p("post_attention_norm.weight"), h, post)?,
                 ffn_post_norm: vector(&store, &p("post_ffw_norm.weight"), h, post)?,
-                q: matrix(&mut store, &p("attn_q.weight"), qw, h)?,
-                k: matrix(&mut store, &p("attn_k.weight"), kvw, h)?,
-                v: matrix(&mut store, &p("attn_v.weight"), kvw, h)?,
+                q,
+                k,
+                v,
                 o: matrix(&mut store, &p("attn_output.weight"), h, qw)?,
-                gate: matrix(&mut store, &p("ffn_gate.weight"), f, h)?,
-                up: matrix(&mut store, &p("ffn_up.weight"), f, h)?,
+                gate,
+                up,
                 down: matrix(&mut store, &p("ffn_down.weight"), h, f)?,
             });
         }

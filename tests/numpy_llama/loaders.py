@@ -84,6 +84,8 @@ _LAYER_NAMES = {
     "mlp.gate_proj.weight": "ffn_gate",
     "mlp.up_proj.weight": "ffn_up",
     "mlp.down_proj.weight": "ffn_down",
+    "self_attn.qkv_proj.weight": "attn_qkv",
+    "mlp.gate_up_proj.weight": "ffn_up",
 }
 # Gemma 2/3: a norm after attention, and one before and one after the MLP.
 _POST_NORM_NAMES = {

@@ -4,11 +4,12 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from itertools import pairwise
 
 import numpy as np
 import numpy.typing as npt
 
-from numpy_llama.linear import Matrix
+from numpy_llama.linear import DenseMatrix, Matrix, PackedMatrix
 from rlx_lm.errors import WeightFormatError
 from rlx_lm.runners.llama_config import LlamaConfig
 
@@ -105,19 +106,43 @@ class LlamaWeights:
             assert v is not None
             return v
 
+        def parts(name: str, counts: list[int], cols: int) -> list[Matrix] | None:
+            """A fused matrix (Phi-3's attn_qkv, its ffn_up of gate then up) cut into rows."""
+            m = get(name, "matrix")
+            if m is None or isinstance(m, np.ndarray):
+                return None
+            if tuple(m.shape) != (sum(counts), cols):
+                raise WeightFormatError(
+                    f"{where}: tensor {name} has shape {tuple(m.shape)}, "
+                    f"expected {(sum(counts), cols)}"
+                )
+            bounds = np.cumsum([0, *counts])
+            out: list[Matrix] = []
+            for lo, hi in pairwise(bounds):
+                if isinstance(m, DenseMatrix):
+                    out.append(DenseMatrix(m.w[lo:hi]))
+                else:
+                    assert isinstance(m, PackedMatrix)
+                    out.append(PackedMatrix(m.raw[lo:hi], m.qtype, (int(hi - lo), cols)))
+            return out
+
         layers = []
         for i in range(cfg.n_layers):
             p = f"blk.{i}."
+            qkv = parts(p + "attn_qkv", [q_out, kv_out, kv_out], h)
+            fused_up = (
+                parts(p + "ffn_up", [f, f], h) if get(p + "ffn_gate", "matrix") is None else None
+            )
             layers.append(
                 LayerWeights(
                     attn_norm=must(vector(p + "attn_norm", h)),
-                    q=matrix(p + "attn_q", (q_out, h)),
-                    k=matrix(p + "attn_k", (kv_out, h)),
-                    v=matrix(p + "attn_v", (kv_out, h)),
+                    q=qkv[0] if qkv else matrix(p + "attn_q", (q_out, h)),
+                    k=qkv[1] if qkv else matrix(p + "attn_k", (kv_out, h)),
+                    v=qkv[2] if qkv else matrix(p + "attn_v", (kv_out, h)),
                     o=matrix(p + "attn_output", (h, q_out)),
                     ffn_norm=must(vector(p + "ffn_norm", h)),
-                    gate=matrix(p + "ffn_gate", (f, h)),
-                    up=matrix(p + "ffn_up", (f, h)),
+                    gate=fused_up[0] if fused_up else matrix(p + "ffn_gate", (f, h)),
+                    up=fused_up[1] if fused_up else matrix(p + "ffn_up", (f, h)),
                     down=matrix(p + "ffn_down", (h, f)),
                     q_bias=vector(p + "attn_q.bias", q_out, required=cfg.attention_bias),
                     k_bias=vector(p + "attn_k.bias", kv_out, required=cfg.attention_bias),

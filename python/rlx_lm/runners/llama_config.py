@@ -1,8 +1,9 @@
 """Hyper-parameters of a Llama-family model, from a GGUF header or a Hugging Face config.
 
 The family is the Llama block and its variants: Mistral's window, Qwen2's biases, Qwen3's
-q/k norms, and Gemma's (GeGLU, scaled embeddings, its own score scale; Gemma 2 and 3: norms
-after attention and MLP, windowed layers, Gemma 2's soft-capping, Gemma 3's local RoPE).
+q/k norms, Phi-3's fused q/k/v and gate/up matrices (split as stored, no copy), and Gemma's
+(GeGLU, scaled embeddings, its own score scale; Gemma 2 and 3: norms after attention and MLP,
+windowed layers, Gemma 2's soft-capping, Gemma 3's local RoPE).
 """
 
 from __future__ import annotations
@@ -20,7 +21,16 @@ from rlx_lm.errors import UnsupportedError, WeightFormatError
 __all__ = ["GEMMA_ARCHITECTURES", "LLAMA_ARCHITECTURES", "LlamaConfig", "RopeScaling"]
 
 #: Architectures this runner implements (GGUF ``general.architecture`` / HF ``model_type``).
-LLAMA_ARCHITECTURES = ("llama", "mistral", "qwen2", "qwen3", "gemma", "gemma2", "gemma3")
+LLAMA_ARCHITECTURES = (
+    "llama",
+    "mistral",
+    "qwen2",
+    "qwen3",
+    "gemma",
+    "gemma2",
+    "gemma3",
+    "phi3",
+)
 
 #: The Gemma generations (GeGLU, embeddings times sqrt(hidden), norms stored as ``w`` in GGUF
 #: and as ``w - 1`` in Hugging Face checkpoints).
@@ -34,6 +44,7 @@ _HF_ARCH_ALIASES = {
     "GemmaForCausalLM": "gemma",
     "Gemma2ForCausalLM": "gemma2",
     "Gemma3ForCausalLM": "gemma3",
+    "Phi3ForCausalLM": "phi3",
 }
 # Hugging Face ``model_type`` spellings of our names.
 _HF_TYPE_ALIASES = {"gemma3_text": "gemma3"}
@@ -245,6 +256,11 @@ class LlamaConfig:
         n_heads = need("num_attention_heads")
         head_dim = cfg.get("head_dim") or (hidden // n_heads if n_heads > 0 else 0)
         n_layers = need("num_hidden_layers")
+        if float(cfg.get("partial_rotary_factor") or 1.0) != 1.0:
+            raise UnsupportedError(
+                f"{where}: partial_rotary_factor={cfg['partial_rotary_factor']} (partial RoPE) "
+                "is not supported yet"
+            )
         gemma = _hf_gemma(cfg, arch, n_layers, hidden, where) if arch in GEMMA_ARCHITECTURES else {}
         window = gemma.pop("sliding_window", None) or _hf_sliding_window(cfg, arch, where)
         return cls(
@@ -302,6 +318,12 @@ class LlamaConfig:
             raise UnsupportedError(
                 f"{where}: {arch}.attention.value_length={v_dim} differs from the key length "
                 f"{head_dim}; the engine needs keys and values of one head size"
+            )
+        rotated = opt_int("rope.dimension_count", head_dim)
+        if rotated != head_dim:
+            raise UnsupportedError(
+                f"{where}: {arch}.rope.dimension_count={rotated} rotates part of each "
+                f"{head_dim}-wide head (partial RoPE), which the engine does not do yet"
             )
         vocab = opt_int("vocab_size", 0) or vocab_fallback
         scaling = None
@@ -453,6 +475,8 @@ def _hf_sliding_window(cfg: Mapping[str, Any], arch: str, where: str) -> int | N
         return int(window) if window else None
     if arch in GEMMA_ARCHITECTURES:
         return None  # Gemma 2/3's windowed layers come with the rest of its fields
+    if arch == "phi3":
+        return None  # llama.cpp runs Phi-3 without its window (llama.cpp PR 13676); so do we
     if arch in ("qwen2", "qwen3") and cfg.get("use_sliding_window"):
         raise UnsupportedError(
             f"{where}: use_sliding_window (per-layer windows) is not supported for {arch}"

@@ -235,6 +235,14 @@ def load_gguf_engine(
                 f"{path}: tensor {name} uses quant type {_type_name(ggml_type)}, which is not "
                 f"supported (supported: {_supported_names(kernels)})"
             )
+    longrope = sorted(n for n in table if n.startswith("rope_factors_"))
+    if longrope:
+        # Phi-3's 128k models: two factor sets, chosen by the context (llama.cpp takes the long
+        # ones past the original context) and a scale on cos/sin; not built yet.
+        raise UnsupportedError(
+            f"{path}: LongRoPE ({', '.join(longrope)}) is not supported yet; the 4k-context "
+            "models of this family load"
+        )
     freqs = table.get("rope_freqs.weight")
     if freqs is not None and config is None:
         fi, offset, ggml_type, shape = freqs
@@ -275,6 +283,9 @@ _LAYER_NAMES = {
     "mlp.gate_proj.weight": "ffn_gate.weight",
     "mlp.up_proj.weight": "ffn_up.weight",
     "mlp.down_proj.weight": "ffn_down.weight",
+    # Phi-3: q, k and v in one matrix, gate and up in one (gate first).
+    "self_attn.qkv_proj.weight": "attn_qkv.weight",
+    "mlp.gate_up_proj.weight": "ffn_up.weight",
 }
 # Gemma 2 and 3 norm the attention output with `post_attention_layernorm` and have a norm
 # before and after the MLP (llama.cpp's names: post_attention_norm, ffn_norm, post_ffw_norm).

@@ -630,6 +630,30 @@ mod tests {
             .collect()
     }
 
+    /// The built kernel and the portable one both give `want` (float64) to 1e-5.
+    fn assert_builds_match(
+        q: &[f32],
+        segs: &[(Seg<'_>, Seg<'_>)],
+        hd: usize,
+        sc: Scoring,
+        want: &[f64],
+        t: usize,
+    ) {
+        let mut scratch = Scratch::default();
+        let mut fast = vec![0.0f32; hd];
+        attend(q, segs, hd, sc, &mut scratch, &mut fast);
+        let mut slow = vec![0.0f32; hd];
+        group_with(portable, &[q], segs, hd, sc, &mut scratch, &mut [&mut slow]);
+        for (d, w) in want.iter().enumerate() {
+            for got in [fast[d], slow[d]] {
+                assert!(
+                    (f64::from(got) - w).abs() <= 1e-5 * (1.0 + w.abs()),
+                    "hd {hd} t {t} d {d}: {got} vs {w}"
+                );
+            }
+        }
+    }
+
     #[test]
     fn attention_matches_a_float64_softmax_in_every_build_and_storage() {
         let mut rnd = lcg(5);
@@ -666,34 +690,7 @@ mod tests {
                     ),
                 ];
                 for (segs, want) in cases {
-                    let mut scratch = Scratch::default();
-                    let mut fast = vec![0.0f32; hd];
-                    attend(
-                        &q,
-                        &segs,
-                        hd,
-                        Scoring::scaled(scale),
-                        &mut scratch,
-                        &mut fast,
-                    );
-                    let mut slow = vec![0.0f32; hd];
-                    group_with(
-                        portable,
-                        &[&q],
-                        &segs,
-                        hd,
-                        Scoring::scaled(scale),
-                        &mut scratch,
-                        &mut [&mut slow],
-                    );
-                    for (d, w) in want.iter().enumerate() {
-                        for got in [fast[d], slow[d]] {
-                            assert!(
-                                (f64::from(got) - w).abs() <= 1e-5 * (1.0 + w.abs()),
-                                "hd {hd} t {t} d {d}: {got} vs {w}"
-                            );
-                        }
-                    }
+                    assert_builds_match(&q, &segs, hd, Scoring::scaled(scale), want, t);
                 }
             }
         }
@@ -712,27 +709,7 @@ mod tests {
                 let want = reference_capped(&q, &k, &v, hd, 0.5, Some(2.0));
                 let plain = reference(&q, &k, &v, hd, 0.5);
                 let segs = [(Rows::F32(&k), Rows::F32(&v))];
-                let mut scratch = Scratch::default();
-                let mut fast = vec![0.0f32; hd];
-                attend(&q, &segs, hd, sc, &mut scratch, &mut fast);
-                let mut slow = vec![0.0f32; hd];
-                group_with(
-                    portable,
-                    &[&q],
-                    &segs,
-                    hd,
-                    sc,
-                    &mut scratch,
-                    &mut [&mut slow],
-                );
-                for (d, w) in want.iter().enumerate() {
-                    for got in [fast[d], slow[d]] {
-                        assert!(
-                            (f64::from(got) - w).abs() <= 1e-5 * (1.0 + w.abs()),
-                            "hd {hd} t {t} d {d}: {got} vs {w}"
-                        );
-                    }
-                }
+                assert_builds_match(&q, &segs, hd, sc, &want, t);
                 if t > 1 {
                     let moved = want.iter().zip(&plain).map(|(a, b)| (a - b).abs());
                     assert!(moved.fold(0.0, f64::max) > 1e-3, "the cap must matter here");

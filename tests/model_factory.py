@@ -304,7 +304,8 @@ def write_gguf(
         if c.get("sliding_window_pattern", 6 if own == "gemma3" else 2) != (
             6 if own == "gemma3" else 2
         ):
-            w.add_sliding_window_pattern(int(c["sliding_window_pattern"]))
+            # A plain key: the oldest gguf we allow (0.11) has no writer method for it.
+            w.add_uint32(f"{arch}.attention.sliding_window_pattern", c["sliding_window_pattern"])
     if c.get("attn_logit_softcapping"):
         w.add_attn_logit_softcapping(c["attn_logit_softcapping"])
     if c.get("final_logit_softcapping"):

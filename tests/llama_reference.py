@@ -22,9 +22,10 @@ def _rotate_half(x: np.ndarray) -> np.ndarray:
 
 
 def reference_logits(
-    config: dict[str, Any], t: dict[str, np.ndarray], ids: list[int]
+    config: dict[str, Any], t: dict[str, np.ndarray], ids: list[int], *, context: int | None = None
 ) -> np.ndarray:
-    """Logits ``[len(ids), vocab]`` of every position."""
+    """Logits ``[len(ids), vocab]`` of every position. ``context`` (default: the trained one)
+    picks LongRoPE's factor set: the long one past ``original_max_position_embeddings``."""
     arch = config["model_type"]
     gemma = arch in ("gemma", "gemma2", "gemma3_text")
     post_norms = arch in ("gemma2", "gemma3_text")
@@ -48,6 +49,16 @@ def reference_logits(
     rs = config.get("rope_scaling") or {}
     factor = rs["factor"] if rs.get("rope_type") == "linear" else 1.0
     global_rope = rope_tables(config["rope_theta"], factor)
+    if rs.get("rope_type") == "longrope":
+        # Frequencies divided by the chosen factor set; cos and sin times attention_factor.
+        trained = config["max_position_embeddings"]
+        use_long = (context or trained) > config["original_max_position_embeddings"]
+        ext = np.asarray(rs["long_factor" if use_long else "short_factor"], dtype=np.float64)
+        inv_freq = 1.0 / (ext * config["rope_theta"] ** (np.arange(0, hd, 2) / hd))
+        freqs = np.outer(np.arange(seq), inv_freq)
+        emb = np.concatenate([freqs, freqs], axis=-1)
+        a = rs["attention_factor"]
+        global_rope = (np.cos(emb) * a, np.sin(emb) * a)
     local_rope = rope_tables(config.get("rope_local_base_freq", config["rope_theta"]), 1.0)
 
     x = w["model.embed_tokens.weight"][ids]

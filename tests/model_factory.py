@@ -314,6 +314,17 @@ def write_gguf(
     if rs and rs.get("rope_type") == "linear":
         w.add_rope_scaling_type(gguf.RopeScalingType.LINEAR)
         w.add_rope_scaling_factor(rs["factor"])
+    if rs and rs.get("rope_type") == "longrope":
+        # llama.cpp's converter: both factor sets as tensors, the original context and the
+        # cos/sin factor as keys.
+        w.add_uint32(
+            f"{arch}.rope.scaling.original_context_length", c["original_max_position_embeddings"]
+        )
+        w.add_float32(f"{arch}.rope.scaling.attn_factor", rs["attention_factor"])
+        for which in ("long", "short"):
+            w.add_tensor(
+                f"rope_factors_{which}.weight", np.asarray(rs[f"{which}_factor"], dtype=np.float32)
+            )
     for key, val in (tokenizer or {}).items():
         if isinstance(val, list):
             w.add_array(key, val)

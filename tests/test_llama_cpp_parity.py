@@ -67,3 +67,27 @@ def test_llama_cpp_and_this_runner_agree_on_logits(
         ours = runner.predict_logits(PROMPT[:n]).astype(np.float64)
         np.testing.assert_allclose(ours, theirs, rtol=0, atol=tol * np.abs(theirs).max())
         assert int(np.argmax(ours)) == int(np.argmax(theirs))
+
+
+@pytest.mark.parametrize("n_ctx", [256, 512])
+def test_llama_cpp_and_this_runner_agree_on_longrope(tmp_path: Path, n_ctx: int) -> None:
+    # Phi-3's LongRoPE: llama.cpp takes the long factor set when its context (a multiple of
+    # 256) is longer than the original context (256 here), and scales cos/sin by attn_factor.
+    m = make_tiny("phi3", seed=31, vocab=len(TOKENS), tie=True, hidden=64, inter=128)
+    rng = np.random.default_rng(0)
+    half = m.config["head_dim"] // 2
+    m.config["original_max_position_embeddings"] = 256
+    m.config["rope_scaling"] = {
+        "rope_type": "longrope",
+        "short_factor": (1 + 2 * rng.random(half)).tolist(),
+        "long_factor": (1 + 20 * rng.random(half)).tolist(),
+        "attention_factor": 1.3,
+    }
+    path = write_gguf(m, tmp_path / "phi3.gguf", tokenizer=spm_gguf_fields())
+    llm = llama_cpp.Llama(
+        model_path=str(path), n_ctx=n_ctx, n_threads=1, logits_all=True, verbose=False
+    )
+    llm.eval(PROMPT)
+    theirs = np.asarray(llm.scores[len(PROMPT) - 1], dtype=np.float64)
+    ours = load_llama(path, max_seq=n_ctx).predict_logits(PROMPT).astype(np.float64)
+    np.testing.assert_allclose(ours, theirs, rtol=0, atol=2e-3 * np.abs(theirs).max())

@@ -1,17 +1,16 @@
 """Phi-3: q, k and v in one matrix and gate and up in one (gate first), split as stored; what
-it has that the engine does not do yet (LongRoPE, partial RoPE) is refused by name."""
+LongRoPE (the 128k models) runs as llama.cpp runs it; partial RoPE is refused by name."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
-import gguf
 import numpy as np
 import pytest
 from llama_reference import reference_logits
-from model_factory import make_tiny, quantize_model, write_gguf, write_safetensors_dir
+from model_factory import TinyModel, make_tiny, quantize_model, write_gguf, write_safetensors_dir
 
-from rlx_lm.errors import UnsupportedError
+from rlx_lm.errors import InvalidOptionError, UnsupportedError, WeightFormatError
 from rlx_lm.runners.llama import load_llama
 from rlx_lm.runners.llama_config import LlamaConfig
 
@@ -45,26 +44,56 @@ def test_phi3_loads_from_safetensors_and_gguf_to_the_reference(tmp_path: Path, q
         np.testing.assert_allclose(np.stack(step), want[4:], rtol=0, atol=2e-5 * np.abs(want).max())
 
 
-def test_longrope_files_are_refused_by_name(tmp_path: Path) -> None:
-    m = make_tiny("phi3", hidden=64)
+def _longrope(seed: int = 6) -> TinyModel:
+    """A tiny Phi-3 with LongRoPE: trained for 512 positions, originally 64, two factor sets
+    far apart, and a cos/sin factor of 1.3 (exaggerated so that it shows)."""
+    m = make_tiny("phi3", seed=seed, hidden=64, inter=96)
+    rng = np.random.default_rng(seed)
+    half = m.config["head_dim"] // 2
+    m.config["original_max_position_embeddings"] = 64
+    m.config["rope_scaling"] = {
+        "rope_type": "longrope",
+        "short_factor": (1 + 2 * rng.random(half)).tolist(),
+        "long_factor": (1 + 20 * rng.random(half)).tolist(),
+        "attention_factor": 1.3,
+    }
+    return m
+
+
+@pytest.mark.parametrize("max_seq", [32, 64, 65, 512])
+def test_longrope_picks_its_factor_set_by_the_session_length(tmp_path: Path, max_seq: int) -> None:
+    # As llama.cpp: the long set past the original context, and cos/sin times attn_factor.
+    m = _longrope()
     path = write_gguf(m, tmp_path / "m.gguf")
-    # The same file with LongRoPE's two factor sets (Phi-3's 128k models).
-    w = gguf.GGUFWriter(str(tmp_path / "long.gguf"), "phi3")
-    reader = gguf.GGUFReader(path)
-    for field in reader.fields.values():
-        if field.name.startswith("phi3.") and field.types == [gguf.GGUFValueType.UINT32]:
-            w.add_uint32(field.name, int(field.parts[field.data[0]][0]))
-    for t in reader.tensors:
-        w.add_tensor(t.name, np.asarray(t.data).reshape([int(d) for d in reversed(t.shape)]))
-    half = 8
-    w.add_tensor("rope_factors_long.weight", np.ones(half, np.float32))
-    w.add_tensor("rope_factors_short.weight", np.ones(half, np.float32))
-    w.write_header_to_file()
-    w.write_kv_data_to_file()
-    w.write_tensors_to_file()
-    w.close()
-    with pytest.raises(UnsupportedError, match=r"LongRoPE \(rope_factors_long\.weight"):
-        load_llama(tmp_path / "long.gguf")
+    runner = load_llama(path, max_seq=max_seq)
+    assert runner.loaded.longrope == (64, max_seq > 64)
+    want = reference_logits(m.config, m.tensors, IDS, context=max_seq)
+    other = reference_logits(m.config, m.tensors, IDS, context=600 if max_seq <= 64 else 8)
+    got = np.stack([runner.predict_logits(IDS[: n + 1]) for n in range(len(IDS))])
+    tol = 2e-5 * np.abs(want).max() + 1e-5
+    np.testing.assert_allclose(got, want, rtol=0, atol=tol)
+    assert np.abs(got - other).max() > 100 * tol, "the two factor sets must differ here"
+
+
+def test_a_clone_across_the_original_context_is_refused(tmp_path: Path) -> None:
+    runner = load_llama(write_gguf(_longrope(), tmp_path / "m.gguf"), max_seq=32)
+    assert runner.clone(max_seq=64).max_seq == 64
+    with pytest.raises(InvalidOptionError, match="LongRoPE factors were chosen at load"):
+        runner.clone(max_seq=65)
+
+
+def test_longrope_without_its_original_context_is_refused(tmp_path: Path) -> None:
+    m = _longrope()
+    path = write_gguf(m, tmp_path / "m.gguf")
+    raw = path.read_bytes().replace(
+        b"rope.scaling.original_context_length", b"rope.scaling.original_context_lengtX"
+    )
+    bad = tmp_path / "bad.gguf"
+    bad.write_bytes(raw)
+    with pytest.raises(WeightFormatError, match="original_context_length"):
+        load_llama(bad)
+    with pytest.raises(UnsupportedError, match="longrope"):
+        LlamaConfig.from_hf(m.config)  # Hugging Face LongRoPE checkpoints: not yet
 
 
 def test_partial_rope_is_refused() -> None:

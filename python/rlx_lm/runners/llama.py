@@ -83,6 +83,13 @@ class LlamaRunner:
             raise InvalidOptionError(f"max_seq must be positive, got {max_seq}")
         if chunk <= 0:
             raise InvalidOptionError(f"chunk must be positive, got {chunk}")
+        if loaded.longrope is not None and (max_seq > loaded.longrope[0]) != loaded.longrope[1]:
+            original, long = loaded.longrope
+            raise InvalidOptionError(
+                f"max_seq={max_seq}: this model's LongRoPE factors were chosen at load for "
+                f"sessions {'longer than' if long else 'of at most'} {original} tokens; "
+                "load it again with this max_seq"
+            )
         self.loaded = loaded
         self.cfg = loaded.cfg
         self.engine: Engine = loaded.engine
@@ -473,6 +480,7 @@ def load_llama(
             on_progress=progress,
             activations=activations,
             packed=keep,
+            context=max_seq,
         )
     else:
         files, cfg_path = locate_safetensors(p)

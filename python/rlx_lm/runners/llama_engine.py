@@ -10,6 +10,7 @@ as stored. A type with no kernel that ``gguf.quants`` decodes is dequantised onc
 
 from __future__ import annotations
 
+import math
 import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
@@ -100,6 +101,9 @@ class EngineLoad:
     """A few bytes of the weights, for the model fingerprint."""
     packed: bool = True
     """Whether the weights are multiplied as stored (False: dequantised to float32 at load)."""
+    longrope: tuple[int, bool] | None = None
+    """LongRoPE (Phi-3's 128k models): ``(original context, long factors chosen)``; the
+    factor set is picked for the session length at load, as llama.cpp picks it per context."""
 
 
 def _type_name(ggml_type: int) -> str:
@@ -208,8 +212,12 @@ def load_gguf_engine(
     on_progress: Progress = None,
     activations: str = "exact",
     packed: bool = True,
+    context: int | None = None,
 ) -> EngineLoad:
     """Check and map a GGUF file (or split GGUF from its first shard) into an engine.
+
+    ``context`` is the session length the engine will serve (the runner's ``max_seq``); it
+    picks LongRoPE's factor set (None: the model's trained context).
 
     ``packed=False`` dequantises every tensor not stored as F32 to float32 at load (more
     memory, and the float32 kernels), instead of multiplying the weights as stored.
@@ -235,14 +243,9 @@ def load_gguf_engine(
                 f"{path}: tensor {name} uses quant type {_type_name(ggml_type)}, which is not "
                 f"supported (supported: {_supported_names(kernels)})"
             )
-    longrope = sorted(n for n in table if n.startswith("rope_factors_"))
-    if longrope:
-        # Phi-3's 128k models: two factor sets, chosen by the context (llama.cpp takes the long
-        # ones past the original context) and a scale on cos/sin; not built yet.
-        raise UnsupportedError(
-            f"{path}: LongRoPE ({', '.join(longrope)}) is not supported yet; the 4k-context "
-            "models of this family load"
-        )
+    longrope = None
+    if any(n.startswith("rope_factors_") for n in table) and config is None:
+        cfg, longrope = _longrope(path, files, headers[0], table, cfg, context)
     freqs = table.get("rope_freqs.weight")
     if freqs is not None and config is None:
         fi, offset, ggml_type, shape = freqs
@@ -265,7 +268,48 @@ def load_gguf_engine(
         with open(files[norm[0]], "rb") as fh:
             fh.seek(norm[1])
             sample = fh.read(256)
-    return EngineLoad(cfg, engine, files, dequantised, sample, packed)
+    return EngineLoad(cfg, engine, files, dequantised, sample, packed, longrope)
+
+
+def _longrope(
+    path: Path,
+    files: list[Path],
+    header: GgufHeader,
+    table: Mapping[str, tuple[int, int, int, list[int]]],
+    cfg: LlamaConfig,
+    context: int | None,
+) -> tuple[LlamaConfig, tuple[int, bool]]:
+    """LongRoPE as llama.cpp runs it: the long factor set when the context is longer than
+    ``rope.scaling.original_context_length``, else the short one (frequencies divided by the
+    factors), and cos/sin times ``rope.scaling.attn_factor``, i.e. scores times its square."""
+    meta, arch = header.metadata, cfg.arch
+    original = meta.get(f"{arch}.rope.scaling.original_context_length")
+    if isinstance(original, bool) or not isinstance(original, (int, np.integer)) or original <= 0:
+        raise WeightFormatError(
+            f"{path}: LongRoPE factors without {arch}.rope.scaling.original_context_length"
+        )
+    attn = meta.get(f"{arch}.rope.scaling.attn_factor", 1.0)
+    if not isinstance(attn, (int, float, np.number)) or not (math.isfinite(attn) and attn > 0):
+        raise WeightFormatError(f"{path}: {arch}.rope.scaling.attn_factor is {attn!r}")
+    use_long = bool((context if context is not None else cfg.max_position) > original)
+    name = "rope_factors_long.weight" if use_long else "rope_factors_short.weight"
+    entry = table.get(name)
+    if entry is None:
+        raise WeightFormatError(f"{path}: LongRoPE needs {name}")
+    fi, offset, ggml_type, shape = entry
+    if ggml_type != _F32 or int(np.prod(shape)) != cfg.head_dim // 2:
+        raise WeightFormatError(
+            f"{path}: {name} must be {cfg.head_dim // 2} F32 values, got shape {shape}"
+        )
+    factors = tuple(float(x) for x in _read_f32(files[fi], offset, cfg.head_dim // 2))
+    if not all(math.isfinite(f) and f > 0 for f in factors):
+        raise WeightFormatError(f"{path}: {name} holds a factor that is not positive")
+    cfg = replace(
+        cfg,
+        rope_scaling=RopeScaling("factors", freq_factors=factors),
+        attn_scale=float(attn) ** 2 / math.sqrt(cfg.head_dim),
+    )
+    return cfg, (int(original), use_long)
 
 
 _LAYER_NAMES = {

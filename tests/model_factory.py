@@ -137,6 +137,21 @@ def make_tiny(
     return TinyModel(cfg, t)
 
 
+def with_longrope(model: TinyModel, original: int, *, seed: int = 0) -> TinyModel:
+    """``model`` (a Phi-3) with LongRoPE: originally ``original`` positions, a short and a long
+    factor set far apart, and a cos/sin factor of 1.3 (exaggerated so that it shows)."""
+    rng = np.random.default_rng(seed)
+    half = model.config["head_dim"] // 2
+    model.config["original_max_position_embeddings"] = original
+    model.config["rope_scaling"] = {
+        "rope_type": "longrope",
+        "short_factor": (1 + 2 * rng.random(half)).tolist(),
+        "long_factor": (1 + 20 * rng.random(half)).tolist(),
+        "attention_factor": 1.3,
+    }
+    return model
+
+
 # ----------------------------------------------------------------- safetensors
 
 

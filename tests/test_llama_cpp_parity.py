@@ -12,7 +12,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from model_factory import make_tiny, write_gguf
+from model_factory import make_tiny, with_longrope, write_gguf
 from tokenizer_factory import spm_gguf_fields, spm_vocab
 
 from rlx_lm.runners.llama import load_llama
@@ -74,15 +74,7 @@ def test_llama_cpp_and_this_runner_agree_on_longrope(tmp_path: Path, n_ctx: int)
     # Phi-3's LongRoPE: llama.cpp takes the long factor set when its context (a multiple of
     # 256) is longer than the original context (256 here), and scales cos/sin by attn_factor.
     m = make_tiny("phi3", seed=31, vocab=len(TOKENS), tie=True, hidden=64, inter=128)
-    rng = np.random.default_rng(0)
-    half = m.config["head_dim"] // 2
-    m.config["original_max_position_embeddings"] = 256
-    m.config["rope_scaling"] = {
-        "rope_type": "longrope",
-        "short_factor": (1 + 2 * rng.random(half)).tolist(),
-        "long_factor": (1 + 20 * rng.random(half)).tolist(),
-        "attention_factor": 1.3,
-    }
+    m = with_longrope(m, 256)
     path = write_gguf(m, tmp_path / "phi3.gguf", tokenizer=spm_gguf_fields())
     llm = llama_cpp.Llama(
         model_path=str(path), n_ctx=n_ctx, n_threads=1, logits_all=True, verbose=False

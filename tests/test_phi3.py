@@ -8,7 +8,14 @@ from pathlib import Path
 import numpy as np
 import pytest
 from llama_reference import reference_logits
-from model_factory import TinyModel, make_tiny, quantize_model, write_gguf, write_safetensors_dir
+from model_factory import (
+    TinyModel,
+    make_tiny,
+    quantize_model,
+    with_longrope,
+    write_gguf,
+    write_safetensors_dir,
+)
 
 from rlx_lm.errors import InvalidOptionError, UnsupportedError, WeightFormatError
 from rlx_lm.runners.llama import load_llama
@@ -44,20 +51,9 @@ def test_phi3_loads_from_safetensors_and_gguf_to_the_reference(tmp_path: Path, q
         np.testing.assert_allclose(np.stack(step), want[4:], rtol=0, atol=2e-5 * np.abs(want).max())
 
 
-def _longrope(seed: int = 6) -> TinyModel:
-    """A tiny Phi-3 with LongRoPE: trained for 512 positions, originally 64, two factor sets
-    far apart, and a cos/sin factor of 1.3 (exaggerated so that it shows)."""
-    m = make_tiny("phi3", seed=seed, hidden=64, inter=96)
-    rng = np.random.default_rng(seed)
-    half = m.config["head_dim"] // 2
-    m.config["original_max_position_embeddings"] = 64
-    m.config["rope_scaling"] = {
-        "rope_type": "longrope",
-        "short_factor": (1 + 2 * rng.random(half)).tolist(),
-        "long_factor": (1 + 20 * rng.random(half)).tolist(),
-        "attention_factor": 1.3,
-    }
-    return m
+def _longrope() -> TinyModel:
+    """A tiny Phi-3 with LongRoPE: trained for 512 positions, originally 64."""
+    return with_longrope(make_tiny("phi3", seed=6, hidden=64, inter=96), 64)
 
 
 @pytest.mark.parametrize("max_seq", [32, 64, 65, 512])

@@ -21,6 +21,14 @@ def _rotate_half(x: np.ndarray) -> np.ndarray:
     return np.concatenate([-x[..., half:], x[..., :half]], axis=-1)
 
 
+def _apply_rope(x: np.ndarray, cos: np.ndarray, sin: np.ndarray) -> np.ndarray:
+    """Hugging Face's rotation of the first ``cos.shape[-1]`` elements; the rest pass (Phi-3's
+    ``partial_rotary_factor``)."""
+    rot = cos.shape[-1]
+    x_rot, x_pass = x[..., :rot], x[..., rot:]
+    return np.concatenate([x_rot * cos + _rotate_half(x_rot) * sin, x_pass], axis=-1)
+
+
 def reference_logits(
     config: dict[str, Any], t: dict[str, np.ndarray], ids: list[int], *, context: int | None = None
 ) -> np.ndarray:
@@ -40,8 +48,10 @@ def reference_logits(
     eps = config["rms_norm_eps"]
     seq = len(ids)
 
+    rd = int(hd * config.get("partial_rotary_factor", 1.0))  # rotated elements of a head
+
     def rope_tables(theta: float, factor: float) -> tuple[np.ndarray, np.ndarray]:
-        inv_freq = 1.0 / theta ** (np.arange(0, hd, 2) / hd) / factor
+        inv_freq = 1.0 / theta ** (np.arange(0, rd, 2) / rd) / factor
         freqs = np.outer(np.arange(seq), inv_freq)
         emb = np.concatenate([freqs, freqs], axis=-1)
         return np.cos(emb), np.sin(emb)
@@ -54,7 +64,7 @@ def reference_logits(
         trained = config["max_position_embeddings"]
         use_long = (context or trained) > config["original_max_position_embeddings"]
         ext = np.asarray(rs["long_factor" if use_long else "short_factor"], dtype=np.float64)
-        inv_freq = 1.0 / (ext * config["rope_theta"] ** (np.arange(0, hd, 2) / hd))
+        inv_freq = 1.0 / (ext * config["rope_theta"] ** (np.arange(0, rd, 2) / rd))
         freqs = np.outer(np.arange(seq), inv_freq)
         emb = np.concatenate([freqs, freqs], axis=-1)
         a = rs["attention_factor"]
@@ -98,8 +108,8 @@ def reference_logits(
         if p + "self_attn.q_norm.weight" in w:
             q = _rms(q, w[p + "self_attn.q_norm.weight"], eps)
             k = _rms(k, w[p + "self_attn.k_norm.weight"], eps)
-        q = q * cos + _rotate_half(q) * sin
-        k = k * cos + _rotate_half(k) * sin
+        q = _apply_rope(q, cos, sin)
+        k = _apply_rope(k, cos, sin)
         k = np.repeat(k, nh // nkv, axis=0)
         v = np.repeat(v, nh // nkv, axis=0)
         scores = q @ k.transpose(0, 2, 1) * scaling

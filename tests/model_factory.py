@@ -141,7 +141,8 @@ def with_longrope(model: TinyModel, original: int, *, seed: int = 0) -> TinyMode
     """``model`` (a Phi-3) with LongRoPE: originally ``original`` positions, a short and a long
     factor set far apart, and a cos/sin factor of 1.3 (exaggerated so that it shows)."""
     rng = np.random.default_rng(seed)
-    half = model.config["head_dim"] // 2
+    c = model.config
+    half = int(c["head_dim"] * c.get("partial_rotary_factor", 1.0)) // 2
     model.config["original_max_position_embeddings"] = original
     model.config["rope_scaling"] = {
         "rope_type": "longrope",
@@ -313,6 +314,8 @@ def write_gguf(
     w.add_value_length(c["head_dim"])
     w.add_layer_norm_rms_eps(c["rms_norm_eps"])
     w.add_rope_freq_base(c["rope_theta"])
+    if c.get("partial_rotary_factor", 1.0) != 1.0:
+        w.add_rope_dimension_count(int(c["head_dim"] * c["partial_rotary_factor"]))
     w.add_vocab_size(c["vocab_size"])
     if c.get("sliding_window") and own in ("gemma2", "gemma3"):
         w.add_sliding_window(c["sliding_window"])

@@ -83,3 +83,31 @@ def test_llama_cpp_and_this_runner_agree_on_longrope(tmp_path: Path, n_ctx: int)
     theirs = np.asarray(llm.scores[len(PROMPT) - 1], dtype=np.float64)
     ours = load_llama(path, max_seq=n_ctx).predict_logits(PROMPT).astype(np.float64)
     np.testing.assert_allclose(ours, theirs, rtol=0, atol=2e-3 * np.abs(theirs).max())
+
+
+@pytest.mark.parametrize(
+    ("arch", "n_ctx"), [("phi3", 256), ("phi3", 512), ("gemma2", 256), ("gemma3", 256)]
+)
+def test_llama_cpp_and_this_runner_agree_on_partial_rope(
+    tmp_path: Path, arch: str, n_ctx: int
+) -> None:
+    # rope.dimension_count below the head size (Phi-4-mini: 96 of 128): llama.cpp rotates the
+    # first n_rot elements of each head; with LongRoPE (Phi-4-mini again) a factor per pair.
+    layers = 7 if arch == "gemma3" else 2  # both of Gemma 3's layer kinds, as above
+    m = make_tiny(arch, seed=31, vocab=len(TOKENS), tie=True, hidden=64, inter=128, layers=layers)
+    m.config["partial_rotary_factor"] = 0.75
+    if arch == "gemma3":
+        m.config["sliding_window_pattern"] = 6
+    if arch == "phi3":
+        m = with_longrope(m, 256)
+    path = write_gguf(m, tmp_path / f"{arch}.gguf", tokenizer=spm_gguf_fields())
+    llm = llama_cpp.Llama(
+        model_path=str(path), n_ctx=n_ctx, n_threads=1, logits_all=True, verbose=False
+    )
+    llm.eval(PROMPT)
+    runner = load_llama(path, max_seq=n_ctx)
+    assert runner.cfg.rotary_dims == 12
+    for n in range(1, len(PROMPT) + 1):
+        theirs = np.asarray(llm.scores[n - 1], dtype=np.float64)
+        ours = runner.predict_logits(PROMPT[:n]).astype(np.float64)
+        np.testing.assert_allclose(ours, theirs, rtol=0, atol=2e-3 * np.abs(theirs).max())

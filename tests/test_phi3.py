@@ -1,5 +1,6 @@
 """Phi-3: q, k and v in one matrix and gate and up in one (gate first), split as stored; what
-LongRoPE (the 128k models) runs as llama.cpp runs it; partial RoPE is refused by name."""
+LongRoPE (the 128k models) runs as llama.cpp runs it (partial RoPE, Phi-4-mini's other piece:
+test_partial_rope.py)."""
 
 from __future__ import annotations
 
@@ -90,23 +91,3 @@ def test_longrope_without_its_original_context_is_refused(tmp_path: Path) -> Non
         load_llama(bad)
     with pytest.raises(UnsupportedError, match="longrope"):
         LlamaConfig.from_hf(m.config)  # Hugging Face LongRoPE checkpoints: not yet
-
-
-def test_partial_rope_is_refused() -> None:
-    cfg = make_tiny("phi3").config
-    with pytest.raises(UnsupportedError, match="partial_rotary_factor"):
-        LlamaConfig.from_hf(cfg | {"partial_rotary_factor": 0.75})
-    fields = {
-        "general.architecture": "phi3",
-        "phi3.embedding_length": 64,
-        "phi3.attention.head_count": 4,
-        "phi3.feed_forward_length": 96,
-        "phi3.block_count": 2,
-        "phi3.rope.dimension_count": 12,
-    }
-    with pytest.raises(UnsupportedError, match="dimension_count=12 rotates part of each 16"):
-        LlamaConfig.from_gguf_fields(fields.get, where="t.gguf", vocab_fallback=50)
-    fields["phi3.rope.dimension_count"] = 16
-    assert (
-        LlamaConfig.from_gguf_fields(fields.get, where="t.gguf", vocab_fallback=50).head_dim == 16
-    )

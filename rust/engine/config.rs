@@ -36,7 +36,7 @@ pub struct BlockVariant {
 /// 1e6 and linear scaling).
 #[derive(Clone, Debug, PartialEq)]
 pub struct LocalRope {
-    /// Per-pair inverse frequencies (`head_dim / 2`).
+    /// Per-pair inverse frequencies (as many as [`Config::rope_inv_freq`]).
     pub inv_freq: Vec<f64>,
     /// Positions are divided by this before RoPE.
     pub position_scale: f64,
@@ -63,10 +63,15 @@ pub struct Config {
     pub head_dim: usize,
     /// RMS norm epsilon.
     pub rms_norm_eps: f32,
-    /// Per-pair RoPE inverse frequencies, scaling already applied (`head_dim / 2`).
+    /// Per-pair RoPE inverse frequencies, scaling already applied: `head_dim / 2`
+    /// of them, or fewer when only the first `2 * len` elements of each head
+    /// rotate (partial RoPE: Phi-4-mini, llama.cpp's `rope.dimension_count`).
     pub rope_inv_freq: Vec<f64>,
     /// Positions are divided by this before RoPE (linear scaling), else 1.
     pub rope_position_scale: f64,
+    /// Factor on cos and sin, so on the rotated elements only (LongRoPE's
+    /// attention factor, as llama.cpp's `attn_factor`), else 1.
+    pub rope_mscale: f64,
     /// Pairing convention of the q/k rows as stored.
     pub rope_style: RopeStyle,
     /// Each query sees only its last `w` positions (Mistral), if set: in
@@ -123,15 +128,21 @@ impl Config {
                 format!("must be even, got {}", self.head_dim),
             ));
         }
-        if self.rope_inv_freq.len() != self.head_dim / 2 {
+        let pairs = self.rope_inv_freq.len();
+        if pairs == 0 || pairs > self.head_dim / 2 {
             return Err(CoreError::option(
                 "rope_inv_freq",
                 format!(
-                    "has {} frequencies, head_dim {} needs {}",
-                    self.rope_inv_freq.len(),
+                    "has {pairs} frequencies, head_dim {} takes 1 to {}",
                     self.head_dim,
                     self.head_dim / 2
                 ),
+            ));
+        }
+        if !(self.rope_mscale.is_finite() && self.rope_mscale > 0.0) {
+            return Err(CoreError::option(
+                "rope_mscale",
+                format!("must be positive and finite, got {}", self.rope_mscale),
             ));
         }
         if !(self.rope_position_scale.is_finite() && self.rope_position_scale > 0.0) {
@@ -168,14 +179,12 @@ impl Config {
             }
         }
         if let Some(local) = &self.rope_local {
-            if local.inv_freq.len() != self.head_dim / 2 {
+            if local.inv_freq.len() != pairs {
                 return Err(CoreError::option(
                     "rope_local",
                     format!(
-                        "has {} frequencies, head_dim {} needs {}",
-                        local.inv_freq.len(),
-                        self.head_dim,
-                        self.head_dim / 2
+                        "has {} frequencies, the model's RoPE has {pairs}",
+                        local.inv_freq.len()
                     ),
                 ));
             }
@@ -230,6 +239,11 @@ impl Config {
         self.window_layers.is_empty() && self.rope_local.is_none() && !self.block.post_norms
     }
 
+    /// Rotated pairs per head (`head_dim / 2` unless RoPE is partial).
+    pub fn rope_pairs(&self) -> usize {
+        self.rope_inv_freq.len()
+    }
+
     /// Query heads per key/value head.
     pub fn group(&self) -> usize {
         self.n_heads / self.n_kv_heads
@@ -263,6 +277,7 @@ pub(crate) fn tiny(arch: &str) -> Config {
             .map(|i| 1.0 / 10000f64.powf(2.0 * i as f64 / head_dim as f64))
             .collect(),
         rope_position_scale: 1.0,
+        rope_mscale: 1.0,
         rope_style: RopeStyle::Halves,
         sliding_window: None,
         window_layers: Vec::new(),
@@ -287,7 +302,14 @@ mod tests {
         assert!(c.validate().is_err());
         let mut c = tiny("llama");
         c.rope_inv_freq.pop();
-        assert!(c.validate().is_err());
+        assert!(
+            c.validate().is_ok(),
+            "partial RoPE: fewer pairs than head_dim / 2"
+        );
+        c.rope_inv_freq.clear();
+        assert!(c.validate().is_err(), "no pair to rotate");
+        c.rope_inv_freq = vec![1.0; c.head_dim / 2 + 1];
+        assert!(c.validate().is_err(), "more pairs than a head has");
         let mut c = tiny("llama");
         c.sliding_window = Some(0);
         assert!(c.validate().is_err());

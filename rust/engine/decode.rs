@@ -380,8 +380,8 @@ impl Model {
                     rms_heads(&mut q, qn, eps);
                     rms_heads(&mut k, kn, eps);
                 }
-                rope(cfg.rope_style, &mut q, hd, &cos, &sin);
-                rope(cfg.rope_style, &mut k, hd, &cos, &sin);
+                rope(cfg.rope_style, &mut q, hd, cfg.rope_pairs(), &cos, &sin);
+                rope(cfg.rope_style, &mut k, hd, cfg.rope_pairs(), &cos, &sin);
                 if first == 0 {
                     for si in 0..n {
                         let r = li * n + si;

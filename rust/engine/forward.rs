@@ -244,8 +244,8 @@ impl Model {
                 Some((lc, ls)) if cfg.local_rope(li) => (lc, ls),
                 _ => (&cos, &sin),
             };
-            rope(cfg.rope_style, &mut q, hd, c, sn);
-            rope(cfg.rope_style, &mut k, hd, c, sn);
+            rope(cfg.rope_style, &mut q, hd, cfg.rope_pairs(), c, sn);
+            rope(cfg.rope_style, &mut k, hd, cfg.rope_pairs(), c, sn);
             for (si, s) in steps.iter_mut().enumerate() {
                 let (lo, hi) = (offsets[si], offsets[si + 1]);
                 s.cache.append(
@@ -446,9 +446,17 @@ pub(crate) fn soft_cap(cap: Option<f32>, z: &mut [f32]) {
     }
 }
 
-/// cos/sin `[rows, head_dim / 2]` at each row's position.
+/// cos/sin `[rows, pairs]` at each row's position.
 pub(crate) fn rope_tables(cfg: &Config, positions: &[usize]) -> (Vec<f32>, Vec<f32>) {
-    rope_tables_for(&cfg.rope_inv_freq, cfg.rope_position_scale, positions)
+    let (mut cos, mut sin) =
+        rope_tables_for(&cfg.rope_inv_freq, cfg.rope_position_scale, positions);
+    if cfg.rope_mscale != 1.0 {
+        let m = cfg.rope_mscale;
+        for v in cos.iter_mut().chain(sin.iter_mut()) {
+            *v = (*v as f64 * m) as f32;
+        }
+    }
+    (cos, sin)
 }
 
 /// cos/sin `[rows, inv_freq.len()]` at each row's position divided by `scale`.
@@ -471,23 +479,32 @@ pub(crate) fn rope_tables_for(
     (cos, sin)
 }
 
-/// Rotate every head of every row (`x` is `[rows, heads * hd]`).
-pub(crate) fn rope(style: RopeStyle, x: &mut [f32], hd: usize, cos: &[f32], sin: &[f32]) {
-    let half = hd / 2;
-    let rows = cos.len() / half;
+/// Rotate every head of every row (`x` is `[rows, heads * hd]`): the first
+/// `2 * pairs` elements of each head, as `pairs` pairs; the rest pass through
+/// (partial RoPE, as llama.cpp's `n_rot` and Hugging Face's
+/// `partial_rotary_factor`).
+pub(crate) fn rope(
+    style: RopeStyle,
+    x: &mut [f32],
+    hd: usize,
+    pairs: usize,
+    cos: &[f32],
+    sin: &[f32],
+) {
+    let rows = cos.len() / pairs.max(1);
     if rows == 0 {
         return;
     }
     let width = x.len() / rows;
     for (r, row) in x.chunks_exact_mut(width).enumerate() {
         let (c, s) = (
-            &cos[r * half..(r + 1) * half],
-            &sin[r * half..(r + 1) * half],
+            &cos[r * pairs..(r + 1) * pairs],
+            &sin[r * pairs..(r + 1) * pairs],
         );
         for head in row.chunks_exact_mut(hd) {
-            for i in 0..half {
+            for i in 0..pairs {
                 let (a, b) = match style {
-                    RopeStyle::Halves => (i, i + half),
+                    RopeStyle::Halves => (i, i + pairs),
                     RopeStyle::Interleaved => (2 * i, 2 * i + 1),
                 };
                 let (x1, x2) = (head[a], head[b]);

@@ -226,7 +226,73 @@ fn variants() -> Vec<Config> {
     out.push(c);
     // Phi-3: fused q/k/v and gate/up matrices.
     out.push(tiny("phi3"));
+    // Partial RoPE (Phi-4-mini: 3/4 of each head rotates) in both pairings.
+    let mut c = tiny("phi3");
+    c.rope_inv_freq.truncate(3);
+    c.rope_mscale = 1.2;
+    out.push(c);
+    let mut c = tiny("qwen2");
+    c.rope_style = RopeStyle::Interleaved;
+    c.rope_inv_freq.truncate(2);
+    out.push(c);
     out
+}
+
+#[test]
+fn partial_rope_rotates_the_leading_pairs_and_passes_the_rest_through() {
+    use crate::engine::forward::{rope, rope_tables_for};
+    let (hd, heads) = (10, 2);
+    let inv: Vec<f64> = vec![1.0, 0.3, 0.07];
+    let positions = [0usize, 3, 17];
+    let (cos, sin) = rope_tables_for(&inv, 1.0, &positions);
+    let mut seed = 7u64;
+    let x0 = random(positions.len() * heads * hd, &mut seed, 1.0);
+    for style in [RopeStyle::Halves, RopeStyle::Interleaved] {
+        let mut x = x0.clone();
+        rope(style, &mut x, hd, inv.len(), &cos, &sin);
+        for (r, &p) in positions.iter().enumerate() {
+            for h in 0..heads {
+                let base = (r * heads + h) * hd;
+                let (a0, y) = (&x0[base..base + hd], &x[base..base + hd]);
+                let mut want: Vec<f64> = a0.iter().map(|&v| v as f64).collect();
+                for (i, &f) in inv.iter().enumerate() {
+                    let (a, b) = match style {
+                        RopeStyle::Halves => (i, i + inv.len()),
+                        RopeStyle::Interleaved => (2 * i, 2 * i + 1),
+                    };
+                    let t = p as f64 * f;
+                    let (x1, x2) = (a0[a] as f64, a0[b] as f64);
+                    want[a] = x1 * t.cos() - x2 * t.sin();
+                    want[b] = x2 * t.cos() + x1 * t.sin();
+                }
+                for j in 0..hd {
+                    assert!(
+                        (y[j] as f64 - want[j]).abs() < 1e-5,
+                        "{style:?} {r} {h} {j}"
+                    );
+                }
+                // Elements 6.. are no pair's: untouched, bit for bit.
+                assert_eq!(&y[2 * inv.len()..], &a0[2 * inv.len()..]);
+            }
+        }
+    }
+}
+
+#[test]
+fn rope_mscale_multiplies_cos_and_sin_only() {
+    use crate::engine::forward::{rope_tables, rope_tables_for};
+    let mut c = tiny("phi3");
+    c.rope_inv_freq.truncate(3);
+    c.rope_mscale = 1.3;
+    let pos = [0usize, 5, 40];
+    let (cos, sin) = rope_tables(&c, &pos);
+    let (c1, s1) = rope_tables_for(&c.rope_inv_freq, 1.0, &pos);
+    assert_eq!(cos.len(), 9);
+    for (got, one) in cos.iter().chain(&sin).zip(c1.iter().chain(&s1)) {
+        assert!((got - 1.3 * one).abs() < 1e-6, "{got} vs 1.3 * {one}");
+    }
+    c.rope_mscale = 0.0;
+    assert!(c.validate().is_err());
 }
 
 const IDS: [i64; 9] = [1, 5, 7, 3, 9, 30, 2, 11, 4];

@@ -105,6 +105,7 @@ fn config(cfg: &Bound<'_, PyDict>) -> PyResult<Config> {
         rms_norm_eps: item::<f64>(cfg, "rms_norm_eps")? as f32,
         rope_inv_freq: item(cfg, "rope_inv_freq")?,
         rope_position_scale: item(cfg, "rope_position_scale")?,
+        rope_mscale: item_or(cfg, "rope_mscale", 1.0)?,
         rope_style,
         sliding_window: item(cfg, "sliding_window")?,
         window_layers: item_or(cfg, "window_layers", Vec::new())?,

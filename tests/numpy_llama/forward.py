@@ -45,11 +45,14 @@ def rms_norm(x: F32, w: F32, eps: float) -> F32:
 class _Rope:
     """cos/sin tables of one set of RoPE frequencies, grown as positions are asked for."""
 
-    def __init__(self, inv_freq: npt.NDArray[np.float64], pos_scale: float, hd: int) -> None:
+    def __init__(
+        self, inv_freq: npt.NDArray[np.float64], pos_scale: float, mscale: float = 1.0
+    ) -> None:
         self.inv_freq = inv_freq
+        self.mscale = mscale
         self.pos_scale = pos_scale
-        self.cos = np.empty((0, hd // 2), dtype=np.float32)
-        self.sin = np.empty((0, hd // 2), dtype=np.float32)
+        self.cos = np.empty((0, inv_freq.size), dtype=np.float32)
+        self.sin = np.empty((0, inv_freq.size), dtype=np.float32)
 
     def tables(self, pos0: int, n: int) -> tuple[F32, F32]:
         end = pos0 + n
@@ -57,8 +60,8 @@ class _Rope:
             size = max(end, 2 * self.cos.shape[0], 64)
             pos = np.arange(size, dtype=np.float64) / self.pos_scale
             ang = np.outer(pos, self.inv_freq)
-            self.cos = np.cos(ang).astype(np.float32)
-            self.sin = np.sin(ang).astype(np.float32)
+            self.cos = (np.cos(ang) * self.mscale).astype(np.float32)
+            self.sin = (np.sin(ang) * self.mscale).astype(np.float32)
         return self.cos[pos0:end], self.sin[pos0:end]
 
 
@@ -74,11 +77,11 @@ class LlamaForward:
         # RoPE tables: the model's, and the windowed layers' own (Gemma 3), grown as needed.
         local = cfg.local_inv_freq()
         self._ropes = {
-            False: _Rope(cfg.inv_freq(), cfg.position_scale(), cfg.head_dim),
+            False: _Rope(cfg.inv_freq(), cfg.position_scale(), cfg.rope_mscale),
             True: _Rope(
                 cfg.inv_freq() if local is None else local,
                 cfg.position_scale() if local is None else 1.0,
-                cfg.head_dim,
+                cfg.rope_mscale if local is None else 1.0,
             ),
         }
 
@@ -90,12 +93,13 @@ class LlamaForward:
 
     @staticmethod
     def _rope(x: F32, cos: F32, sin: F32) -> F32:
-        # rotate-half (NEOX) convention: pair i is (x[i], x[i + d/2]).
-        half = x.shape[-1] // 2
-        x1, x2 = x[..., :half], x[..., half:]
-        out = np.empty_like(x)
+        # rotate-half (NEOX) convention over the rotated elements: pair i is (x[i], x[i + p])
+        # for p = cos's width; elements from 2p on pass through (partial RoPE).
+        half = cos.shape[-1]
+        x1, x2 = x[..., :half], x[..., half : 2 * half]
+        out = x.copy()
         out[..., :half] = x1 * cos - x2 * sin
-        out[..., half:] = x2 * cos + x1 * sin
+        out[..., half : 2 * half] = x2 * cos + x1 * sin
         return out
 
     def _attention(self, lw: LayerWeights, layer: int, h: F32, store: KvStore, pos0: int) -> F32:

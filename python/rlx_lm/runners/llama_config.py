@@ -60,6 +60,11 @@ _WINDOW_PATTERN = {"gemma2": 2, "gemma3": 6}
 _GEMMA_27B_LAYERS = {"gemma2": 46, "gemma3": 62}
 
 
+# Architectures whose RoPE covers the whole head: llama.cpp 0.3.36 refuses another n_rot for
+# llama (so mistral's files) at load and asserts on it in qwen2/qwen3's graphs; it runs a
+# partial one for gemma 1-3 and phi3.
+_FULL_ROPE_ARCHS = ("llama", "mistral", "qwen2", "qwen3")
+
 #: The widest attention head a model may declare (real models: 64-256).
 MAX_HEAD_DIM = 1 << 16
 
@@ -112,6 +117,12 @@ class LlamaConfig:
     """GeGLU (GELU, tanh form) instead of SwiGLU."""
     post_norms: bool = False
     """Norms of the attention and MLP outputs before the residual adds (Gemma 2/3)."""
+    rope_mscale: float = 1.0
+    """Factor on RoPE's cos and sin, so on the rotated elements of q and k (LongRoPE's
+    attention factor, llama.cpp's ``attn_factor``)."""
+    rope_dims: int | None = None
+    """Elements of each head that RoPE rotates, the first ones (partial RoPE: Phi-4-mini's
+    96 of 128); None: the whole head."""
 
     def __post_init__(self) -> None:
         if self.arch not in LLAMA_ARCHITECTURES:
@@ -161,6 +172,17 @@ class LlamaConfig:
             value = getattr(self, name)
             if value is not None and not (math.isfinite(value) and value > 0):
                 raise WeightFormatError(f"{name} must be positive and finite, got {value}")
+        if self.rope_dims is not None and not (
+            0 < self.rope_dims <= self.head_dim and self.rope_dims % 2 == 0
+        ):
+            raise WeightFormatError(
+                f"rope_dims must be an even number from 2 to head_dim={self.head_dim}, "
+                f"got {self.rope_dims}"
+            )
+        if not (math.isfinite(self.rope_mscale) and self.rope_mscale > 0):
+            raise WeightFormatError(
+                f"rope_mscale must be positive and finite, got {self.rope_mscale}"
+            )
         if not (math.isfinite(self.embed_scale) and self.embed_scale > 0):
             raise WeightFormatError(
                 f"embed_scale must be positive and finite, got {self.embed_scale}"
@@ -174,13 +196,18 @@ class LlamaConfig:
             return None
         return self.sliding_window
 
+    @property
+    def rotary_dims(self) -> int:
+        """Elements of each head RoPE rotates: ``rope_dims``, else the whole head."""
+        return self.head_dim if self.rope_dims is None else self.rope_dims
+
     def local_inv_freq(self) -> npt.NDArray[np.float64] | None:
         """RoPE inverse frequencies of the windowed layers, if they have their own."""
         if self.rope_local_theta is None:
             return None
-        hd = self.head_dim
+        d = self.rotary_dims
         inv: npt.NDArray[np.float64] = 1.0 / (
-            self.rope_local_theta ** (np.arange(0, hd, 2, dtype=np.float64) / hd)
+            self.rope_local_theta ** (np.arange(0, d, 2, dtype=np.float64) / d)
         )
         return inv
 
@@ -201,9 +228,11 @@ class LlamaConfig:
         )
 
     def inv_freq(self) -> npt.NDArray[np.float64]:
-        """Per-pair RoPE inverse frequencies ``[head_dim / 2]``, with any scaling applied."""
-        hd = self.head_dim
-        inv = 1.0 / (self.rope_theta ** (np.arange(0, hd, 2, dtype=np.float64) / hd))
+        """Per-pair RoPE inverse frequencies ``[rotary_dims / 2]``, with any scaling applied.
+        A partial RoPE spreads its frequencies over the rotated elements only (the exponent's
+        denominator is ``rotary_dims``), as llama.cpp and Hugging Face do."""
+        d = self.rotary_dims
+        inv = 1.0 / (self.rope_theta ** (np.arange(0, d, 2, dtype=np.float64) / d))
         rs = self.rope_scaling
         if rs is None or rs.kind == "linear":
             return inv
@@ -256,11 +285,7 @@ class LlamaConfig:
         n_heads = need("num_attention_heads")
         head_dim = cfg.get("head_dim") or (hidden // n_heads if n_heads > 0 else 0)
         n_layers = need("num_hidden_layers")
-        if float(cfg.get("partial_rotary_factor") or 1.0) != 1.0:
-            raise UnsupportedError(
-                f"{where}: partial_rotary_factor={cfg['partial_rotary_factor']} (partial RoPE) "
-                "is not supported yet"
-            )
+        rope_dims = _hf_rope_dims(cfg, arch, int(head_dim), where)
         gemma = _hf_gemma(cfg, arch, n_layers, hidden, where) if arch in GEMMA_ARCHITECTURES else {}
         window = gemma.pop("sliding_window", None) or _hf_sliding_window(cfg, arch, where)
         return cls(
@@ -280,6 +305,7 @@ class LlamaConfig:
             qk_norm=arch in ("qwen3", "gemma3"),
             rope_scaling=_hf_rope_scaling(cfg.get("rope_scaling"), where),
             sliding_window=window,
+            rope_dims=rope_dims,
             **gemma,
         )
 
@@ -320,10 +346,11 @@ class LlamaConfig:
                 f"{head_dim}; the engine needs keys and values of one head size"
             )
         rotated = opt_int("rope.dimension_count", head_dim)
-        if rotated != head_dim:
+        if rotated != head_dim and arch in _FULL_ROPE_ARCHS:
+            # llama.cpp does not run these with it (see _FULL_ROPE_ARCHS).
             raise UnsupportedError(
                 f"{where}: {arch}.rope.dimension_count={rotated} rotates part of each "
-                f"{head_dim}-wide head (partial RoPE), which the engine does not do yet"
+                f"{head_dim}-wide head (partial RoPE), which {arch} models do not do"
             )
         vocab = opt_int("vocab_size", 0) or vocab_fallback
         scaling = None
@@ -369,10 +396,27 @@ class LlamaConfig:
                 attention_bias=arch == "qwen2",
                 qk_norm=arch in ("qwen3", "gemma3"),
                 rope_scaling=scaling,
+                rope_dims=None if rotated == head_dim else rotated,
                 **gemma,
             )
         except WeightFormatError as exc:
             raise WeightFormatError(f"{where}: {exc}") from None
+
+
+def _hf_rope_dims(cfg: Mapping[str, Any], arch: str, head_dim: int, where: str) -> int | None:
+    """The rotated elements of a head under ``partial_rotary_factor``, where the model's
+    Hugging Face definition applies it (Phi-3's, whose Phi-4-mini rotates 3/4)."""
+    factor = cfg.get("partial_rotary_factor")
+    if factor is None or float(factor) == 1.0:
+        return None
+    if arch != "phi3":
+        raise UnsupportedError(
+            f"{where}: partial_rotary_factor={factor} (partial RoPE) is not part of "
+            f"Hugging Face's {arch} model"
+        )
+    if not (math.isfinite(float(factor)) and 0 < float(factor) < 1):
+        raise WeightFormatError(f"{where}: partial_rotary_factor must be in (0, 1], got {factor}")
+    return int(head_dim * float(factor))
 
 
 def _pattern_flags(n: int, n_layers: int) -> tuple[bool, ...]:

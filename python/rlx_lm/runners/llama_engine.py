@@ -81,6 +81,7 @@ def engine_config(cfg: LlamaConfig, rope_style: str) -> dict[str, Any]:
         "rope_local_position_scale": 1.0,
         "embed_scale": float(cfg.embed_scale),
         "attn_scale": float(cfg.score_scale()),
+        "rope_mscale": float(cfg.rope_mscale),
         "attn_softcap": cfg.attn_softcap,
         "final_softcap": cfg.final_softcap,
         "gelu": cfg.gelu,
@@ -297,17 +298,16 @@ def _longrope(
     if entry is None:
         raise WeightFormatError(f"{path}: LongRoPE needs {name}")
     fi, offset, ggml_type, shape = entry
-    if ggml_type != _F32 or int(np.prod(shape)) != cfg.head_dim // 2:
-        raise WeightFormatError(
-            f"{path}: {name} must be {cfg.head_dim // 2} F32 values, got shape {shape}"
-        )
-    factors = tuple(float(x) for x in _read_f32(files[fi], offset, cfg.head_dim // 2))
+    pairs = cfg.rotary_dims // 2
+    if ggml_type != _F32 or int(np.prod(shape)) != pairs:
+        raise WeightFormatError(f"{path}: {name} must be {pairs} F32 values, got shape {shape}")
+    factors = tuple(float(x) for x in _read_f32(files[fi], offset, pairs))
     if not all(math.isfinite(f) and f > 0 for f in factors):
         raise WeightFormatError(f"{path}: {name} holds a factor that is not positive")
     cfg = replace(
         cfg,
         rope_scaling=RopeScaling("factors", freq_factors=factors),
-        attn_scale=float(attn) ** 2 / math.sqrt(cfg.head_dim),
+        rope_mscale=float(attn),
     )
     return cfg, (int(original), use_long)
 

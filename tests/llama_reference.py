@@ -74,10 +74,15 @@ def reference_logits(
     x = w["model.embed_tokens.weight"][ids]
     if gemma:
         x = x * np.sqrt(config["hidden_size"])
+    # Granite's multipliers (1 elsewhere).
+    x = x * config.get("embedding_multiplier", 1.0)
+    rm = config.get("residual_multiplier", 1.0)
+    # SmolLM3: no_rope_layers[i] is 1 where layer i uses RoPE.
+    nope = config.get("no_rope_layers") or [1] * n_layers
     causal = np.triu(np.full((seq, seq), -np.inf), k=1)
     window = config.get("sliding_window") if arch in ("mistral", "gemma2", "gemma3_text") else None
     period = {"gemma2": 2, "gemma3_text": config.get("sliding_window_pattern", 6)}.get(arch, 1)
-    scaling = config.get("query_pre_attn_scalar", hd) ** -0.5
+    scaling = config.get("attention_multiplier", config.get("query_pre_attn_scalar", hd) ** -0.5)
     cap = config.get("attn_logit_softcapping")
     for i in range(n_layers):
         p = f"model.layers.{i}."
@@ -108,8 +113,9 @@ def reference_logits(
         if p + "self_attn.q_norm.weight" in w:
             q = _rms(q, w[p + "self_attn.q_norm.weight"], eps)
             k = _rms(k, w[p + "self_attn.k_norm.weight"], eps)
-        q = _apply_rope(q, cos, sin)
-        k = _apply_rope(k, cos, sin)
+        if nope[i]:
+            q = _apply_rope(q, cos, sin)
+            k = _apply_rope(k, cos, sin)
         k = np.repeat(k, nh // nkv, axis=0)
         v = np.repeat(v, nh // nkv, axis=0)
         scores = q @ k.transpose(0, 2, 1) * scaling
@@ -119,7 +125,7 @@ def reference_logits(
         probs = np.exp(scores - scores.max(-1, keepdims=True))
         probs /= probs.sum(-1, keepdims=True)
         attn = (probs @ v).transpose(1, 0, 2).reshape(seq, nh * hd)
-        o = attn @ w[p + "self_attn.o_proj.weight"].T
+        o = attn @ w[p + "self_attn.o_proj.weight"].T * rm
         if post_norms:
             o = _rms(o, w[p + "post_attention_layernorm.weight"], eps)
             h = _rms(x + o, w[p + "pre_feedforward_layernorm.weight"], eps)
@@ -137,13 +143,13 @@ def reference_logits(
             act = 0.5 * gate * (1 + np.tanh(inner))
         else:
             act = gate / (1 + np.exp(-gate))
-        mlp = (act * up) @ w[p + "mlp.down_proj.weight"].T
+        mlp = (act * up) @ w[p + "mlp.down_proj.weight"].T * rm
         if post_norms:
             mlp = _rms(mlp, w[p + "post_feedforward_layernorm.weight"], eps)
         x = x + mlp
     x = _rms(x, w["model.norm.weight"], eps)
     head = w.get("lm_head.weight", w["model.embed_tokens.weight"])
-    logits = x @ head.T
+    logits = x @ head.T / config.get("logits_scaling", 1.0)
     final_cap = config.get("final_logit_softcapping")
     if final_cap:
         logits = np.tanh(logits / final_cap) * final_cap

@@ -58,9 +58,12 @@ def make_tiny(
     Gemma models (``gemma``, ``gemma2``, ``gemma3``) follow Hugging Face's layout: norms
     stored as ``w - 1``, Gemma 2/3's four norms a block, and config fields chosen so each
     feature matters at this size (a window of 3, soft caps of 4 and 6, every other layer
-    windowed, a local RoPE base of 10000 against a global 1e6 with linear scaling).
+    windowed, a local RoPE base of 10000 against a global 1e6 with linear scaling). Granite gets
+    multipliers far from 1; SmolLM3 at least 4 layers, so its fourth has no RoPE.
     """
     rng = np.random.default_rng(seed)
+    if arch == "smollm3":
+        layers = max(layers, 4)  # so that its NoPE layer (every fourth) exists
     hd = head_dim or hidden // heads
     gemma = arch in ("gemma", "gemma2", "gemma3")
     cfg: dict[str, Any] = {
@@ -82,6 +85,17 @@ def make_tiny(
         cfg["query_pre_attn_scalar"] = hd
     if arch == "gemma2":
         cfg.update(sliding_window=3, attn_logit_softcapping=4.0, final_logit_softcapping=6.0)
+    if arch == "granite":
+        # Multipliers far from 1 so each one shows (Granite 3's are 12, 0.22, 1/128, 8).
+        cfg.update(
+            embedding_multiplier=6.0,
+            residual_multiplier=0.4,
+            attention_multiplier=0.2,
+            logits_scaling=3.0,
+        )
+    if arch == "smollm3":
+        # Hugging Face's default pattern: every fourth layer without RoPE (one a model of 4).
+        cfg["no_rope_layers"] = [int((i + 1) % 4 != 0) for i in range(layers)]
     if arch == "gemma3":
         cfg.update(
             sliding_window=3,
@@ -328,6 +342,15 @@ def write_gguf(
         w.add_attn_logit_softcapping(c["attn_logit_softcapping"])
     if c.get("final_logit_softcapping"):
         w.add_final_logit_softcapping(c["final_logit_softcapping"])
+    if own == "granite":
+        # llama.cpp's keys (its converter writes them from the Hugging Face multipliers).
+        for key, hf in (
+            ("embedding_scale", "embedding_multiplier"),
+            ("residual_scale", "residual_multiplier"),
+            ("attention.scale", "attention_multiplier"),
+            ("logit_scale", "logits_scaling"),
+        ):
+            w.add_float32(f"{arch}.{key}", c[hf])
     rs = c.get("rope_scaling")
     if rs and rs.get("rope_type") == "linear":
         w.add_rope_scaling_type(gguf.RopeScalingType.LINEAR)
@@ -352,7 +375,7 @@ def write_gguf(
             w.add_uint32(key, val)
         else:
             w.add_string(key, val)
-    permute = arch in ("llama", "mistral")
+    permute = arch in ("llama", "mistral", "granite", "smollm3")
     heads, kv_heads = c["num_attention_heads"], c["num_key_value_heads"]
     qt = QT[qtype]
     names = _GGUF_POST_NORMS if own in ("gemma2", "gemma3") else _GGUF_LAYER

@@ -24,7 +24,19 @@ PROMPT = [1, 17, 42, 8, 99, 5, 61, 300, 12, 7]
 
 
 @pytest.mark.parametrize(
-    "arch", ["llama", "mistral", "qwen2", "qwen3", "gemma", "gemma2", "gemma3", "phi3"]
+    "arch",
+    [
+        "llama",
+        "mistral",
+        "qwen2",
+        "qwen3",
+        "gemma",
+        "gemma2",
+        "gemma3",
+        "phi3",
+        "granite",
+        "smollm3",
+    ],
 )
 @pytest.mark.parametrize(
     ("qtype", "tol"),
@@ -65,8 +77,11 @@ def test_llama_cpp_and_this_runner_agree_on_logits(
     for n in range(1, len(PROMPT) + 1):
         theirs = np.asarray(llm.scores[n - 1], dtype=np.float64)
         ours = runner.predict_logits(PROMPT[:n]).astype(np.float64)
-        np.testing.assert_allclose(ours, theirs, rtol=0, atol=tol * np.abs(theirs).max())
-        assert int(np.argmax(ours)) == int(np.argmax(theirs))
+        atol = tol * np.abs(theirs).max()
+        np.testing.assert_allclose(ours, theirs, rtol=0, atol=atol)
+        # Their greedy token is ours too, up to a near-tie inside the tolerance (Granite's
+        # logits, divided by its logit scale, span little; Q8_0 activations move them).
+        assert ours[int(np.argmax(theirs))] >= ours.max() - atol
 
 
 @pytest.mark.parametrize("n_ctx", [256, 512])

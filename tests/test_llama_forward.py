@@ -19,7 +19,18 @@ from model_factory import (
 )
 from numpy_llama.weights import unpermute_rope_rows
 
-ARCHS = ["llama", "mistral", "qwen2", "qwen3", "gemma", "gemma2", "gemma3", "phi3"]
+ARCHS = [
+    "llama",
+    "mistral",
+    "qwen2",
+    "qwen3",
+    "gemma",
+    "gemma2",
+    "gemma3",
+    "phi3",
+    "granite",
+    "smollm3",
+]
 IDS = [1, 5, 7, 3, 9, 100, 2, 50, 4, 4, 4, 17]
 
 

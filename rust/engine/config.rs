@@ -90,6 +90,15 @@ pub struct Config {
     pub attn_softcap: Option<f32>,
     /// Logits become `c * tanh(z / c)` (Gemma 2), if set.
     pub final_softcap: Option<f32>,
+    /// Factor on the attention and MLP outputs before each residual add
+    /// (Granite's `residual_scale`), else 1.
+    pub residual_scale: f32,
+    /// Logits are divided by this, as a product with its float32 reciprocal
+    /// (Granite's `logit_scale`, as llama.cpp), else 1.
+    pub logit_scale: f32,
+    /// Layers whose q and k are not rotated (SmolLM3's NoPE layers: every
+    /// fourth), one flag a layer; empty: RoPE in every layer.
+    pub nope_layers: Vec<bool>,
     /// Optional block pieces.
     pub block: BlockVariant,
 }
@@ -178,6 +187,16 @@ impl Config {
                 ));
             }
         }
+        if !self.nope_layers.is_empty() && self.nope_layers.len() != self.n_layers {
+            return Err(CoreError::option(
+                "nope_layers",
+                format!(
+                    "has {} flags for {} layers",
+                    self.nope_layers.len(),
+                    self.n_layers
+                ),
+            ));
+        }
         if let Some(local) = &self.rope_local {
             if local.inv_freq.len() != pairs {
                 return Err(CoreError::option(
@@ -202,6 +221,8 @@ impl Config {
             ("embed_scale", Some(self.embed_scale)),
             ("attn_scale", Some(self.attn_scale)),
             ("attn_softcap", self.attn_softcap),
+            ("residual_scale", Some(self.residual_scale)),
+            ("logit_scale", Some(self.logit_scale)),
             ("final_softcap", self.final_softcap),
         ] {
             if let Some(v) = value {
@@ -228,6 +249,11 @@ impl Config {
             && (self.window_layers.is_empty() || self.window_layers.get(layer) == Some(&true))
     }
 
+    /// Whether `layer` rotates q and k (every layer but SmolLM3's NoPE ones).
+    pub fn rotates(&self, layer: usize) -> bool {
+        self.nope_layers.get(layer) != Some(&true)
+    }
+
     /// Whether `layer` uses [`Config::rope_local`].
     pub fn local_rope(&self, layer: usize) -> bool {
         self.rope_local.is_some() && self.windowed(layer)
@@ -236,7 +262,10 @@ impl Config {
     /// Whether every layer has the same attention window and RoPE (what the
     /// team's one-step decode assumes) and no post norms.
     pub fn uniform_layers(&self) -> bool {
-        self.window_layers.is_empty() && self.rope_local.is_none() && !self.block.post_norms
+        self.window_layers.is_empty()
+            && self.rope_local.is_none()
+            && !self.block.post_norms
+            && self.nope_layers.is_empty()
     }
 
     /// Rotated pairs per head (`head_dim / 2` unless RoPE is partial).
@@ -286,6 +315,9 @@ pub(crate) fn tiny(arch: &str) -> Config {
         attn_scale: 1.0 / (head_dim as f32).sqrt(),
         attn_softcap: None,
         final_softcap: None,
+        residual_scale: 1.0,
+        logit_scale: 1.0,
+        nope_layers: Vec::new(),
         block: BlockVariant::default(),
     }
 }

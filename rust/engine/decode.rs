@@ -27,8 +27,8 @@ use std::sync::Mutex;
 
 use crate::engine::attention::{attend_span, combine, slice_rows, span_of, spans, Scoring};
 use crate::engine::forward::{
-    head_major, rms_heads, rms_rows, rope, rope_tables, scale_embedding, soft_cap, window_start,
-    Model, Step,
+    add_scaled, finish_logits, head_major, rms_heads, rms_rows, rope, rope_tables, scale_embedding,
+    window_start, Model, Step,
 };
 use crate::engine::glu::glu;
 use crate::engine::linear::RowPrep;
@@ -282,7 +282,7 @@ impl Model {
                 )?;
             }
         }
-        soft_cap(cfg.final_softcap, &mut logits);
+        finish_logits(cfg, &mut logits);
         Ok(logits)
     }
 
@@ -535,7 +535,7 @@ impl Model {
                 // SAFETY: columns lo..hi of x are this member's claim; nobody
                 // reads x in this stage.
                 let dst = unsafe { x.part(a, z) };
-                dst.iter_mut().zip(&tmp[a..z]).for_each(|(a, b)| *a += b);
+                add_scaled(dst, &tmp[a..z], self.cfg.residual_scale);
             }
             c = cl.next();
         }

@@ -244,8 +244,10 @@ impl Model {
                 Some((lc, ls)) if cfg.local_rope(li) => (lc, ls),
                 _ => (&cos, &sin),
             };
-            rope(cfg.rope_style, &mut q, hd, cfg.rope_pairs(), c, sn);
-            rope(cfg.rope_style, &mut k, hd, cfg.rope_pairs(), c, sn);
+            if cfg.rotates(li) {
+                rope(cfg.rope_style, &mut q, hd, cfg.rope_pairs(), c, sn);
+                rope(cfg.rope_style, &mut k, hd, cfg.rope_pairs(), c, sn);
+            }
             for (si, s) in steps.iter_mut().enumerate() {
                 let (lo, hi) = (offsets[si], offsets[si + 1]);
                 s.cache.append(
@@ -262,6 +264,7 @@ impl Model {
                 &mut o,
                 lw.attn_post_norm.as_deref(),
                 cfg.rms_norm_eps,
+                cfg.residual_scale,
             );
             rms_rows(&x, &lw.ffn_norm, cfg.rms_norm_eps, &mut h);
             self.mm_many(&h, &mut [(&lw.gate, &mut gate), (&lw.up, &mut up)])?;
@@ -272,6 +275,7 @@ impl Model {
                 &mut down,
                 lw.ffn_post_norm.as_deref(),
                 cfg.rms_norm_eps,
+                cfg.residual_scale,
             );
         }
         // Final norm and head on the rows whose logits are wanted.
@@ -288,7 +292,7 @@ impl Model {
         rms_rows(&last, &self.weights.norm, cfg.rms_norm_eps, &mut normed);
         let mut logits = Vec::new();
         self.mm(self.weights.head(), &normed, &mut logits)?;
-        soft_cap(cfg.final_softcap, &mut logits);
+        finish_logits(cfg, &mut logits);
         Ok(logits)
     }
 
@@ -420,13 +424,38 @@ pub(crate) fn rms_heads(x: &mut [f32], w: &[f32], eps: f32) {
 }
 
 /// `x += o`, or with a post norm `w`, `x += rms_norm(o) * w` (`o` is
-/// overwritten then).
-pub(crate) fn add_residual(x: &mut [f32], o: &mut [f32], post: Option<&[f32]>, eps: f32) {
+/// overwritten then); times `scale` before the add when it is not 1.
+pub(crate) fn add_residual(
+    x: &mut [f32],
+    o: &mut [f32],
+    post: Option<&[f32]>,
+    eps: f32,
+    scale: f32,
+) {
     if let Some(w) = post {
         let raw = o.to_vec();
         rms_rows(&raw, w, eps, o);
     }
-    x.iter_mut().zip(o.iter()).for_each(|(a, b)| *a += b);
+    add_scaled(x, o, scale);
+}
+
+/// `x += scale * o` (`x += o` when `scale` is 1, the same bits).
+pub(crate) fn add_scaled(x: &mut [f32], o: &[f32], scale: f32) {
+    if scale == 1.0 {
+        x.iter_mut().zip(o).for_each(|(a, b)| *a += b);
+    } else {
+        x.iter_mut().zip(o).for_each(|(a, b)| *a += scale * b);
+    }
+}
+
+/// The logits as the model defines them: divided by `logit_scale`
+/// (Granite), then soft-capped (Gemma 2).
+pub(crate) fn finish_logits(cfg: &Config, z: &mut [f32]) {
+    if cfg.logit_scale != 1.0 {
+        let inv = 1.0 / cfg.logit_scale;
+        z.iter_mut().for_each(|v| *v *= inv);
+    }
+    soft_cap(cfg.final_softcap, z);
 }
 
 /// Embedding rows times the model's `embed_scale` (Gemma's `sqrt(hidden)`),

@@ -235,6 +235,20 @@ fn variants() -> Vec<Config> {
     c.rope_style = RopeStyle::Interleaved;
     c.rope_inv_freq.truncate(2);
     out.push(c);
+    // Granite: scaled embeddings, residual adds and logits, its own score
+    // scale (team path).
+    let mut c = tiny("granite");
+    c.rope_style = RopeStyle::Interleaved;
+    c.embed_scale = 6.0;
+    c.residual_scale = 0.22;
+    c.logit_scale = 3.0;
+    c.attn_scale = 0.125;
+    out.push(c);
+    // SmolLM3: a layer without RoPE (general path).
+    let mut c = tiny("smollm3");
+    c.rope_style = RopeStyle::Interleaved;
+    c.nope_layers = vec![false, true];
+    out.push(c);
     out
 }
 
@@ -276,6 +290,78 @@ fn partial_rope_rotates_the_leading_pairs_and_passes_the_rest_through() {
             }
         }
     }
+}
+
+#[test]
+fn without_rope_in_any_layer_the_last_logits_ignore_the_order_before_them() {
+    // One NoPE block sums over keys without positions: the last token's
+    // logits are the same for any order of the tokens before it (with a
+    // second block, the earlier rows' own causal prefixes would differ).
+    // With RoPE they are not.
+    let mut cfg = tiny("smollm3");
+    cfg.n_layers = 1;
+    cfg.nope_layers = vec![true];
+    let last = |cfg: &Config, ids: &[i64]| {
+        let m = model(cfg.clone());
+        let mut c = cache(&m, 16);
+        m.forward(
+            &mut [Step {
+                cache: &mut c,
+                tokens: ids,
+            }],
+            false,
+        )
+        .unwrap()
+    };
+    let (a, b) = (last(&cfg, &[3, 9, 14, 2, 7]), last(&cfg, &[14, 2, 9, 3, 7]));
+    close(&a, &b, 1e-5);
+    cfg.nope_layers = vec![false];
+    let (a, b) = (last(&cfg, &[3, 9, 14, 2, 7]), last(&cfg, &[14, 2, 9, 3, 7]));
+    let diff = a
+        .iter()
+        .zip(&b)
+        .map(|(x, y)| (x - y).abs())
+        .fold(0.0f32, f32::max);
+    assert!(diff > 1e-3, "RoPE must see the order ({diff})");
+    cfg.nope_layers = vec![true, true];
+    assert!(cfg.validate().is_err(), "a flag per layer");
+}
+
+#[test]
+fn residual_and_logit_scales_follow_their_definitions() {
+    // logit_scale divides the logits; residual_scale 1 is the plain add, bit for bit.
+    let mut cfg = tiny("granite");
+    let m = model(cfg.clone());
+    let run = |m: &Model| {
+        let mut c = cache(m, 16);
+        m.forward(
+            &mut [Step {
+                cache: &mut c,
+                tokens: &IDS,
+            }],
+            false,
+        )
+        .unwrap()
+    };
+    let base = run(&m);
+    cfg.logit_scale = 4.0;
+    let scaled = run(&model(cfg.clone()));
+    for (s, b) in scaled.iter().zip(&base) {
+        assert_eq!(*s, b * 0.25);
+    }
+    cfg.residual_scale = 0.5;
+    let halved = run(&model(cfg.clone()));
+    let diff = halved
+        .iter()
+        .zip(&scaled)
+        .map(|(x, y)| (x - y).abs())
+        .fold(0.0f32, f32::max);
+    assert!(
+        diff > 1e-3,
+        "residual_scale must change the logits ({diff})"
+    );
+    cfg.residual_scale = 0.0;
+    assert!(cfg.validate().is_err());
 }
 
 #[test]

@@ -123,6 +123,9 @@ fn config(cfg: &Bound<'_, PyDict>) -> PyResult<Config> {
         },
         attn_softcap: item_or::<Option<f64>>(cfg, "attn_softcap", None)?.map(|c| c as f32),
         final_softcap: item_or::<Option<f64>>(cfg, "final_softcap", None)?.map(|c| c as f32),
+        residual_scale: item_or::<f64>(cfg, "residual_scale", 1.0)? as f32,
+        logit_scale: item_or::<f64>(cfg, "logit_scale", 1.0)? as f32,
+        nope_layers: item_or(cfg, "nope_layers", Vec::new())?,
         block: BlockVariant {
             qkv_bias: item(cfg, "qkv_bias")?,
             qk_norm: item(cfg, "qk_norm")?,

@@ -122,8 +122,9 @@ class LlamaForward:
             q = rms_norm(q, lw.q_norm, cfg.rms_norm_eps)
             k = rms_norm(k, lw.k_norm, cfg.rms_norm_eps)
         cos, sin = self._rope_tables(layer, pos0, n)
-        q = self._rope(q, cos, sin)
-        k = self._rope(k, cos, sin)
+        if cfg.rotates(layer):
+            q = self._rope(q, cos, sin)
+            k = self._rope(k, cos, sin)
         store.append(layer, k, v)
         keys = store.keys(layer)
         values = store.values(layer)
@@ -161,7 +162,8 @@ class LlamaForward:
         o = self._attention(lw, layer, rms_norm(x, lw.attn_norm, eps), store, pos0)
         if lw.attn_post_norm is not None:
             o = rms_norm(o, lw.attn_post_norm, eps)
-        x = x + o
+        rs = np.float32(self.cfg.residual_scale)  # Granite's; 1 elsewhere
+        x = x + o * rs
         h = rms_norm(x, lw.ffn_norm, eps)
         gate = lw.gate.apply(h)
         if self.cfg.gelu:
@@ -178,7 +180,7 @@ class LlamaForward:
         mlp = lw.down.apply(act)
         if lw.ffn_post_norm is not None:
             mlp = rms_norm(mlp, lw.ffn_post_norm, eps)
-        out: F32 = x + mlp
+        out: F32 = x + mlp * rs
         return out
 
     # ------------------------------------------------------------------ API
@@ -195,6 +197,8 @@ class LlamaForward:
     def logits(self, hidden: F32) -> F32:
         """Output-head logits ``[n, vocab]`` of hidden states ``[n, hidden]``."""
         logits = self.w.output.apply(rms_norm(hidden, self.w.norm, self.cfg.rms_norm_eps))
+        if self.cfg.logit_scale != 1.0:
+            logits = logits * np.float32(1.0 / self.cfg.logit_scale)
         if self.cfg.final_softcap is not None:
             cap = np.float32(self.cfg.final_softcap)
             logits = np.tanh(logits / cap) * cap

@@ -18,7 +18,7 @@ from rlx_lm.errors import UnsupportedError, WeightFormatError
 from rlx_lm.runners.llama_config import LlamaConfig
 
 # Architectures whose q/k rows llama.cpp's converter permutes for its NORM-style RoPE.
-_PERMUTED_ARCHS = ("llama", "mistral")
+_PERMUTED_ARCHS = ("llama", "mistral", "granite", "smollm3")
 
 
 def gguf_weights(

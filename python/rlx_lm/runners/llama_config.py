@@ -30,6 +30,8 @@ LLAMA_ARCHITECTURES = (
     "gemma2",
     "gemma3",
     "phi3",
+    "granite",
+    "smollm3",
 )
 
 #: The Gemma generations (GeGLU, embeddings times sqrt(hidden), norms stored as ``w`` in GGUF
@@ -45,6 +47,8 @@ _HF_ARCH_ALIASES = {
     "Gemma2ForCausalLM": "gemma2",
     "Gemma3ForCausalLM": "gemma3",
     "Phi3ForCausalLM": "phi3",
+    "GraniteForCausalLM": "granite",
+    "SmolLM3ForCausalLM": "smollm3",
 }
 # Hugging Face ``model_type`` spellings of our names.
 _HF_TYPE_ALIASES = {"gemma3_text": "gemma3"}
@@ -56,6 +60,9 @@ _GEMMA2_FINAL_SOFTCAP = 30.0
 _GEMMA3_LOCAL_THETA = 10000.0
 # Layers windowed in a pattern of n: layer i when i % n < n - 1 (Gemma 2: 2, Gemma 3: 6).
 _WINDOW_PATTERN = {"gemma2": 2, "gemma3": 6}
+# SmolLM3: every fourth layer has no RoPE (llama.cpp's fixed n_no_rope_layer_step; Hugging
+# Face's default no_rope_layer_interval).
+_SMOLLM3_NOPE_INTERVAL = 4
 # Block counts llama.cpp takes for the 27B models, whose score scale is 1/sqrt(hidden/heads).
 _GEMMA_27B_LAYERS = {"gemma2": 46, "gemma3": 62}
 
@@ -63,7 +70,7 @@ _GEMMA_27B_LAYERS = {"gemma2": 46, "gemma3": 62}
 # Architectures whose RoPE covers the whole head: llama.cpp 0.3.36 refuses another n_rot for
 # llama (so mistral's files) at load and asserts on it in qwen2/qwen3's graphs; it runs a
 # partial one for gemma 1-3 and phi3.
-_FULL_ROPE_ARCHS = ("llama", "mistral", "qwen2", "qwen3")
+_FULL_ROPE_ARCHS = ("llama", "mistral", "qwen2", "qwen3", "granite", "smollm3")
 
 #: The widest attention head a model may declare (real models: 64-256).
 MAX_HEAD_DIM = 1 << 16
@@ -120,6 +127,13 @@ class LlamaConfig:
     rope_mscale: float = 1.0
     """Factor on RoPE's cos and sin, so on the rotated elements of q and k (LongRoPE's
     attention factor, llama.cpp's ``attn_factor``)."""
+    residual_scale: float = 1.0
+    """Factor on the attention and MLP outputs before each residual add (Granite)."""
+    logit_scale: float = 1.0
+    """The logits are divided by it (Granite)."""
+    nope_layers: tuple[bool, ...] = ()
+    """Layers whose q and k are not rotated, one flag a layer (SmolLM3: every fourth); empty:
+    RoPE in every layer."""
     rope_dims: int | None = None
     """Elements of each head that RoPE rotates, the first ones (partial RoPE: Phi-4-mini's
     96 of 128); None: the whole head."""
@@ -168,6 +182,10 @@ class LlamaConfig:
             )
         if self.window_layers and self.sliding_window is None:
             raise WeightFormatError("window_layers is set but there is no sliding_window")
+        if self.nope_layers and len(self.nope_layers) != self.n_layers:
+            raise WeightFormatError(
+                f"nope_layers has {len(self.nope_layers)} flags for {self.n_layers} layers"
+            )
         for name in ("rope_local_theta", "attn_scale", "attn_softcap", "final_softcap"):
             value = getattr(self, name)
             if value is not None and not (math.isfinite(value) and value > 0):
@@ -179,14 +197,18 @@ class LlamaConfig:
                 f"rope_dims must be an even number from 2 to head_dim={self.head_dim}, "
                 f"got {self.rope_dims}"
             )
-        if not (math.isfinite(self.rope_mscale) and self.rope_mscale > 0):
-            raise WeightFormatError(
-                f"rope_mscale must be positive and finite, got {self.rope_mscale}"
-            )
+        for name in ("rope_mscale", "residual_scale", "logit_scale"):
+            value = getattr(self, name)
+            if not (math.isfinite(value) and value > 0):
+                raise WeightFormatError(f"{name} must be positive and finite, got {value}")
         if not (math.isfinite(self.embed_scale) and self.embed_scale > 0):
             raise WeightFormatError(
                 f"embed_scale must be positive and finite, got {self.embed_scale}"
             )
+
+    def rotates(self, layer: int) -> bool:
+        """Whether ``layer`` applies RoPE to q and k (all but SmolLM3's NoPE layers)."""
+        return not (self.nope_layers and self.nope_layers[layer])
 
     def window_of(self, layer: int) -> int | None:
         """The attention window of ``layer``, if it has one."""
@@ -287,6 +309,10 @@ class LlamaConfig:
         n_layers = need("num_hidden_layers")
         rope_dims = _hf_rope_dims(cfg, arch, int(head_dim), where)
         gemma = _hf_gemma(cfg, arch, n_layers, hidden, where) if arch in GEMMA_ARCHITECTURES else {}
+        if arch == "granite":
+            gemma = _hf_granite(cfg)
+        if arch == "smollm3":
+            gemma = {"nope_layers": _hf_nope_layers(cfg, n_layers, where)}
         window = gemma.pop("sliding_window", None) or _hf_sliding_window(cfg, arch, where)
         return cls(
             arch=arch,
@@ -380,6 +406,20 @@ class LlamaConfig:
             gemma["final_softcap"] = opt_float("final_logit_softcapping", _GEMMA2_FINAL_SOFTCAP)
         if arch == "gemma3":
             gemma["rope_local_theta"] = opt_float("rope.freq_base_swa", _GEMMA3_LOCAL_THETA)
+        if arch == "granite":
+            # llama.cpp's keys; 0 or absent means "not scaled" there (its attention scale then
+            # 1/sqrt(head_dim)).
+            for key, name in (
+                ("embedding_scale", "embed_scale"),
+                ("residual_scale", "residual_scale"),
+                ("attention.scale", "attn_scale"),
+                ("logit_scale", "logit_scale"),
+            ):
+                value = opt_float(key, 0.0)
+                if value != 0.0:
+                    gemma[name] = value
+        if arch == "smollm3":
+            gemma["nope_layers"] = _interval_nope(_SMOLLM3_NOPE_INTERVAL, n_layers)
         try:
             return cls(
                 arch=arch,
@@ -417,6 +457,41 @@ def _hf_rope_dims(cfg: Mapping[str, Any], arch: str, head_dim: int, where: str) 
     if not (math.isfinite(float(factor)) and 0 < float(factor) < 1):
         raise WeightFormatError(f"{where}: partial_rotary_factor must be in (0, 1], got {factor}")
     return int(head_dim * float(factor))
+
+
+def _interval_nope(n: int, n_layers: int) -> tuple[bool, ...]:
+    """SmolLM3's NoPE layers for an interval ``n``: layer ``i`` has no RoPE when
+    ``(i + 1) % n == 0``."""
+    return tuple((i + 1) % n == 0 for i in range(n_layers))
+
+
+def _hf_nope_layers(cfg: Mapping[str, Any], n_layers: int, where: str) -> tuple[bool, ...]:
+    """SmolLM3's ``no_rope_layers`` (1: RoPE, 0: none, one a layer), else its interval."""
+    flags = cfg.get("no_rope_layers")
+    if flags is None:
+        interval = int(cfg.get("no_rope_layer_interval") or _SMOLLM3_NOPE_INTERVAL)
+        if interval <= 0:
+            raise WeightFormatError(f"{where}: no_rope_layer_interval must be positive")
+        return _interval_nope(interval, n_layers)
+    if len(flags) != n_layers:
+        raise WeightFormatError(
+            f"{where}: no_rope_layers has {len(flags)} entries for {n_layers} layers"
+        )
+    return tuple(not bool(f) for f in flags)
+
+
+def _hf_granite(cfg: Mapping[str, Any]) -> dict[str, Any]:
+    """Granite's multipliers (Hugging Face names) as config fields."""
+    out: dict[str, Any] = {}
+    for key, name in (
+        ("embedding_multiplier", "embed_scale"),
+        ("residual_multiplier", "residual_scale"),
+        ("attention_multiplier", "attn_scale"),
+        ("logits_scaling", "logit_scale"),
+    ):
+        if cfg.get(key) is not None:
+            out[name] = float(cfg[key])
+    return out
 
 
 def _pattern_flags(n: int, n_layers: int) -> tuple[bool, ...]:

@@ -39,7 +39,7 @@ __all__ = [
 # Architectures whose q/k rows llama.cpp's converter permutes for its NORM-style RoPE: the
 # engine uses the interleaved pairing on those rows as stored (equal to rotate-half on the
 # original rows), so nothing is copied.
-_PERMUTED_ARCHS = ("llama", "mistral")
+_PERMUTED_ARCHS = ("llama", "mistral", "granite", "smollm3")
 _SHARD = re.compile(r"-(\d{5})-of-(\d{5})$")
 
 # ggml ids of the plain float types, as the core defines them (F64, which only this loader
@@ -82,6 +82,9 @@ def engine_config(cfg: LlamaConfig, rope_style: str) -> dict[str, Any]:
         "embed_scale": float(cfg.embed_scale),
         "attn_scale": float(cfg.score_scale()),
         "rope_mscale": float(cfg.rope_mscale),
+        "residual_scale": float(cfg.residual_scale),
+        "logit_scale": float(cfg.logit_scale),
+        "nope_layers": list(cfg.nope_layers),
         "attn_softcap": cfg.attn_softcap,
         "final_softcap": cfg.final_softcap,
         "gelu": cfg.gelu,

@@ -61,14 +61,16 @@ def test_partial_rope_rotates_the_leading_elements_only(
 
 @pytest.mark.parametrize("max_seq", [32, 200])
 def test_partial_rope_with_longrope_as_phi4_mini(tmp_path: Path, max_seq: int) -> None:
-    # Phi-4-mini's combination: LongRoPE's factor sets have one factor per rotated pair.
+    # Phi-4-mini's combination: LongRoPE's factor sets have one factor per rotated pair, and
+    # its cos/sin factor scales the rotated elements only. GGUF and Hugging Face checkpoints.
     m = with_longrope(_partial(), 64)
     assert len(m.config["rope_scaling"]["long_factor"]) == 6
-    runner = load_llama(write_gguf(m, tmp_path / "m.gguf"), max_seq=max_seq)
-    assert runner.loaded.longrope == (64, max_seq > 64)
     want = reference_logits(m.config, m.tensors, IDS, context=max_seq)
-    got = np.stack([runner.predict_logits(IDS[: n + 1]) for n in range(len(IDS))])
-    np.testing.assert_allclose(got, want, rtol=0, atol=2e-5 * np.abs(want).max() + 1e-5)
+    for path in (write_gguf(m, tmp_path / "m.gguf"), write_safetensors_dir(m, tmp_path / "st")):
+        runner = load_llama(path, max_seq=max_seq)
+        assert runner.loaded.longrope == (64, max_seq > 64)
+        got = np.stack([runner.predict_logits(IDS[: n + 1]) for n in range(len(IDS))])
+        np.testing.assert_allclose(got, want, rtol=0, atol=2e-5 * np.abs(want).max() + 1e-5)
 
 
 def test_partial_rope_where_the_model_has_none_is_refused() -> None:

@@ -18,7 +18,7 @@ from model_factory import (
     write_safetensors_dir,
 )
 
-from rlx_lm.errors import InvalidOptionError, UnsupportedError, WeightFormatError
+from rlx_lm.errors import InvalidOptionError, WeightFormatError
 from rlx_lm.runners.llama import load_llama
 from rlx_lm.runners.llama_config import LlamaConfig
 
@@ -89,5 +89,47 @@ def test_longrope_without_its_original_context_is_refused(tmp_path: Path) -> Non
     bad.write_bytes(raw)
     with pytest.raises(WeightFormatError, match="original_context_length"):
         load_llama(bad)
-    with pytest.raises(UnsupportedError, match="longrope"):
-        LlamaConfig.from_hf(m.config)  # Hugging Face LongRoPE checkpoints: not yet
+
+
+@pytest.mark.parametrize("max_seq", [32, 65])
+def test_hugging_face_longrope_is_chosen_as_for_gguf(tmp_path: Path, max_seq: int) -> None:
+    # A safetensors checkpoint's LongRoPE: the set picked by the session length at load (as
+    # llama.cpp; Hugging Face re-picks per forward pass, which a KV cache cannot follow).
+    m = _longrope()
+    runner = load_llama(write_safetensors_dir(m, tmp_path / "st"), max_seq=max_seq)
+    assert runner.loaded.longrope == (64, max_seq > 64)
+    want = reference_logits(m.config, m.tensors, IDS, context=max_seq)
+    got = np.stack([runner.predict_logits(IDS[: n + 1]) for n in range(len(IDS))])
+    np.testing.assert_allclose(got, want, rtol=0, atol=2e-5 * np.abs(want).max() + 1e-5)
+    with pytest.raises(InvalidOptionError, match="LongRoPE factors were chosen at load"):
+        runner.clone(max_seq=8 if max_seq > 64 else 128)
+
+
+def test_hugging_face_longrope_fields() -> None:
+    m = _longrope()
+    rs = m.config["rope_scaling"]
+    cfg = LlamaConfig.from_hf(m.config)
+    assert cfg.rope_scaling is not None
+    assert cfg.rope_scaling.kind == "longrope"
+    with pytest.raises(InvalidOptionError, match="for_context"):
+        cfg.inv_freq()  # the set is not chosen yet
+    short, choice = cfg.for_context(64)
+    long, _ = cfg.for_context(65)
+    assert choice == (64, False)
+    assert short.rope_mscale == long.rope_mscale == 1.3
+    np.testing.assert_allclose(
+        short.inv_freq() * rs["short_factor"], long.inv_freq() * rs["long_factor"]
+    )
+    # Without attention_factor: Hugging Face's default from the context ratio (512 / 64).
+    del rs["attention_factor"]
+    default = LlamaConfig.from_hf(m.config).for_context(None)[0].rope_mscale
+    assert default == pytest.approx(np.sqrt(1 + np.log(512 / 64) / np.log(64)))
+    with pytest.raises(
+        WeightFormatError, match="long_factor has 3 factors, the rotated pairs are 8"
+    ):
+        LlamaConfig.from_hf(m.config | {"rope_scaling": rs | {"long_factor": [1.0, 2.0, 3.0]}})
+    with pytest.raises(WeightFormatError, match="short_factor holds a factor that is not positive"):
+        LlamaConfig.from_hf(m.config | {"rope_scaling": rs | {"short_factor": [0.0] * 8}})
+    no_original = {k: v for k, v in m.config.items() if k != "original_max_position_embeddings"}
+    with pytest.raises(WeightFormatError, match="original context length"):
+        LlamaConfig.from_hf(no_original)

@@ -486,7 +486,13 @@ def load_llama(
         files, cfg_path = locate_safetensors(p)
         cfg = explicit or _config_beside(cfg_path, p)
         loaded = load_safetensors_engine(
-            files, cfg, threads=threads, on_progress=progress, activations=activations, packed=keep
+            files,
+            cfg,
+            threads=threads,
+            on_progress=progress,
+            activations=activations,
+            packed=keep,
+            context=max_seq,
         )
     return LlamaRunner(loaded, max_seq=max_seq, chunk=chunk, source=str(p), kv_dtype=kv_dtype)
 

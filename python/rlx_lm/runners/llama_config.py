@@ -10,15 +10,21 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import numpy as np
 import numpy.typing as npt
 
-from rlx_lm.errors import UnsupportedError, WeightFormatError
+from rlx_lm.errors import InvalidOptionError, UnsupportedError, WeightFormatError
 
-__all__ = ["GEMMA_ARCHITECTURES", "LLAMA_ARCHITECTURES", "LlamaConfig", "RopeScaling"]
+__all__ = [
+    "GEMMA_ARCHITECTURES",
+    "LLAMA_ARCHITECTURES",
+    "LlamaConfig",
+    "RopeScaling",
+    "longrope_scaling",
+]
 
 #: Architectures this runner implements (GGUF ``general.architecture`` / HF ``model_type``).
 LLAMA_ARCHITECTURES = (
@@ -78,7 +84,10 @@ MAX_HEAD_DIM = 1 << 16
 
 @dataclass(frozen=True)
 class RopeScaling:
-    """RoPE frequency scaling: ``llama3`` smoothing, ``linear`` positions, or explicit factors."""
+    """RoPE frequency scaling: ``llama3`` smoothing, ``linear`` positions, explicit factors
+    (``factors``: the frequencies divided by ``freq_factors``), or ``longrope`` before a session
+    length picks its set (``freq_factors`` the short set, ``long_factors`` the long one,
+    ``factor`` the cos/sin factor; see :meth:`LlamaConfig.for_context`)."""
 
     kind: str
     factor: float = 1.0
@@ -86,6 +95,7 @@ class RopeScaling:
     high_freq_factor: float = 4.0
     original_max_position: int = 8192
     freq_factors: tuple[float, ...] = ()
+    long_factors: tuple[float, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -258,6 +268,11 @@ class LlamaConfig:
         rs = self.rope_scaling
         if rs is None or rs.kind == "linear":
             return inv
+        if rs.kind == "longrope":
+            raise InvalidOptionError(
+                "LongRoPE picks its factor set by the session length: use "
+                "LlamaConfig.for_context(max_seq) first"
+            )
         if rs.kind == "factors":
             factors = np.asarray(rs.freq_factors, dtype=np.float64)
             if factors.shape != inv.shape:
@@ -276,6 +291,27 @@ class LlamaConfig:
         blended = (1 - smooth) * scaled / rs.factor + smooth * scaled
         medium = (wavelen >= high_wavelen) & (wavelen <= low_wavelen)
         return np.where(medium, blended, scaled)
+
+    def for_context(self, context: int | None) -> tuple[LlamaConfig, tuple[int, bool] | None]:
+        """This config for sessions of ``context`` tokens (None: the trained context), and
+        LongRoPE's choice ``(original context, long set)`` if the model has LongRoPE.
+
+        As llama.cpp picks it: the long factor set when the context is longer than the
+        original one, else the short set; cos/sin times the attention factor either way.
+        Other models come back unchanged."""
+        rs = self.rope_scaling
+        if rs is None or rs.kind != "longrope":
+            return self, None
+        use_long = (context if context is not None else self.max_position) > (
+            rs.original_max_position
+        )
+        chosen = rs.long_factors if use_long else rs.freq_factors
+        resolved = replace(
+            self,
+            rope_scaling=RopeScaling("factors", freq_factors=chosen),
+            rope_mscale=self.rope_mscale * rs.factor,
+        )
+        return resolved, (rs.original_max_position, use_long)
 
     def position_scale(self) -> float:
         """Divisor applied to positions before RoPE (``linear`` scaling), else 1."""
@@ -329,7 +365,9 @@ class LlamaConfig:
             tie_word_embeddings=bool(cfg.get("tie_word_embeddings", arch in GEMMA_ARCHITECTURES)),
             attention_bias=bool(cfg.get("attention_bias", arch == "qwen2")),
             qk_norm=arch in ("qwen3", "gemma3"),
-            rope_scaling=_hf_rope_scaling(cfg.get("rope_scaling"), where),
+            rope_scaling=_hf_rope_scaling(
+                cfg.get("rope_scaling"), where, cfg, (rope_dims or int(head_dim)) // 2
+            ),
             sliding_window=window,
             rope_dims=rope_dims,
             **gemma,
@@ -556,6 +594,59 @@ def _hf_gemma(
     return out
 
 
+def longrope_scaling(
+    short: Any, long: Any, original: Any, attention_factor: Any, pairs: int, where: str
+) -> RopeScaling:
+    """LongRoPE's two factor sets (one factor a rotated pair, positive), its original context
+    and its cos/sin factor, checked."""
+    if isinstance(original, bool) or not isinstance(original, (int, np.integer)) or original <= 0:
+        raise WeightFormatError(f"{where}: LongRoPE needs a positive original context length")
+    if isinstance(attention_factor, bool) or not isinstance(
+        attention_factor, (int, float, np.number)
+    ):
+        raise WeightFormatError(f"{where}: LongRoPE attention factor is {attention_factor!r}")
+    if not (math.isfinite(attention_factor) and attention_factor > 0):
+        raise WeightFormatError(f"{where}: LongRoPE attention factor is {attention_factor!r}")
+    sets: list[tuple[float, ...]] = []
+    for name, values in (("short_factor", short), ("long_factor", long)):
+        try:
+            arr = np.asarray(values, dtype=np.float64).reshape(-1)
+        except (TypeError, ValueError):
+            raise WeightFormatError(f"{where}: LongRoPE {name} is not a list of numbers") from None
+        if arr.size != pairs:
+            raise WeightFormatError(
+                f"{where}: LongRoPE {name} has {arr.size} factors, the rotated pairs are {pairs}"
+            )
+        if not np.all(np.isfinite(arr) & (arr > 0)):
+            raise WeightFormatError(f"{where}: LongRoPE {name} holds a factor that is not positive")
+        sets.append(tuple(float(x) for x in arr))
+    return RopeScaling(
+        "longrope",
+        factor=float(attention_factor),
+        original_max_position=int(original),
+        freq_factors=sets[0],
+        long_factors=sets[1],
+    )
+
+
+def _hf_longrope(
+    rs: Mapping[str, Any], where: str, cfg: Mapping[str, Any], pairs: int
+) -> RopeScaling:
+    """Hugging Face's LongRoPE fields, with its default attention factor
+    ``sqrt(1 + log(s) / log(original))`` for ``s = max_position / original`` (1 when s <= 1),
+    which llama.cpp's converter writes as ``attn_factor`` too."""
+    original = cfg.get("original_max_position_embeddings") or rs.get(
+        "original_max_position_embeddings"
+    )
+    attention = rs.get("attention_factor")
+    if attention is None and isinstance(original, int) and original > 1:
+        s = float(cfg.get("max_position_embeddings", original)) / original
+        attention = math.sqrt(1 + math.log(s) / math.log(original)) if s > 1 else 1.0
+    return longrope_scaling(
+        rs.get("short_factor"), rs.get("long_factor"), original, attention, pairs, where
+    )
+
+
 def _gguf_int(value: Any, key: str, where: str) -> int:
     """A GGUF integer field; a float, string, bool or array there is a malformed header
     (llama.cpp refuses a key of the wrong type too)."""
@@ -603,12 +694,14 @@ def _hf_sliding_window(cfg: Mapping[str, Any], arch: str, where: str) -> int | N
     return None
 
 
-def _hf_rope_scaling(rs: Any, where: str) -> RopeScaling | None:
+def _hf_rope_scaling(rs: Any, where: str, cfg: Mapping[str, Any], pairs: int) -> RopeScaling | None:
     if not rs:
         return None
     kind = str(rs.get("rope_type") or rs.get("type") or "")
     if kind == "default":
         return None
+    if kind in ("longrope", "su"):
+        return _hf_longrope(rs, where, cfg, pairs)
     if kind == "linear":
         return RopeScaling("linear", factor=float(rs["factor"]))
     if kind == "llama3":

@@ -10,7 +10,6 @@ as stored. A type with no kernel that ``gguf.quants`` decodes is dequantised onc
 
 from __future__ import annotations
 
-import math
 import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
@@ -25,7 +24,12 @@ from rlx_lm._headers import GgufHeader, read_gguf_header, read_safetensors_heade
 from rlx_lm._headers import ggml_type as ggml_type_info
 from rlx_lm.config import available_cores
 from rlx_lm.errors import UnsupportedError, WeightFormatError
-from rlx_lm.runners.llama_config import GEMMA_ARCHITECTURES, LlamaConfig, RopeScaling
+from rlx_lm.runners.llama_config import (
+    GEMMA_ARCHITECTURES,
+    LlamaConfig,
+    RopeScaling,
+    longrope_scaling,
+)
 
 __all__ = [
     "EngineLoad",
@@ -247,9 +251,9 @@ def load_gguf_engine(
                 f"{path}: tensor {name} uses quant type {_type_name(ggml_type)}, which is not "
                 f"supported (supported: {_supported_names(kernels)})"
             )
-    longrope = None
     if any(n.startswith("rope_factors_") for n in table) and config is None:
-        cfg, longrope = _longrope(path, files, headers[0], table, cfg, context)
+        cfg = _longrope(path, files, headers[0], table, cfg)
+    cfg, longrope = cfg.for_context(context)
     freqs = table.get("rope_freqs.weight")
     if freqs is not None and config is None:
         fi, offset, ggml_type, shape = freqs
@@ -281,38 +285,29 @@ def _longrope(
     header: GgufHeader,
     table: Mapping[str, tuple[int, int, int, list[int]]],
     cfg: LlamaConfig,
-    context: int | None,
-) -> tuple[LlamaConfig, tuple[int, bool]]:
-    """LongRoPE as llama.cpp runs it: the long factor set when the context is longer than
-    ``rope.scaling.original_context_length``, else the short one (frequencies divided by the
-    factors), and cos/sin times ``rope.scaling.attn_factor``, i.e. scores times its square."""
+) -> LlamaConfig:
+    """``cfg`` with the LongRoPE of a GGUF (llama.cpp's converter: both factor sets as tensors,
+    ``rope.scaling.original_context_length`` and ``rope.scaling.attn_factor`` as keys), for
+    :meth:`LlamaConfig.for_context` to choose from."""
     meta, arch = header.metadata, cfg.arch
     original = meta.get(f"{arch}.rope.scaling.original_context_length")
-    if isinstance(original, bool) or not isinstance(original, (int, np.integer)) or original <= 0:
+    if original is None:
         raise WeightFormatError(
             f"{path}: LongRoPE factors without {arch}.rope.scaling.original_context_length"
         )
-    attn = meta.get(f"{arch}.rope.scaling.attn_factor", 1.0)
-    if not isinstance(attn, (int, float, np.number)) or not (math.isfinite(attn) and attn > 0):
-        raise WeightFormatError(f"{path}: {arch}.rope.scaling.attn_factor is {attn!r}")
-    use_long = bool((context if context is not None else cfg.max_position) > original)
-    name = "rope_factors_long.weight" if use_long else "rope_factors_short.weight"
-    entry = table.get(name)
-    if entry is None:
-        raise WeightFormatError(f"{path}: LongRoPE needs {name}")
-    fi, offset, ggml_type, shape = entry
     pairs = cfg.rotary_dims // 2
-    if ggml_type != _F32 or int(np.prod(shape)) != pairs:
-        raise WeightFormatError(f"{path}: {name} must be {pairs} F32 values, got shape {shape}")
-    factors = tuple(float(x) for x in _read_f32(files[fi], offset, pairs))
-    if not all(math.isfinite(f) and f > 0 for f in factors):
-        raise WeightFormatError(f"{path}: {name} holds a factor that is not positive")
-    cfg = replace(
-        cfg,
-        rope_scaling=RopeScaling("factors", freq_factors=factors),
-        rope_mscale=float(attn),
-    )
-    return cfg, (int(original), use_long)
+    sets = []
+    for name in ("rope_factors_short.weight", "rope_factors_long.weight"):
+        entry = table.get(name)
+        if entry is None:
+            raise WeightFormatError(f"{path}: LongRoPE needs {name}")
+        fi, offset, ggml_type, shape = entry
+        if ggml_type != _F32 or int(np.prod(shape)) != pairs:
+            raise WeightFormatError(f"{path}: {name} must be {pairs} F32 values, got shape {shape}")
+        sets.append(_read_f32(files[fi], offset, pairs))
+    attn = meta.get(f"{arch}.rope.scaling.attn_factor", 1.0)
+    scaling = longrope_scaling(sets[0], sets[1], original, attn, pairs, str(path))
+    return replace(cfg, rope_scaling=scaling)
 
 
 _LAYER_NAMES = {
@@ -372,12 +367,15 @@ def load_safetensors_engine(
     on_progress: Progress = None,
     activations: str = "exact",
     packed: bool = True,
+    context: int | None = None,
 ) -> EngineLoad:
     """Map safetensors files (F32/F16/BF16 used in place; F64 converted once) into an engine.
 
     ``packed=False`` converts F16 and BF16 tensors to float32 at load as well.
-    ``on_progress`` sees one step per file and one for building the engine.
+    ``on_progress`` sees one step per file and one for building the engine. ``context`` (the
+    runner's ``max_seq``) picks LongRoPE's factor set, as for GGUF.
     """
+    cfg, longrope = cfg.for_context(context)
     plan: list[Tensor] = []
     owned: list[Owned] = []
     dequantised: dict[str, str] = {}
@@ -427,7 +425,7 @@ def load_safetensors_engine(
     engine = _build(cfg, "halves", files, plan, owned, threads, activations, where=str(files[0]))
     if on_progress is not None:
         on_progress(len(files) + 1, len(files) + 1)
-    return EngineLoad(cfg, engine, files, dequantised, sample, packed)
+    return EngineLoad(cfg, engine, files, dequantised, sample, packed, longrope)
 
 
 def _widen(path: Path, offset: int, dtype: str, count: int) -> npt.NDArray[np.float32]:

@@ -4,13 +4,16 @@
 //! piece's score (higher first), ties by the left and then the right piece's
 //! id. A GGUF of this kind carries no merge list, so a tokenizer built from
 //! it needs these; in Python this took about 4 s of the 6 s a 256k
-//! vocabulary (Gemma's size) took to load, here about 1 s.
+//! vocabulary (Gemma's size) took to load, here about 0.1-0.25 s (the
+//! split search runs on the rayon pool; `spm_merges_probe`).
 //!
 //! Lengths and cuts count Unicode scalar values (Python's `len` and slices).
 //! Only cuts whose two sides have lengths some token has are looked up, so a
 //! piece costs O(distinct token lengths), and a hostile 1 MB token is cheap.
 
-use std::collections::{HashMap, HashSet};
+use std::collections::HashMap;
+#[cfg(test)]
+use std::collections::HashSet;
 use std::hash::{BuildHasherDefault, Hasher};
 
 /// FNV-1a: pieces are short, and SipHash's set-up cost per lookup was most
@@ -52,40 +55,62 @@ pub fn spm_merges(tokens: &[&str], mergeable: &[bool], scores: &[f64]) -> Vec<Me
     for (i, t) in tokens.iter().enumerate() {
         vocab.insert(t, i);
     }
-    let mut pieces: FastMap<&str, f64> = FastMap::default();
-    for (i, t) in tokens.iter().enumerate() {
-        if mergeable.get(i).copied().unwrap_or(false) && t.chars().nth(1).is_some() {
-            pieces.insert(t, scores.get(i).copied().unwrap_or(0.0));
-        }
+    // The mergeable pieces, each once (its last listing, as the map keeps the last id).
+    let pieces: Vec<(&str, f64)> = tokens
+        .iter()
+        .enumerate()
+        .filter(|&(i, t)| {
+            vocab.get(t) == Some(&i)
+                && mergeable.get(i).copied().unwrap_or(false)
+                && t.chars().nth(1).is_some()
+        })
+        .map(|(i, t)| (*t, scores.get(i).copied().unwrap_or(0.0)))
+        .collect();
+    // Which character lengths some token has: a table, not a hashed set (it
+    // is asked once per cut).
+    let char_lens: Vec<usize> = tokens.iter().map(|t| t.chars().count()).collect();
+    let longest = char_lens.iter().copied().max().unwrap_or(0);
+    let mut known = vec![false; longest + 1];
+    for &n in &char_lens {
+        known[n] = true;
     }
-    let known: HashSet<usize> = tokens.iter().map(|t| t.chars().count()).collect();
-    let mut lengths: Vec<usize> = known.iter().copied().collect();
-    lengths.sort_unstable();
-    let mut ranked: Vec<(f64, usize, usize)> = Vec::new();
-    let mut bounds: Vec<usize> = Vec::new();
-    for (piece, &score) in &pieces {
-        // Byte offset of every char boundary, so a cut of `c` chars is bounds[c].
-        bounds.clear();
-        bounds.extend(piece.char_indices().map(|(b, _)| b));
-        let size = bounds.len();
-        bounds.push(piece.len());
-        for &cut in &lengths {
-            if cut >= size {
-                break;
-            }
-            if !known.contains(&(size - cut)) {
-                continue;
-            }
-            let (left, right) = piece.split_at(bounds[cut]);
-            // The right side is looked up only when the left one is a piece.
-            if let Some(&l) = vocab.get(left) {
-                if let Some(&r) = vocab.get(right) {
-                    ranked.push((-score, l, r));
+    let lengths: Vec<usize> = (1..=longest).filter(|&n| known[n]).collect();
+    // The splits, piece by piece, across the pool: each look-up is a cache
+    // miss in a table of the whole vocabulary, so two cores halve it.
+    let split = |chunk: &[(&str, f64)]| {
+        let mut ranked: Vec<(f64, usize, usize)> = Vec::new();
+        let mut bounds: Vec<usize> = Vec::new();
+        for &(piece, score) in chunk {
+            // Byte offset of every char boundary, so a cut of `c` chars is bounds[c].
+            bounds.clear();
+            bounds.extend(piece.char_indices().map(|(b, _)| b));
+            let size = bounds.len();
+            bounds.push(piece.len());
+            for &cut in &lengths {
+                if cut >= size {
+                    break;
+                }
+                if !known[size - cut] {
+                    continue;
+                }
+                let (left, right) = piece.split_at(bounds[cut]);
+                // The right side is looked up only when the left one is a piece.
+                if let Some(&l) = vocab.get(left) {
+                    if let Some(&r) = vocab.get(right) {
+                        ranked.push((-score, l, r));
+                    }
                 }
             }
         }
-    }
-    ranked.sort_by(|a, b| a.0.total_cmp(&b.0).then(a.1.cmp(&b.1)).then(a.2.cmp(&b.2)));
+        ranked
+    };
+    let mut ranked: Vec<(f64, usize, usize)> = if pieces.len() < 4096 {
+        split(&pieces)
+    } else {
+        use rayon::prelude::*;
+        pieces.par_chunks(2048).flat_map_iter(split).collect()
+    };
+    ranked.sort_unstable_by(|a, b| a.0.total_cmp(&b.0).then(a.1.cmp(&b.1)).then(a.2.cmp(&b.2)));
     ranked.into_iter().map(|(_, l, r)| (l, r)).collect()
 }
 

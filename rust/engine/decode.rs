@@ -37,13 +37,44 @@ use crate::engine::weights::Tensor;
 use crate::kv::{convert_f32_to_f16, f16_to_f32, Dtype, Half, KvCache, Rows};
 use crate::{CoreError, CoreResult};
 
-/// Weight rows a claimed chunk holds (a multiple of the kernels' 16-row
-/// band). 128 against 64: one sequence's step 5-12% faster (fewer calls,
-/// each with its set-up and first prefetches), eight sequences' the same
-/// within the noise; 32 made eight sequences' 6% slower.
+/// Weight rows a claim holds with two or more members (a multiple of the
+/// kernels' 16-row band; see [`Cuts`]). 128 against 64 made one
+/// sequence's step 5-12% faster (fewer calls, each with its set-up and
+/// first prefetches), eight sequences' the same within the noise; 32 made
+/// eight sequences' 6% slower.
 const CHUNK: usize = 128;
-/// Rows a claimed chunk of the output head holds.
+/// Rows a claim of the output head holds.
 const HEAD_CHUNK: usize = 512;
+
+/// The row ranges a product's weight rows are claimed in: `size` rows
+/// each, or the whole product in one call for a team of one. Each call has
+/// its set-up and first prefetches; with one member nothing is gained by
+/// cutting, and the chunks cost one member 6-7% of a decode step
+/// (SmolLM2-shaped Q8_0, 103 -> 109 tok/s). With two members, guided sizes
+/// (a share of what is left, at least 32, 64 or 128 rows) measured no
+/// better than a fixed 128 (docs/kernels.md).
+#[derive(Debug)]
+struct Cuts(Vec<usize>);
+
+impl Cuts {
+    fn new(rows: usize, threads: usize, size: usize) -> Self {
+        let step = if threads <= 1 { rows.max(1) } else { size };
+        let mut at: Vec<usize> = (0..rows).step_by(step).collect();
+        at.push(rows);
+        Self(at)
+    }
+
+    /// Claims in all.
+    fn len(&self) -> usize {
+        self.0.len() - 1
+    }
+
+    /// Rows of claim `i`.
+    fn range(&self, i: usize) -> (usize, usize) {
+        (self.0[i], self.0[i + 1])
+    }
+}
+
 /// Work counters a block uses (one per stage).
 const STAGES: usize = 5;
 
@@ -180,10 +211,21 @@ struct Plan {
     tasks: Vec<(usize, usize, usize)>,
     /// Span slots in all.
     slots: usize,
+    /// The claims of the q, k/v, o/down, gate/up and head products.
+    q_cuts: Cuts,
+    kv_cuts: Cuts,
+    hidden_cuts: Cuts,
+    inter_cuts: Cuts,
+    head_cuts: Cuts,
 }
 
 impl Plan {
-    fn new(cfg: &crate::engine::config::Config, starts: &[usize]) -> Self {
+    fn new(
+        cfg: &crate::engine::config::Config,
+        starts: &[usize],
+        threads: usize,
+        head_rows: usize,
+    ) -> Self {
         let mut seqs = Vec::with_capacity(starts.len());
         let mut tasks = Vec::new();
         let mut slots = 0;
@@ -196,7 +238,16 @@ impl Plan {
                 tasks.extend((0..n).map(|sp| (si, j, sp)));
             }
         }
-        Self { seqs, tasks, slots }
+        Self {
+            seqs,
+            tasks,
+            slots,
+            q_cuts: Cuts::new(cfg.q_width(), threads, CHUNK),
+            kv_cuts: Cuts::new(cfg.kv_width(), threads, CHUNK),
+            hidden_cuts: Cuts::new(cfg.hidden_size, threads, CHUNK),
+            inter_cuts: Cuts::new(cfg.intermediate_size, threads, CHUNK),
+            head_cuts: Cuts::new(head_rows, threads, HEAD_CHUNK),
+        }
     }
 
     /// The slot of span `sp` of query head `head` of sequence `si`.
@@ -227,22 +278,22 @@ impl Model {
             vec![0.0f32; n * kvw],
             vec![0.0f32; n * kvw],
         );
-        let plan = Plan::new(cfg, starts);
+        let plan = Plan::new(cfg, starts, team.threads(), self.weights.head().rows);
         let mut parts = vec![0.0f32; plan.slots * 2];
         let mut outs = vec![0.0f32; plan.slots * hd];
         let mut act = vec![0.0f32; n * cfg.intermediate_size];
         let mut newkv = vec![0.0f32; layers * n * 2 * kvw];
         let mut logits = vec![0.0f32; n * self.weights.head().rows];
-        let qkv_chunks: usize = [qw, kvw, kvw].iter().map(|r| r.div_ceil(CHUNK)).sum();
+        let qkv_chunks = plan.q_cuts.len() + 2 * plan.kv_cuts.len();
         let mut stages = Vec::with_capacity(layers * STAGES + 1);
         for _ in 0..layers {
             stages.push(Stage::new(qkv_chunks));
             stages.push(Stage::new(plan.tasks.len()));
-            stages.push(Stage::new(cfg.hidden_size.div_ceil(CHUNK)));
-            stages.push(Stage::new(cfg.intermediate_size.div_ceil(CHUNK)));
-            stages.push(Stage::new(cfg.hidden_size.div_ceil(CHUNK)));
+            stages.push(Stage::new(plan.hidden_cuts.len()));
+            stages.push(Stage::new(plan.inter_cuts.len()));
+            stages.push(Stage::new(plan.hidden_cuts.len()));
         }
-        stages.push(Stage::new(self.weights.head().rows.div_ceil(HEAD_CHUNK)));
+        stages.push(Stage::new(plan.head_cuts.len()));
         let bufs = Bufs {
             x: Shared::of(&mut x),
             q: Shared::of(&mut q),
@@ -333,7 +384,10 @@ impl Model {
             let chunks: Vec<(usize, usize)> = parts
                 .iter()
                 .enumerate()
-                .flat_map(|(i, (t, _))| (0..t.rows.div_ceil(CHUNK)).map(move |c| (i, c)))
+                .flat_map(|(i, _)| {
+                    let cuts = if i == 0 { &plan.q_cuts } else { &plan.kv_cuts };
+                    (0..cuts.len()).map(move |c| (i, c))
+                })
                 .collect();
             let mut cl = open();
             if let Some(first) = cl.next() {
@@ -345,7 +399,8 @@ impl Model {
                 while let Some(ci) = c {
                     let (i, c0) = chunks[ci];
                     let (t, out) = parts[i];
-                    let (lo, hi) = (c0 * CHUNK, ((c0 + 1) * CHUNK).min(t.rows));
+                    let cuts = if i == 0 { &plan.q_cuts } else { &plan.kv_cuts };
+                    let (lo, hi) = cuts.range(c0);
                     // SAFETY: columns lo..hi of this part are this member's claim.
                     unsafe { self.rows(&mut prep, t, lo, hi, out.ptr())? };
                     c = cl.next();
@@ -456,7 +511,8 @@ impl Model {
                     }
                 }
                 let mut prep = RowPrep::new(self.activations, &ctx);
-                self.residual(&mut cl, first, &mut prep, &lw.o, &mut tmp, b.x, n)?;
+                let cuts = &plan.hidden_cuts;
+                self.residual(&mut cl, first, &mut prep, &lw.o, &mut tmp, b.x, n, cuts)?;
             }
             cl.finish();
             // gate and up, then act(gate) * up.
@@ -467,7 +523,7 @@ impl Model {
                 let mut prep = RowPrep::new(self.activations, &h);
                 let mut c = Some(first);
                 while let Some(ci) = c {
-                    let (lo, hi) = (ci * CHUNK, ((ci + 1) * CHUNK).min(inter));
+                    let (lo, hi) = plan.inter_cuts.range(ci);
                     // SAFETY: private buffers of `n x inter` floats.
                     unsafe {
                         self.rows(&mut prep, &lw.gate, lo, hi, gate.as_mut_ptr())?;
@@ -489,7 +545,8 @@ impl Model {
                 // SAFETY: act is written again in the next block's gate/up
                 // stage only, after this one.
                 let mut prep = RowPrep::new(self.activations, unsafe { b.act.read() });
-                self.residual(&mut cl, first, &mut prep, &lw.down, &mut tmp, b.x, n)?;
+                let cuts = &plan.hidden_cuts;
+                self.residual(&mut cl, first, &mut prep, &lw.down, &mut tmp, b.x, n, cuts)?;
             }
             cl.finish();
         }
@@ -502,7 +559,7 @@ impl Model {
             let mut prep = RowPrep::new(self.activations, &h);
             let mut c = Some(first);
             while let Some(ci) = c {
-                let (lo, hi) = (ci * HEAD_CHUNK, ((ci + 1) * HEAD_CHUNK).min(head.rows));
+                let (lo, hi) = plan.head_cuts.range(ci);
                 // SAFETY: columns lo..hi of the logits are this member's claim.
                 unsafe { self.rows(&mut prep, head, lo, hi, b.logits.ptr())? };
                 c = cl.next();
@@ -524,10 +581,11 @@ impl Model {
         tmp: &mut [f32],
         x: Shared,
         n: usize,
+        cuts: &Cuts,
     ) -> CoreResult<()> {
         let mut c = Some(first);
         while let Some(ci) = c {
-            let (lo, hi) = (ci * CHUNK, ((ci + 1) * CHUNK).min(t.rows));
+            let (lo, hi) = cuts.range(ci);
             // SAFETY: tmp holds n x t.rows floats and is private.
             unsafe { self.rows(prep, t, lo, hi, tmp.as_mut_ptr())? };
             for r in 0..n {
@@ -556,5 +614,33 @@ impl Model {
     ) -> CoreResult<()> {
         // SAFETY: forwarded.
         unsafe { prep.rows(t.kind, self.weights.bytes(t), t.rows, t.cols, lo, hi, out) }
+    }
+}
+
+#[cfg(test)]
+mod cut_tests {
+    use super::{Cuts, CHUNK};
+
+    #[test]
+    fn cuts_tile_the_rows_whole_for_one_member_in_chunks_for_more() {
+        for rows in [0usize, 1, 127, 128, 129, 576, 1536, 49_152] {
+            for threads in 1..4 {
+                let c = Cuts::new(rows, threads, CHUNK);
+                let ranges: Vec<(usize, usize)> = (0..c.len()).map(|i| c.range(i)).collect();
+                let mut at = 0;
+                for &(lo, hi) in &ranges {
+                    assert_eq!(lo, at, "contiguous");
+                    assert!(hi > lo, "no empty claim");
+                    at = hi;
+                }
+                assert_eq!(at, rows, "every row claimed once");
+                let want = if threads == 1 {
+                    usize::from(rows > 0)
+                } else {
+                    rows.div_ceil(CHUNK)
+                };
+                assert_eq!(c.len(), want, "{rows} rows, {threads} threads");
+            }
+        }
     }
 }

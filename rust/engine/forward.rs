@@ -18,14 +18,6 @@ use crate::engine::weights::{Store, Tensor, Weights};
 use crate::kv::{Dtype, Geometry, Half, KvCache};
 use crate::{CoreError, CoreResult};
 
-/// Sequences a decode step may have and still run on the team. One: on
-/// quantised weights a batched step measured faster on the general path
-/// (SmolLM2 shape, 2 threads, 8 sequences: Q4_0 exact 257 -> 332 tok/s,
-/// Q8_0 fast 318 -> 364, Q4_0 fast 279 -> 441; with a competing process
-/// 136 -> 146), while one sequence keeps the team, which holds up under a
-/// competing process (docs/kernels.md).
-pub(crate) const TEAM_MAX_SEQS: usize = 1;
-
 /// A loaded model: configuration and weights used in place.
 #[derive(Debug)]
 pub struct Model {
@@ -183,7 +175,6 @@ impl Model {
         let out = match &self.team {
             Some(team)
                 if !all_logits
-                    && steps.len() <= TEAM_MAX_SEQS
                     && self.cfg.uniform_layers()
                     && steps.iter().all(|s| s.tokens.len() == 1) =>
             {

@@ -819,7 +819,7 @@ fn a_team_batched_decode_step_gives_each_sequence_its_bits_alone() {
                         tokens: &[13],
                     })
                     .collect();
-                let batch = team_step(&m, &mut steps).unwrap();
+                let batch = m.forward(&mut steps, false).unwrap();
                 let v = m.cfg.vocab_size;
                 for (i, want) in want.iter().enumerate() {
                     assert_eq!(
@@ -847,14 +847,6 @@ fn a_team_batched_decode_step_gives_each_sequence_its_bits_alone() {
 }
 
 /// Process CPU seconds.
-/// One decode step of `steps` on `m`'s team, whatever their number
-/// (`forward` sends batches to the general path; the team's batched step
-/// stays tested and measurable here).
-fn team_step(m: &Model, steps: &mut [Step<'_>]) -> crate::CoreResult<Vec<f32>> {
-    let starts: Vec<usize> = steps.iter().map(|s| s.cache.len()).collect();
-    m.decode_team(m.team.as_ref().expect("a team"), steps, &starts)
-}
-
 fn cpu_seconds() -> f64 {
     let mut t = libc::timespec {
         tv_sec: 0,
@@ -936,7 +928,7 @@ fn team_batch_probe() {
                 .collect();
             let (w0, c0) = (std::time::Instant::now(), cpu_seconds());
             if which == 0 {
-                team_step(&teamed, &mut steps).unwrap();
+                teamed.forward(&mut steps, false).unwrap();
             } else {
                 pool.install(|| plain.forward(&mut steps, false)).unwrap();
             }

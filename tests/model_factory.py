@@ -408,3 +408,22 @@ def write_gguf(
     w.write_tensors_to_file()
     w.close()
     return path
+
+
+def config_from_gguf_fields(arch: str, **fields: Any) -> Any:
+    """A ``LlamaConfig`` read from GGUF header fields: a small geometry (64 wide, 4 heads over
+    2 KV heads of 32, 12 blocks) plus ``fields``, given without the ``{arch}.`` prefix
+    (``block_count=8``; dotted keys through ``**{"attention.scale": x}``)."""
+    from rlx_lm.runners.llama_config import LlamaConfig
+
+    base: dict[str, Any] = {
+        "general.architecture": arch,
+        f"{arch}.embedding_length": 64,
+        f"{arch}.attention.head_count": 4,
+        f"{arch}.attention.head_count_kv": 2,
+        f"{arch}.attention.key_length": 32,
+        f"{arch}.feed_forward_length": 128,
+        f"{arch}.block_count": 12,
+    }
+    base.update({f"{arch}.{k}": v for k, v in fields.items()})
+    return LlamaConfig.from_gguf_fields(base.get, where="t.gguf", vocab_fallback=100)

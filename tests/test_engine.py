@@ -15,19 +15,9 @@ from model_factory import TinyModel, make_tiny, quantize_model, write_gguf
 
 from rlx_lm import KvCache
 from rlx_lm.runners.llama import LlamaRunner, load_llama
+from rlx_lm.runners.llama_config import LLAMA_ARCHITECTURES
 
-ARCHS = [
-    "llama",
-    "mistral",
-    "qwen2",
-    "qwen3",
-    "gemma",
-    "gemma2",
-    "gemma3",
-    "phi3",
-    "granite",
-    "smollm3",
-]
+ARCHS = list(LLAMA_ARCHITECTURES)
 IDS = [1, 5, 7, 3, 9, 100, 2, 50, 4, 4, 4, 17]
 QTYPES = ["F32", "F16", "BF16", "Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q4_K", "Q6_K"]
 

@@ -11,7 +11,7 @@ from typing import Any
 import numpy as np
 import pytest
 from llama_reference import reference_logits
-from model_factory import make_tiny, write_gguf, write_safetensors_dir
+from model_factory import config_from_gguf_fields, make_tiny, write_gguf, write_safetensors_dir
 
 from rlx_lm.errors import UnsupportedError, WeightFormatError
 from rlx_lm.runners.llama import load_llama
@@ -21,18 +21,9 @@ IDS = [1, 5, 7, 3, 9, 100, 2, 50, 4, 4, 4, 17]
 
 
 def _gguf(arch: str, **fields: Any) -> LlamaConfig:
-    """A config read from GGUF fields: a small geometry plus ``fields`` (``{arch}.`` keys)."""
-    base: dict[str, Any] = {
-        "general.architecture": arch,
-        f"{arch}.embedding_length": 64,
-        f"{arch}.attention.head_count": 4,
-        f"{arch}.attention.head_count_kv": 2,
-        f"{arch}.attention.key_length": 32,
-        f"{arch}.feed_forward_length": 128,
-        f"{arch}.block_count": 12,
-    }
-    base.update({f"{arch}.{k}": v for k, v in fields.items()})
-    return LlamaConfig.from_gguf_fields(base.get, where="t.gguf", vocab_fallback=100)
+    """A config read from GGUF fields (model_factory's small geometry) plus ``fields``."""
+    cfg: LlamaConfig = config_from_gguf_fields(arch, **fields)
+    return cfg
 
 
 def test_gemma2_gguf_takes_llama_cpps_defaults() -> None:

@@ -10,7 +10,7 @@ from typing import Any
 import numpy as np
 import pytest
 from llama_reference import reference_logits
-from model_factory import make_tiny, write_gguf, write_safetensors_dir
+from model_factory import config_from_gguf_fields, make_tiny, write_gguf, write_safetensors_dir
 
 from rlx_lm.errors import WeightFormatError
 from rlx_lm.runners.llama import load_llama
@@ -20,15 +20,8 @@ IDS = [1, 5, 7, 3, 9, 100, 2, 50, 4, 4, 4, 17]
 
 
 def _gguf(arch: str, **fields: Any) -> LlamaConfig:
-    base: dict[str, Any] = {
-        "general.architecture": arch,
-        f"{arch}.embedding_length": 64,
-        f"{arch}.attention.head_count": 4,
-        f"{arch}.feed_forward_length": 128,
-        f"{arch}.block_count": 8,
-    }
-    base.update({f"{arch}.{k}": v for k, v in fields.items()})
-    return LlamaConfig.from_gguf_fields(base.get, where="t.gguf", vocab_fallback=100)
+    cfg: LlamaConfig = config_from_gguf_fields(arch, block_count=8, **fields)
+    return cfg
 
 
 def test_granite_gguf_keys_and_llama_cpps_zero_means_unscaled() -> None:
@@ -43,7 +36,7 @@ def test_granite_gguf_keys_and_llama_cpps_zero_means_unscaled() -> None:
     assert cfg.score_scale() == 0.0078125
     plain = _gguf("granite", residual_scale=0.0)  # absent or 0: not scaled, as llama.cpp
     assert (plain.embed_scale, plain.residual_scale, plain.logit_scale) == (1.0, 1.0, 1.0)
-    assert plain.score_scale() == 1 / 4  # 1/sqrt(head_dim 16)
+    assert plain.score_scale() == pytest.approx(32**-0.5)  # 1/sqrt(head_dim)
 
 
 def test_granite_hf_multipliers() -> None:

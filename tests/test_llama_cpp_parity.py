@@ -16,6 +16,7 @@ from model_factory import make_tiny, with_longrope, write_gguf
 from tokenizer_factory import spm_gguf_fields, spm_vocab
 
 from rlx_lm.runners.llama import load_llama
+from rlx_lm.runners.llama_config import LLAMA_ARCHITECTURES
 
 llama_cpp = pytest.importorskip("llama_cpp")
 
@@ -23,21 +24,7 @@ TOKENS, _, _ = spm_vocab()
 PROMPT = [1, 17, 42, 8, 99, 5, 61, 300, 12, 7]
 
 
-@pytest.mark.parametrize(
-    "arch",
-    [
-        "llama",
-        "mistral",
-        "qwen2",
-        "qwen3",
-        "gemma",
-        "gemma2",
-        "gemma3",
-        "phi3",
-        "granite",
-        "smollm3",
-    ],
-)
+@pytest.mark.parametrize("arch", LLAMA_ARCHITECTURES)
 @pytest.mark.parametrize(
     ("qtype", "tol"),
     [

@@ -19,18 +19,9 @@ from model_factory import (
 )
 from numpy_llama.weights import unpermute_rope_rows
 
-ARCHS = [
-    "llama",
-    "mistral",
-    "qwen2",
-    "qwen3",
-    "gemma",
-    "gemma2",
-    "gemma3",
-    "phi3",
-    "granite",
-    "smollm3",
-]
+from rlx_lm.runners.llama_config import LLAMA_ARCHITECTURES
+
+ARCHS = list(LLAMA_ARCHITECTURES)
 IDS = [1, 5, 7, 3, 9, 100, 2, 50, 4, 4, 4, 17]
 
 

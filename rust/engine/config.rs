@@ -31,6 +31,28 @@ pub struct BlockVariant {
     pub post_norms: bool,
 }
 
+/// A mixture of experts in place of each block's dense MLP (Mixtral, Qwen2-MoE,
+/// Qwen3-MoE): a router picks `used` of `count` gated MLPs for every token,
+/// weighted by their softmax probabilities (renormalised over the picked ones
+/// when `norm_weights`), as llama.cpp's `build_moe_ffn` with softmax gating.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Experts {
+    /// Experts a block has.
+    pub count: usize,
+    /// Experts each token runs (top-k).
+    pub used: usize,
+    /// Width of each expert's MLP.
+    pub ff: usize,
+    /// Divide the picked experts' weights by their sum.
+    pub norm_weights: bool,
+    /// Width of the shared expert every token also runs, gated by a sigmoid
+    /// (Qwen2-MoE); 0 for none.
+    pub shared_ff: usize,
+}
+
+/// The most experts a block may declare (llama.cpp's `LLAMA_MAX_EXPERTS`).
+pub const MAX_EXPERTS: usize = 512;
+
 /// RoPE of the windowed layers when they differ from the rest (Gemma 3's
 /// local layers: base 10000, no scaling, while its global layers use base
 /// 1e6 and linear scaling).
@@ -101,6 +123,8 @@ pub struct Config {
     pub nope_layers: Vec<bool>,
     /// Optional block pieces.
     pub block: BlockVariant,
+    /// Experts in place of the dense MLP, if the model is a mixture of experts.
+    pub experts: Option<Experts>,
 }
 
 impl Config {
@@ -197,6 +221,29 @@ impl Config {
                 ),
             ));
         }
+        if let Some(e) = &self.experts {
+            if e.count == 0 || e.count > MAX_EXPERTS {
+                return Err(CoreError::option(
+                    "experts",
+                    format!("count must be 1 to {MAX_EXPERTS}, got {}", e.count),
+                ));
+            }
+            if e.used == 0 || e.used > e.count {
+                return Err(CoreError::option(
+                    "experts",
+                    format!("used must be 1 to count={}, got {}", e.count, e.used),
+                ));
+            }
+            if e.ff == 0 || e.ff > 1 << 24 || e.shared_ff > 1 << 24 {
+                return Err(CoreError::option(
+                    "experts",
+                    format!(
+                        "widths must be between 1 and 2^24 (ff {}, shared_ff {})",
+                        e.ff, e.shared_ff
+                    ),
+                ));
+            }
+        }
         if let Some(local) = &self.rope_local {
             if local.inv_freq.len() != pairs {
                 return Err(CoreError::option(
@@ -260,9 +307,10 @@ impl Config {
     }
 
     /// Whether every layer has the same attention window and RoPE (what the
-    /// team's one-step decode assumes) and no post norms.
+    /// team's one-step decode assumes), no post norms and dense MLPs.
     pub fn uniform_layers(&self) -> bool {
-        self.window_layers.is_empty()
+        self.experts.is_none()
+            && self.window_layers.is_empty()
             && self.rope_local.is_none()
             && !self.block.post_norms
             && self.nope_layers.is_empty()
@@ -319,6 +367,7 @@ pub(crate) fn tiny(arch: &str) -> Config {
         logit_scale: 1.0,
         nope_layers: Vec::new(),
         block: BlockVariant::default(),
+        experts: None,
     }
 }
 

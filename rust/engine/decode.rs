@@ -379,6 +379,7 @@ impl Model {
             Claims::open(m, stages, at - 1)
         };
         for (li, lw) in self.weights.layers.iter().enumerate() {
+            let mlp = lw.dense()?;
             // q, k, v.
             let parts: [(&Tensor, Shared); 3] = [(&lw.q, b.q), (&lw.k, b.k), (&lw.v, b.v)];
             let chunks: Vec<(usize, usize)> = parts
@@ -526,8 +527,8 @@ impl Model {
                     let (lo, hi) = plan.inter_cuts.range(ci);
                     // SAFETY: private buffers of `n x inter` floats.
                     unsafe {
-                        self.rows(&mut prep, &lw.gate, lo, hi, gate.as_mut_ptr())?;
-                        self.rows(&mut prep, &lw.up, lo, hi, up.as_mut_ptr())?;
+                        self.rows(&mut prep, &mlp.gate, lo, hi, gate.as_mut_ptr())?;
+                        self.rows(&mut prep, &mlp.up, lo, hi, up.as_mut_ptr())?;
                     }
                     for r in 0..n {
                         let (a, z) = (r * inter + lo, r * inter + hi);
@@ -546,7 +547,7 @@ impl Model {
                 // stage only, after this one.
                 let mut prep = RowPrep::new(self.activations, unsafe { b.act.read() });
                 let cuts = &plan.hidden_cuts;
-                self.residual(&mut cl, first, &mut prep, &lw.down, &mut tmp, b.x, n, cuts)?;
+                self.residual(&mut cl, first, &mut prep, &mlp.down, &mut tmp, b.x, n, cuts)?;
             }
             cl.finish();
         }

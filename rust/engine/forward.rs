@@ -14,7 +14,7 @@ use crate::engine::config::{Config, RopeStyle};
 use crate::engine::glu::{glu_in_place, Act};
 use crate::engine::linear::{gather, matmul, matmul_many, Activations, Part};
 use crate::engine::team::Team;
-use crate::engine::weights::{Store, Tensor, Weights};
+use crate::engine::weights::{Ffn, Mlp, Store, Tensor, Weights};
 use crate::kv::{Dtype, Geometry, Half, KvCache};
 use crate::{CoreError, CoreResult};
 
@@ -62,7 +62,7 @@ impl Model {
         }
     }
 
-    fn mm(&self, t: &Tensor, x: &[f32], out: &mut Vec<f32>) -> CoreResult<()> {
+    pub(crate) fn mm(&self, t: &Tensor, x: &[f32], out: &mut Vec<f32>) -> CoreResult<()> {
         let n = x.len() / t.cols;
         out.clear();
         out.resize(n * t.rows, 0.0);
@@ -217,7 +217,6 @@ impl Model {
             .map(|l| rope_tables_for(&l.inv_freq, l.position_scale, &positions));
         let mut x = self.embed(&ids)?;
         scale_embedding(cfg, &mut x);
-        let act = self.act();
         let mut h = vec![0.0f32; rows * hdim];
         let (mut q, mut k, mut v) = (Vec::new(), Vec::new(), Vec::new());
         let (mut ctx, mut o) = (vec![0.0f32; rows * qw], Vec::new());
@@ -267,9 +266,10 @@ impl Model {
                 cfg.residual_scale,
             );
             rms_rows(&x, &lw.ffn_norm, cfg.rms_norm_eps, &mut h);
-            self.mm_many(&h, &mut [(&lw.gate, &mut gate), (&lw.up, &mut up)])?;
-            glu_in_place(act, &mut gate, &up);
-            self.mm(&lw.down, &gate, &mut down)?;
+            match &lw.ffn {
+                Ffn::Dense(m) => self.mlp(m, &h, &mut gate, &mut up, &mut down)?,
+                Ffn::Moe(m) => self.moe(m, &h, &mut down)?,
+            }
             add_residual(
                 &mut x,
                 &mut down,
@@ -294,6 +294,20 @@ impl Model {
         self.mm(self.weights.head(), &normed, &mut logits)?;
         finish_logits(cfg, &mut logits);
         Ok(logits)
+    }
+
+    /// `down(act(gate(h)) * up(h))` into `out` (`gate` and `up` are scratch).
+    pub(crate) fn mlp(
+        &self,
+        m: &Mlp,
+        h: &[f32],
+        gate: &mut Vec<f32>,
+        up: &mut Vec<f32>,
+        out: &mut Vec<f32>,
+    ) -> CoreResult<()> {
+        self.mm_many(h, &mut [(&m.gate, gate), (&m.up, up)])?;
+        glu_in_place(self.act(), gate, up);
+        self.mm(&m.down, gate, out)
     }
 
     /// The MLP gate's activation.

@@ -7,6 +7,8 @@
 //! - [`linear`]: products with stored weights (`crate::quant`'s kernels).
 //! - `attention`: query heads over cached keys and values, read in place, in spans.
 //! - [`forward`]: the forward pass.
+//! - `experts`: a mixture of experts in place of the dense MLP (routing, the picked
+//!   experts' products, their weighted sum).
 //! - `glu`: the feed-forward gate, `act(gate) * up` (SiLU or GELU), one `exp` polynomial in every build.
 //! - `decode`: a one-token step of one or more sequences as one elastic job of a
 //!   [`team::Team`].
@@ -18,13 +20,14 @@
 mod attention;
 pub mod config;
 mod decode;
+mod experts;
 pub mod forward;
 mod glu;
 pub mod linear;
 pub mod team;
 pub mod weights;
 
-pub use config::{BlockVariant, Config, LocalRope, RopeStyle};
+pub use config::{BlockVariant, Config, Experts, LocalRope, RopeStyle};
 pub use forward::{Model, Step};
 pub use linear::Activations;
 pub use weights::{Store, TensorEntry};

@@ -2,7 +2,7 @@
 //! re-prefill, chunking does not matter, a batch row equals the same
 //! sequence alone (bit for bit), and failures leave caches untouched.
 
-use crate::engine::config::{tiny, Config, LocalRope, RopeStyle};
+use crate::engine::config::{tiny, Config, Experts, LocalRope, RopeStyle};
 use crate::engine::{Model, Step, Store};
 use crate::kv::{Dtype, KvCache};
 use crate::CoreError;
@@ -19,6 +19,13 @@ fn random(n: usize, seed: &mut u64, scale: f32) -> Vec<f32> {
 }
 
 fn model(cfg: Config) -> Model {
+    let owned = owned_of(&cfg);
+    let store = Store::open(&[], vec![], owned).unwrap();
+    Model::new(cfg, store).unwrap()
+}
+
+/// Random tensors for `cfg` (norm weights near 1), by llama.cpp name.
+fn owned_of(cfg: &Config) -> Owned {
     let mut seed = 7u64;
     let (h, f, v) = (cfg.hidden_size, cfg.intermediate_size, cfg.vocab_size);
     let (qw, kvw, hd) = (cfg.q_width(), cfg.kv_width(), cfg.head_dim);
@@ -41,9 +48,36 @@ fn model(cfg: Config) -> Model {
         put(p("attn_k.weight"), vec![kvw, h], 0.6, 0.0);
         put(p("attn_v.weight"), vec![kvw, h], 0.6, 0.0);
         put(p("attn_output.weight"), vec![h, qw], 0.6, 0.0);
-        put(p("ffn_gate.weight"), vec![f, h], 0.6, 0.0);
-        put(p("ffn_up.weight"), vec![f, h], 0.6, 0.0);
-        put(p("ffn_down.weight"), vec![h, f], 0.6, 0.0);
+        match &cfg.experts {
+            None => {
+                put(p("ffn_gate.weight"), vec![f, h], 0.6, 0.0);
+                put(p("ffn_up.weight"), vec![f, h], 0.6, 0.0);
+                put(p("ffn_down.weight"), vec![h, f], 0.6, 0.0);
+            }
+            Some(e) => {
+                let (n, ff) = (e.count, e.ff);
+                put(p("ffn_gate_inp.weight"), vec![n, h], 3.0, 0.0);
+                if cfg.arch == "mixtral" {
+                    // One matrix an expert (older Mixtral files, Hugging Face).
+                    for x in 0..n {
+                        put(p(&format!("ffn_gate.{x}.weight")), vec![ff, h], 0.6, 0.0);
+                        put(p(&format!("ffn_up.{x}.weight")), vec![ff, h], 0.6, 0.0);
+                        put(p(&format!("ffn_down.{x}.weight")), vec![h, ff], 0.6, 0.0);
+                    }
+                } else {
+                    put(p("ffn_gate_exps.weight"), vec![n, ff, h], 0.6, 0.0);
+                    put(p("ffn_up_exps.weight"), vec![n, ff, h], 0.6, 0.0);
+                    put(p("ffn_down_exps.weight"), vec![n, h, ff], 0.6, 0.0);
+                }
+                if e.shared_ff > 0 {
+                    let sf = e.shared_ff;
+                    put(p("ffn_gate_shexp.weight"), vec![sf, h], 0.6, 0.0);
+                    put(p("ffn_up_shexp.weight"), vec![sf, h], 0.6, 0.0);
+                    put(p("ffn_down_shexp.weight"), vec![h, sf], 0.6, 0.0);
+                    put(p("ffn_gate_inp_shexp.weight"), vec![h], 0.6, 0.0);
+                }
+            }
+        }
         if cfg.block.qkv_bias {
             put(p("attn_q.bias"), vec![qw], 0.2, 0.0);
             put(p("attn_k.bias"), vec![kvw], 0.2, 0.0);
@@ -61,8 +95,7 @@ fn model(cfg: Config) -> Model {
     if cfg.arch == "phi3" {
         owned = fused(owned, cfg.n_layers);
     }
-    let store = Store::open(&[], vec![], owned).unwrap();
-    Model::new(cfg, store).unwrap()
+    owned
 }
 
 type Owned = Vec<(String, Vec<usize>, Vec<f32>)>;
@@ -249,7 +282,92 @@ fn variants() -> Vec<Config> {
     c.rope_style = RopeStyle::Interleaved;
     c.nope_layers = vec![false, true];
     out.push(c);
+    // Mixtures of experts (general path): Qwen3-MoE (stacked experts,
+    // renormalised weights), Qwen2-MoE (a shared expert, raw weights),
+    // Mixtral (one matrix an expert).
+    let moe = |count, used, norm_weights, shared_ff| Experts {
+        count,
+        used,
+        ff: 24,
+        norm_weights,
+        shared_ff,
+    };
+    let mut c = tiny("qwen3moe");
+    c.block.qk_norm = true;
+    c.experts = Some(moe(6, 2, true, 0));
+    out.push(c);
+    let mut c = tiny("qwen2moe");
+    c.block.qkv_bias = true;
+    c.experts = Some(moe(4, 3, false, 40));
+    out.push(c);
+    let mut c = tiny("mixtral");
+    c.rope_style = RopeStyle::Interleaved;
+    c.experts = Some(moe(3, 2, true, 0));
+    out.push(c);
     out
+}
+
+#[test]
+fn a_mixture_of_identical_experts_is_their_dense_mlp() {
+    // With renormalised weights the picked experts' weights sum to 1, so
+    // experts that are all one MLP give that MLP, whatever the router says.
+    let mut dense_cfg = tiny("qwen3");
+    dense_cfg.intermediate_size = 24;
+    let dense = model(dense_cfg.clone());
+    let mut cfg = dense_cfg.clone();
+    cfg.experts = Some(Experts {
+        count: 4,
+        used: 2,
+        ff: 24,
+        norm_weights: true,
+        shared_ff: 0,
+    });
+    let mut owned: Owned = Vec::new();
+    let mut seed = 3u64;
+    for (name, shape, vals) in owned_of(&dense_cfg) {
+        let what = ["ffn_gate", "ffn_up", "ffn_down"]
+            .into_iter()
+            .find(|k| name.ends_with(&format!(".{k}.weight")));
+        let Some(what) = what else {
+            owned.push((name, shape, vals));
+            continue;
+        };
+        let prefix = &name[..name.len() - what.len() - ".weight".len()];
+        owned.push((
+            format!("{prefix}{what}_exps.weight"),
+            vec![4, shape[0], shape[1]],
+            vals.repeat(4),
+        ));
+        if what == "ffn_gate" {
+            let h = dense_cfg.hidden_size;
+            owned.push((
+                format!("{prefix}ffn_gate_inp.weight"),
+                vec![4, h],
+                random(4 * h, &mut seed, 3.0),
+            ));
+        }
+    }
+    let mixture = Model::new(cfg, Store::open(&[], vec![], owned).unwrap()).unwrap();
+    let (mut ca, mut cb) = (cache(&dense, 16), cache(&mixture, 16));
+    let want = dense
+        .forward(
+            &mut [Step {
+                cache: &mut ca,
+                tokens: &IDS,
+            }],
+            true,
+        )
+        .unwrap();
+    let got = mixture
+        .forward(
+            &mut [Step {
+                cache: &mut cb,
+                tokens: &IDS,
+            }],
+            true,
+        )
+        .unwrap();
+    close(&got, &want, 1e-5);
 }
 
 #[test]

@@ -8,7 +8,7 @@ use std::path::PathBuf;
 
 use memmap2::Mmap;
 
-use crate::engine::config::Config;
+use crate::engine::config::{Config, Experts, MAX_EXPERTS};
 use crate::engine::linear::Kind;
 use crate::{CoreError, CoreResult};
 
@@ -104,12 +104,19 @@ impl std::fmt::Debug for Store {
     }
 }
 
+/// `[rows, cols]` of a vector, a matrix, or a stack of matrices (`[n, rows,
+/// cols]`, the experts of a mixture: one matrix of `n * rows` rows, each
+/// expert's rows whole and in order, cut apart when gathered).
 fn shape_2d(name: &str, shape: &[usize]) -> CoreResult<(usize, usize)> {
     match *shape {
         [n] => Ok((1, n)),
         [r, c] => Ok((r, c)),
+        [n, r, c] => n.checked_mul(r).map(|rows| (rows, c)).ok_or_else(|| {
+            CoreError::Format(format!("tensor {name} of shape {shape:?} is too large"))
+        }),
         _ => Err(CoreError::Format(format!(
-            "tensor {name} has shape {shape:?}; the engine reads vectors and matrices only"
+            "tensor {name} has shape {shape:?}; the engine reads vectors, matrices and stacks \
+             of matrices only"
         ))),
     }
 }
@@ -258,6 +265,32 @@ impl Store {
     }
 }
 
+/// A gated MLP: `down(act(gate(x)) * up(x))`.
+#[derive(Debug)]
+pub struct Mlp {
+    pub gate: Tensor,
+    pub up: Tensor,
+    pub down: Tensor,
+}
+
+/// A block's mixture of experts (`crate::engine::experts`).
+#[derive(Debug)]
+pub struct Moe {
+    /// `[count, hidden]`: one router logit per expert.
+    pub router: Tensor,
+    /// The experts, in the router's order.
+    pub experts: Vec<Mlp>,
+    /// Qwen2-MoE's shared expert and its gate vector (`sigmoid(x . gate)`).
+    pub shared: Option<(Mlp, Vec<f32>)>,
+}
+
+/// What follows the MLP norm: a dense MLP or a mixture of experts.
+#[derive(Debug)]
+pub enum Ffn {
+    Dense(Mlp),
+    Moe(Moe),
+}
+
 /// One block's weights.
 #[derive(Debug)]
 pub struct Layer {
@@ -267,9 +300,7 @@ pub struct Layer {
     pub v: Tensor,
     pub o: Tensor,
     pub ffn_norm: Vec<f32>,
-    pub gate: Tensor,
-    pub up: Tensor,
-    pub down: Tensor,
+    pub ffn: Ffn,
     pub q_bias: Option<Vec<f32>>,
     pub k_bias: Option<Vec<f32>>,
     pub v_bias: Option<Vec<f32>>,
@@ -278,6 +309,19 @@ pub struct Layer {
     /// Norms of the attention and MLP outputs (`BlockVariant::post_norms`).
     pub attn_post_norm: Option<Vec<f32>>,
     pub ffn_post_norm: Option<Vec<f32>>,
+}
+
+impl Layer {
+    /// The dense MLP (what the team's decode runs: `Config::uniform_layers`
+    /// excludes mixtures).
+    pub fn dense(&self) -> CoreResult<&Mlp> {
+        match &self.ffn {
+            Ffn::Dense(m) => Ok(m),
+            Ffn::Moe(_) => Err(CoreError::Shape(
+                "a mixture-of-experts block has no dense MLP".into(),
+            )),
+        }
+    }
 }
 
 /// All weights of a model.
@@ -296,18 +340,6 @@ impl Weights {
     pub fn gather(cfg: &Config, mut store: Store) -> CoreResult<Self> {
         let (h, f, hd) = (cfg.hidden_size, cfg.intermediate_size, cfg.head_dim);
         let (qw, kvw) = (cfg.q_width(), cfg.kv_width());
-        fn matrix(store: &mut Store, name: &str, rows: usize, cols: usize) -> CoreResult<Tensor> {
-            let t = store
-                .take(name)
-                .ok_or_else(|| CoreError::Format(format!("missing tensor {name}")))?;
-            if (t.rows, t.cols) != (rows, cols) {
-                return Err(CoreError::Format(format!(
-                    "tensor {name} has shape ({}, {}), expected ({rows}, {cols})",
-                    t.rows, t.cols
-                )));
-            }
-            Ok(t)
-        }
         let vector = |store: &Store, name: &str, n: usize, required: bool| {
             let v = store.vector(name, n)?;
             if v.is_none() && required {
@@ -336,19 +368,9 @@ impl Weights {
                     matrix(&mut store, &p("attn_v.weight"), kvw, h)?,
                 ]
             };
-            // gate and up as one matrix of 2f rows, gate first (Phi-3), or two.
-            let fused = store.get(&p("ffn_gate.weight")).is_none()
-                && store
-                    .get(&p("ffn_up.weight"))
-                    .is_some_and(|t| t.rows == 2 * f);
-            let [gate, up]: [Tensor; 2] = if fused {
-                let t = matrix(&mut store, &p("ffn_up.weight"), 2 * f, h)?;
-                t.split_rows(&[f, f]).try_into().expect("two parts")
-            } else {
-                [
-                    matrix(&mut store, &p("ffn_gate.weight"), f, h)?,
-                    matrix(&mut store, &p("ffn_up.weight"), f, h)?,
-                ]
+            let ffn = match &cfg.experts {
+                Some(e) => Ffn::Moe(gather_moe(&mut store, cfg, e, i)?),
+                None => Ffn::Dense(gather_mlp(&mut store, i, "", h, f)?),
             };
             layers.push(Layer {
                 attn_norm: need(vector(&store, &p("attn_norm.weight"), h, true)?),
@@ -364,9 +386,7 @@ impl Weights {
                 k,
                 v,
                 o: matrix(&mut store, &p("attn_output.weight"), h, qw)?,
-                gate,
-                up,
-                down: matrix(&mut store, &p("ffn_down.weight"), h, f)?,
+                ffn,
             });
         }
         // Blocks beyond the configured count would be ignored silently: the
@@ -415,4 +435,97 @@ impl Weights {
     pub fn head(&self) -> &Tensor {
         self.output.as_ref().unwrap_or(&self.embed)
     }
+}
+
+/// Take tensor `name` from `store`, checked to be `[rows, cols]`.
+fn matrix(store: &mut Store, name: &str, rows: usize, cols: usize) -> CoreResult<Tensor> {
+    let t = store
+        .take(name)
+        .ok_or_else(|| CoreError::Format(format!("missing tensor {name}")))?;
+    if (t.rows, t.cols) != (rows, cols) {
+        return Err(CoreError::Format(format!(
+            "tensor {name} has shape ({}, {}), expected ({rows}, {cols})",
+            t.rows, t.cols
+        )));
+    }
+    Ok(t)
+}
+
+/// Block `i`'s dense MLP of width `f` (`ffn_gate{suffix}`, `ffn_up{suffix}`,
+/// `ffn_down{suffix}`): gate and up as one matrix of 2f rows, gate first
+/// (Phi-3), or two.
+fn gather_mlp(store: &mut Store, i: usize, suffix: &str, h: usize, f: usize) -> CoreResult<Mlp> {
+    let p = |s: &str| format!("blk.{i}.ffn_{s}{suffix}.weight");
+    let fused =
+        store.get(&p("gate")).is_none() && store.get(&p("up")).is_some_and(|t| t.rows == 2 * f);
+    let [gate, up]: [Tensor; 2] = if fused {
+        let t = matrix(store, &p("up"), 2 * f, h)?;
+        t.split_rows(&[f, f]).try_into().expect("two parts")
+    } else {
+        [
+            matrix(store, &p("gate"), f, h)?,
+            matrix(store, &p("up"), f, h)?,
+        ]
+    };
+    let down = matrix(store, &p("down"), h, f)?;
+    Ok(Mlp { gate, up, down })
+}
+
+/// Block `i`'s experts: the router `ffn_gate_inp`, the experts as stacks
+/// (`ffn_gate_exps`, `ffn_up_exps`, `ffn_down_exps`: llama.cpp's converter)
+/// or one matrix each (`ffn_gate.{e}`, ...: older Mixtral files, and
+/// Hugging Face checkpoints), and Qwen2-MoE's shared expert
+/// (`ffn_*_shexp`, gated by `ffn_gate_inp_shexp`).
+fn gather_moe(store: &mut Store, cfg: &Config, e: &Experts, i: usize) -> CoreResult<Moe> {
+    let (h, n, ff) = (cfg.hidden_size, e.count, e.ff);
+    let p = |s: &str| format!("blk.{i}.{s}");
+    let router = matrix(store, &p("ffn_gate_inp.weight"), n, h)?;
+    let stacked = store.get(&p("ffn_gate_exps.weight")).is_some();
+    let mut parts: Vec<Vec<Tensor>> = Vec::with_capacity(3);
+    for (what, rows, cols) in [("gate", ff, h), ("up", ff, h), ("down", h, ff)] {
+        if stacked {
+            let name = p(&format!("ffn_{what}_exps.weight"));
+            let t = matrix(store, &name, n * rows, cols).map_err(|err| {
+                CoreError::Format(format!("{err} (stacked as [{n}, {rows}, {cols}])"))
+            })?;
+            parts.push(t.split_rows(&vec![rows; n]));
+        } else {
+            let mut one = Vec::with_capacity(n.min(MAX_EXPERTS));
+            for x in 0..n {
+                one.push(matrix(
+                    store,
+                    &p(&format!("ffn_{what}.{x}.weight")),
+                    rows,
+                    cols,
+                )?);
+            }
+            parts.push(one);
+        }
+    }
+    let (down, up, gate) = (
+        parts.pop().expect("three"),
+        parts.pop().expect("three"),
+        parts.pop().expect("three"),
+    );
+    let experts = gate
+        .into_iter()
+        .zip(up)
+        .zip(down)
+        .map(|((gate, up), down)| Mlp { gate, up, down })
+        .collect();
+    let shared = if e.shared_ff > 0 {
+        let mlp = gather_mlp(store, i, "_shexp", h, e.shared_ff)?;
+        let name = p("ffn_gate_inp_shexp.weight");
+        let gate = store
+            .vector(&name, h)?
+            .ok_or_else(|| CoreError::Format(format!("missing tensor {name}")))?;
+        Some((mlp, gate))
+    } else {
+        None
+    };
+    Ok(Moe {
+        router,
+        experts,
+        shared,
+    })
 }

@@ -14,7 +14,8 @@ use super::errors::{catch_panics, IntoPyResult};
 use super::gil::{detached, pin, Pin};
 use super::kv::PyKvCache;
 use crate::engine::{
-    Activations, BlockVariant, Config, LocalRope, Model, RopeStyle, Step, Store, TensorEntry,
+    Activations, BlockVariant, Config, Experts, LocalRope, Model, RopeStyle, Step, Store,
+    TensorEntry,
 };
 use crate::kv::KvCache;
 use crate::per_process::PerProcess;
@@ -131,6 +132,16 @@ fn config(cfg: &Bound<'_, PyDict>) -> PyResult<Config> {
             qk_norm: item(cfg, "qk_norm")?,
             gelu: item_or(cfg, "gelu", false)?,
             post_norms: item_or(cfg, "post_norms", false)?,
+        },
+        experts: match item_or::<usize>(cfg, "n_experts", 0)? {
+            0 => None,
+            count => Some(Experts {
+                count,
+                used: item(cfg, "n_experts_used")?,
+                ff: item(cfg, "expert_ff")?,
+                norm_weights: item(cfg, "experts_norm")?,
+                shared_ff: item_or(cfg, "shared_expert_ff", 0)?,
+            }),
         },
     })
 }

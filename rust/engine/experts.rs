@@ -1,0 +1,148 @@
+//! A mixture of experts in place of a block's dense MLP (Mixtral, Qwen2-MoE,
+//! Qwen3-MoE), as llama.cpp's `build_moe_ffn` with softmax gating: the
+//! router's logits become probabilities over all experts, each token runs the
+//! `used` most probable experts, and their outputs are summed weighted by
+//! those probabilities (divided by their sum when the model renormalises).
+//! Qwen2-MoE adds a shared expert every token runs, times
+//! `sigmoid(x . gate)`.
+//!
+//! Every row is routed and summed on its own, in the order of its picks, and
+//! the experts' products treat each activation row alone, so a row's result
+//! does not depend on the other rows of a batch or a prefill chunk.
+
+use crate::engine::config::Experts;
+use crate::engine::forward::Model;
+use crate::engine::weights::Moe;
+use crate::CoreResult;
+
+/// The experts a token runs, most probable first (ties: the lower index),
+/// with their weights, from its router logits.
+pub(crate) fn route(logits: &[f32], e: &Experts, picks: &mut Vec<(usize, f32)>) {
+    let max = logits.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+    let probs: Vec<f32> = logits.iter().map(|&z| (z - max).exp()).collect();
+    let total: f32 = probs.iter().sum();
+    let mut order: Vec<usize> = (0..logits.len()).collect();
+    // A total order: a NaN (only from NaN weights) cannot make the sort panic.
+    order.sort_by(|&a, &b| probs[b].total_cmp(&probs[a]).then(a.cmp(&b)));
+    picks.clear();
+    picks.extend(order[..e.used].iter().map(|&i| (i, probs[i] / total)));
+    if e.norm_weights {
+        let sum: f32 = picks.iter().map(|&(_, w)| w).sum();
+        picks.iter_mut().for_each(|(_, w)| *w /= sum);
+    }
+}
+
+impl Model {
+    /// The mixture of block weights `m` over the normed rows `h`, into `out`
+    /// (`[rows, hidden]`).
+    pub(crate) fn moe(&self, m: &Moe, h: &[f32], out: &mut Vec<f32>) -> CoreResult<()> {
+        let e = self.cfg.experts.as_ref().expect("a mixture has its config");
+        let hdim = self.cfg.hidden_size;
+        let rows = h.len() / hdim;
+        let mut logits = Vec::new();
+        self.mm(&m.router, h, &mut logits)?;
+        // Each row's picks, slot by slot: picks[r * used + slot].
+        let mut picks = Vec::with_capacity(rows * e.used);
+        let mut one = Vec::with_capacity(e.used);
+        for z in logits.chunks_exact(e.count) {
+            route(z, e, &mut one);
+            picks.extend_from_slice(&one);
+        }
+        // Each expert once, over the rows that picked it.
+        let mut each = vec![0.0f32; rows * e.used * hdim];
+        let (mut xs, mut ys) = (Vec::new(), Vec::new());
+        let (mut gate, mut up) = (Vec::new(), Vec::new());
+        for (x, mlp) in m.experts.iter().enumerate() {
+            let users: Vec<usize> = (0..picks.len()).filter(|&i| picks[i].0 == x).collect();
+            if users.is_empty() {
+                continue;
+            }
+            xs.clear();
+            for &i in &users {
+                let r = i / e.used;
+                xs.extend_from_slice(&h[r * hdim..(r + 1) * hdim]);
+            }
+            self.mlp(mlp, &xs, &mut gate, &mut up, &mut ys)?;
+            for (&i, y) in users.iter().zip(ys.chunks_exact(hdim)) {
+                each[i * hdim..(i + 1) * hdim].copy_from_slice(y);
+            }
+        }
+        // Weighted, summed in the order of the picks.
+        out.clear();
+        out.resize(rows * hdim, 0.0);
+        for (r, acc) in out.chunks_exact_mut(hdim).enumerate() {
+            for slot in 0..e.used {
+                let i = r * e.used + slot;
+                let w = picks[i].1;
+                let y = &each[i * hdim..(i + 1) * hdim];
+                if slot == 0 {
+                    acc.iter_mut().zip(y).for_each(|(a, &v)| *a = v * w);
+                } else {
+                    acc.iter_mut().zip(y).for_each(|(a, &v)| *a += v * w);
+                }
+            }
+        }
+        if let Some((shared, gate_w)) = &m.shared {
+            let mut s = Vec::new();
+            self.mlp(shared, h, &mut gate, &mut up, &mut s)?;
+            for ((acc, sr), hr) in out
+                .chunks_exact_mut(hdim)
+                .zip(s.chunks_exact(hdim))
+                .zip(h.chunks_exact(hdim))
+            {
+                let z: f32 = hr.iter().zip(gate_w).map(|(a, b)| a * b).sum();
+                let g = 1.0 / (1.0 + (-z).exp());
+                acc.iter_mut().zip(sr).for_each(|(a, &v)| *a += v * g);
+            }
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn experts(count: usize, used: usize, norm: bool) -> Experts {
+        Experts {
+            count,
+            used,
+            ff: 4,
+            norm_weights: norm,
+            shared_ff: 0,
+        }
+    }
+
+    #[test]
+    fn route_picks_the_most_probable_with_softmax_weights() {
+        let z = [0.5f32, 2.0, -1.0, 2.0, 1.0];
+        let mut picks = Vec::new();
+        route(&z, &experts(5, 3, false), &mut picks);
+        let idx: Vec<usize> = picks.iter().map(|p| p.0).collect();
+        assert_eq!(idx, [1, 3, 4], "most probable first, ties by index");
+        let denom: f64 = z.iter().map(|&v| (v as f64).exp()).sum();
+        for &(i, w) in &picks {
+            let want = (z[i] as f64).exp() / denom;
+            assert!((w as f64 - want).abs() < 1e-6, "{i}: {w} vs {want}");
+        }
+        route(&z, &experts(5, 3, true), &mut picks);
+        let sum: f32 = picks.iter().map(|p| p.1).sum();
+        assert!((sum - 1.0).abs() < 1e-6);
+        let e1 = (2.0f64).exp();
+        let want = e1 / (2.0 * e1 + 1.0f64.exp());
+        assert!((picks[0].1 as f64 - want).abs() < 1e-6);
+    }
+
+    #[test]
+    fn route_survives_nan_and_infinite_logits() {
+        let mut picks = Vec::new();
+        route(&[f32::NAN, 1.0, 0.0], &experts(3, 2, true), &mut picks);
+        assert_eq!(picks.len(), 2);
+        route(
+            &[f32::INFINITY, 1.0, 0.0],
+            &experts(3, 1, false),
+            &mut picks,
+        );
+        assert_eq!(picks.len(), 1);
+    }
+}

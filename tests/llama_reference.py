@@ -1,5 +1,5 @@
-"""A plain, obvious numpy Llama/Mistral/Qwen2/Qwen3/Gemma 1-3/Phi-3 written from the Hugging
-Face definition.
+"""A plain, obvious numpy Llama/Mistral/Qwen2/Qwen3/Gemma 1-3/Phi-3/Granite/SmolLM3, and the
+mixtures of experts Mixtral, Qwen2-MoE and Qwen3-MoE, written from the Hugging Face definition.
 
 Float64, the whole sequence at once, no cache, weights under HF names: the thing the runner's
 logits are checked against. Deliberately shares no code with ``rlx_lm.runners``.
@@ -27,6 +27,42 @@ def _apply_rope(x: np.ndarray, cos: np.ndarray, sin: np.ndarray) -> np.ndarray:
     rot = cos.shape[-1]
     x_rot, x_pass = x[..., :rot], x[..., rot:]
     return np.concatenate([x_rot * cos + _rotate_half(x_rot) * sin, x_pass], axis=-1)
+
+
+def _silu_mlp(w: dict[str, np.ndarray], gate: str, up: str, down: str, h: np.ndarray) -> np.ndarray:
+    g = h @ w[gate].T
+    return (g / (1 + np.exp(-g)) * (h @ w[up].T)) @ w[down].T
+
+
+def _moe(config: dict[str, Any], w: dict[str, np.ndarray], p: str, h: np.ndarray) -> np.ndarray:
+    """Hugging Face's sparse MoE block: softmax over the router's logits, the top
+    ``num_experts_per_tok`` experts (renormalised: Mixtral always, the Qwen MoEs with
+    ``norm_topk_prob``), their SwiGLU MLPs summed by weight; Qwen2-MoE adds its shared expert
+    times ``sigmoid(h . shared_expert_gate)``."""
+    mixtral = config["model_type"] == "mixtral"
+    pre = p + ("block_sparse_moe." if mixtral else "mlp.")
+    k = config["num_experts_per_tok"]
+    norm = mixtral or config.get("norm_topk_prob", False)
+    logits = h @ w[pre + "gate.weight"].T
+    probs = np.exp(logits - logits.max(-1, keepdims=True))
+    probs /= probs.sum(-1, keepdims=True)
+    out = np.zeros_like(h)
+    for r in range(h.shape[0]):
+        top = np.argsort(-probs[r], kind="stable")[:k]
+        weights = probs[r, top] / (probs[r, top].sum() if norm else 1.0)
+        for e, wt in zip(top, weights, strict=True):
+            x = pre + f"experts.{e}."
+            parts = ("w1", "w3", "w2") if mixtral else ("gate_proj", "up_proj", "down_proj")
+            names = [x + f"{q}.weight" for q in parts]
+            out[r] += wt * _silu_mlp(w, *names, h[r : r + 1])[0]
+    if pre + "shared_expert_gate.weight" in w:
+        s = pre + "shared_expert."
+        shared = _silu_mlp(
+            w, s + "gate_proj.weight", s + "up_proj.weight", s + "down_proj.weight", h
+        )
+        gate = 1 / (1 + np.exp(-(h @ w[pre + "shared_expert_gate.weight"].T)))
+        out += gate * shared
+    return out
 
 
 def reference_logits(
@@ -132,6 +168,9 @@ def reference_logits(
         else:
             h = _rms(x + o, w[p + "post_attention_layernorm.weight"], eps)
         x = x + o
+        if p + "mlp.gate.weight" in w or p + "block_sparse_moe.gate.weight" in w:
+            x = x + _moe(config, w, p, h) * rm
+            continue
         if p + "mlp.gate_up_proj.weight" in w:  # Phi-3: one matrix, rows gate | up
             gate, up = np.split(h @ w[p + "mlp.gate_up_proj.weight"].T, 2, axis=-1)
         else:

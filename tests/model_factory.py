@@ -10,6 +10,7 @@ same numbers and their logits can be compared tightly.
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -52,6 +53,9 @@ def make_tiny(
     tie: bool = False,
     theta: float = 10000.0,
     scale: float = 0.3,
+    experts: int = 4,
+    used: int = 2,
+    expert_inter: int = 64,
 ) -> TinyModel:
     """Random weights with the given geometry (norm weights near 1 so activations stay sane).
 
@@ -59,15 +63,20 @@ def make_tiny(
     stored as ``w - 1``, Gemma 2/3's four norms a block, and config fields chosen so each
     feature matters at this size (a window of 3, soft caps of 4 and 6, every other layer
     windowed, a local RoPE base of 10000 against a global 1e6 with linear scaling). Granite gets
-    multipliers far from 1; SmolLM3 at least 4 layers, so its fourth has no RoPE.
+    multipliers far from 1; SmolLM3 at least 4 layers, so its fourth has no RoPE. The mixtures
+    of experts (``qwen3moe``, ``qwen2moe``, ``mixtral``) get ``experts`` experts of which each
+    token runs ``used``, ``expert_inter`` wide (Qwen2-MoE: a shared expert ``inter`` wide), and a
+    router scaled up so that tokens pick different experts.
     """
     rng = np.random.default_rng(seed)
     if arch == "smollm3":
         layers = max(layers, 4)  # so that its NoPE layer (every fourth) exists
     hd = head_dim or hidden // heads
     gemma = arch in ("gemma", "gemma2", "gemma3")
+    moe = arch in ("qwen2moe", "qwen3moe", "mixtral")
+    model_type = {"gemma3": "gemma3_text", "qwen2moe": "qwen2_moe", "qwen3moe": "qwen3_moe"}
     cfg: dict[str, Any] = {
-        "model_type": "gemma3_text" if arch == "gemma3" else arch,
+        "model_type": model_type.get(arch, arch),
         "vocab_size": vocab,
         "hidden_size": hidden,
         "intermediate_size": inter,
@@ -96,6 +105,18 @@ def make_tiny(
     if arch == "smollm3":
         # Hugging Face's default pattern: every fourth layer without RoPE (one a model of 4).
         cfg["no_rope_layers"] = [int((i + 1) % 4 != 0) for i in range(layers)]
+    if arch == "mixtral":
+        # Mixtral's experts are intermediate_size wide.
+        cfg.update(num_local_experts=experts, num_experts_per_tok=used)
+        cfg["intermediate_size"] = expert_inter
+    elif moe:
+        cfg.update(
+            num_experts=experts, num_experts_per_tok=used, moe_intermediate_size=expert_inter
+        )
+        # Qwen3-MoE's checkpoints renormalise the picked weights, Qwen2-MoE's do not.
+        cfg["norm_topk_prob"] = arch == "qwen3moe"
+        if arch == "qwen2moe":
+            cfg["shared_expert_intermediate_size"] = inter
     if arch == "gemma3":
         cfg.update(
             sliding_window=3,
@@ -126,15 +147,33 @@ def make_tiny(
         t[p + "self_attn.k_proj.weight"] = mat(kv_heads * hd, hidden)
         t[p + "self_attn.v_proj.weight"] = mat(kv_heads * hd, hidden)
         t[p + "self_attn.o_proj.weight"] = mat(hidden, heads * hd)
-        t[p + "mlp.gate_proj.weight"] = mat(inter, hidden)
-        t[p + "mlp.up_proj.weight"] = mat(inter, hidden)
-        t[p + "mlp.down_proj.weight"] = mat(hidden, inter)
-        if arch == "qwen2":
+        if not moe:
+            t[p + "mlp.gate_proj.weight"] = mat(inter, hidden)
+            t[p + "mlp.up_proj.weight"] = mat(inter, hidden)
+            t[p + "mlp.down_proj.weight"] = mat(hidden, inter)
+        else:
+            names = (
+                ("block_sparse_moe.", "w1", "w3", "w2")
+                if arch == "mixtral"
+                else ("mlp.", "gate_proj", "up_proj", "down_proj")
+            )
+            pre = p + names[0]
+            t[pre + "gate.weight"] = mat(experts, hidden) * 4
+            for e in range(experts):
+                t[pre + f"experts.{e}.{names[1]}.weight"] = mat(expert_inter, hidden)
+                t[pre + f"experts.{e}.{names[2]}.weight"] = mat(expert_inter, hidden)
+                t[pre + f"experts.{e}.{names[3]}.weight"] = mat(hidden, expert_inter)
+            if arch == "qwen2moe":
+                t[p + "mlp.shared_expert.gate_proj.weight"] = mat(inter, hidden)
+                t[p + "mlp.shared_expert.up_proj.weight"] = mat(inter, hidden)
+                t[p + "mlp.shared_expert.down_proj.weight"] = mat(hidden, inter)
+                t[p + "mlp.shared_expert_gate.weight"] = mat(1, hidden)
+        if arch in ("qwen2", "qwen2moe"):
             for name, n in (("q", heads * hd), ("k", kv_heads * hd), ("v", kv_heads * hd)):
                 t[p + f"self_attn.{name}_proj.bias"] = (0.2 * rng.standard_normal(n)).astype(
                     np.float32
                 )
-        if arch in ("qwen3", "gemma3"):
+        if arch in ("qwen3", "qwen3moe", "gemma3"):
             t[p + "self_attn.q_norm.weight"] = norm(hd)
             t[p + "self_attn.k_norm.weight"] = norm(hd)
         if arch in ("gemma2", "gemma3"):
@@ -283,7 +322,19 @@ _GGUF_LAYER = {
     "mlp.down_proj.weight": "ffn_down.weight",
     "self_attn.qkv_proj.weight": "attn_qkv.weight",
     "mlp.gate_up_proj.weight": "ffn_up.weight",
+    "mlp.gate.weight": "ffn_gate_inp.weight",
+    "block_sparse_moe.gate.weight": "ffn_gate_inp.weight",
+    "mlp.shared_expert.gate_proj.weight": "ffn_gate_shexp.weight",
+    "mlp.shared_expert.up_proj.weight": "ffn_up_shexp.weight",
+    "mlp.shared_expert.down_proj.weight": "ffn_down_shexp.weight",
+    "mlp.shared_expert_gate.weight": "ffn_gate_inp_shexp.weight",
 }
+# An expert's matrices (HF names after "model.layers.N.") -> llama.cpp's stacked tensors.
+_GGUF_EXPERT = re.compile(
+    r"^(?:mlp\.experts\.(\d+)\.(gate|up|down)_proj|block_sparse_moe\.experts\.(\d+)\.(w[123]))"
+    r"\.weight$"
+)
+_MIXTRAL_PARTS = {"w1": "gate", "w3": "up", "w2": "down"}
 # Gemma 2/3 name their norms differently (llama.cpp's tensor map for those architectures).
 _GGUF_POST_NORMS = {
     **_GGUF_LAYER,
@@ -314,7 +365,13 @@ def write_gguf(
     architecture ``llama``, as llama.cpp's converter does.
     """
     c = model.config
-    own = {"mistral": "llama", "gemma3_text": "gemma3"}.get(model.arch, model.arch)
+    own = {
+        "mistral": "llama",
+        "mixtral": "llama",
+        "gemma3_text": "gemma3",
+        "qwen2_moe": "qwen2moe",
+        "qwen3_moe": "qwen3moe",
+    }.get(model.arch, model.arch)
     arch = arch_override or own
     gemma = own in ("gemma", "gemma2", "gemma3")
     w = gguf.GGUFWriter(str(path), arch, split_max_tensors=split_max_tensors)
@@ -331,6 +388,17 @@ def write_gguf(
     if c.get("partial_rotary_factor", 1.0) != 1.0:
         w.add_rope_dimension_count(int(c["head_dim"] * c["partial_rotary_factor"]))
     w.add_vocab_size(c["vocab_size"])
+    n_experts = c.get("num_local_experts") or c.get("num_experts") or 0
+    if n_experts:
+        # Plain keys: the oldest gguf we allow (0.11) lacks some of these writer methods.
+        w.add_uint32(f"{arch}.expert_count", n_experts)
+        w.add_uint32(f"{arch}.expert_used_count", c["num_experts_per_tok"])
+        if "moe_intermediate_size" in c:
+            w.add_uint32(f"{arch}.expert_feed_forward_length", c["moe_intermediate_size"])
+        if "shared_expert_intermediate_size" in c:
+            w.add_uint32(
+                f"{arch}.expert_shared_feed_forward_length", c["shared_expert_intermediate_size"]
+            )
     if c.get("sliding_window") and own in ("gemma2", "gemma3"):
         w.add_sliding_window(c["sliding_window"])
         if c.get("sliding_window_pattern", 6 if own == "gemma3" else 2) != (
@@ -379,19 +447,38 @@ def write_gguf(
     heads, kv_heads = c["num_attention_heads"], c["num_key_value_heads"]
     qt = QT[qtype]
     names = _GGUF_POST_NORMS if own in ("gemma2", "gemma3") else _GGUF_LAYER
-    for name in sorted(model.tensors):
-        a = model.tensors[name]
+    tensors, raw = _stack_experts(model.tensors, raw, n_experts)
+    for name in sorted(tensors):
+        a = tensors[name]
+        if name.startswith("stacked."):
+            # An expert stack [n, rows, cols], quantised expert by expert.
+            gname = name.removeprefix("stacked.")
+            blocks = (raw or {}).get(name)
+            if qtype == "F32":
+                w.add_tensor(gname, np.ascontiguousarray(a))
+            elif blocks is None:
+                blocks = np.stack(
+                    [x.astype(np.float16) if qtype == "F16" else quantize(x, qt) for x in a]
+                )
+            if qtype == "F16":
+                w.add_tensor(gname, np.ascontiguousarray(blocks))
+            elif qtype != "F32":
+                w.add_tensor(gname, np.ascontiguousarray(blocks), raw_dtype=qt)
+            continue
         if name in _GGUF_TOP:
             gname = _GGUF_TOP[name]
         else:
             _, _, idx, rest = name.split(".", 3)
             gname = f"blk.{idx}.{names[rest]}"
+        if gname.endswith("ffn_gate_inp_shexp.weight"):
+            a = a.reshape(-1)  # a vector in llama.cpp ([1, hidden] in Hugging Face's)
         if gemma and name.endswith("norm.weight"):
             a = a + np.float32(1.0)  # llama.cpp's converter stores Gemma's 1 + w
         n_perm = 0
         if permute and ("q_proj" in name or "k_proj" in name):
             n_perm = heads if "q_proj" in name else kv_heads
-        if a.ndim == 2 and qtype != "F32":
+        # llama.cpp's quantizer keeps the router in F32.
+        if a.ndim == 2 and qtype != "F32" and not gname.endswith("ffn_gate_inp.weight"):
             blocks = (raw or {}).get(name)
             if blocks is None:
                 blocks = a.astype(np.float16) if qtype == "F16" else quantize(a, qt)
@@ -408,6 +495,34 @@ def write_gguf(
     w.write_tensors_to_file()
     w.close()
     return path
+
+
+def _stack_experts(
+    tensors: dict[str, np.ndarray], raw: dict[str, np.ndarray] | None, n: int
+) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray] | None]:
+    """The experts' matrices as llama.cpp's stacks, ``stacked.blk.N.ffn_{part}_exps.weight``
+    (``[n, rows, cols]``, their raw blocks stacked too); every other tensor as it was."""
+    if not n:
+        return tensors, raw
+    out: dict[str, np.ndarray] = {}
+    groups: dict[str, list[tuple[int, str]]] = {}
+    for name, a in tensors.items():
+        parts = name.split(".", 3)
+        m = _GGUF_EXPERT.match(parts[3]) if len(parts) == 4 and parts[0] == "model" else None
+        if m is None:
+            out[name] = a
+            continue
+        expert, part = (m.group(1), m.group(2)) if m.group(1) else (m.group(3), m.group(4))
+        key = f"stacked.blk.{parts[2]}.ffn_{_MIXTRAL_PARTS.get(part, part)}_exps.weight"
+        groups.setdefault(key, []).append((int(expert), name))
+    new_raw = dict(raw or {})
+    for key, members in groups.items():
+        members.sort()
+        assert [e for e, _ in members] == list(range(n)), key
+        out[key] = np.stack([tensors[name] for _, name in members])
+        if raw is not None and all(name in raw for _, name in members):
+            new_raw[key] = np.stack([raw[name] for _, name in members])
+    return out, new_raw if raw is not None else None
 
 
 def config_from_gguf_fields(arch: str, **fields: Any) -> Any:

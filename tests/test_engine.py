@@ -29,6 +29,7 @@ def _model(arch: str, qtype: str, tmp: Path) -> Path:
         seed=3,
         hidden=256 if wide else 64,
         inter=256 if wide else 128,
+        expert_inter=256 if wide else 64,
         tie=arch == "qwen3",
     )
     if arch == "mistral":
@@ -79,7 +80,10 @@ def test_engine_matches_the_numpy_reference_at_every_position(
     assert runner.dequantised_tensors == {}
     want = all_logits(forward_from_gguf(path), IDS)
     got = _engine_all(runner, IDS)
-    tol = 2e-5 * float(np.abs(want).max()) + 1e-5
+    # The mixtures' experts on random K-quant blocks (large weights) amplify float32 rounding:
+    # on Q6_K the numpy forward is 3.5e-5 of the range from a float64 one, the engine 9.4e-6.
+    rel = 1e-4 if runner.cfg.n_experts else 2e-5
+    tol = rel * float(np.abs(want).max()) + 1e-5
     np.testing.assert_allclose(got, want, rtol=0, atol=tol)
 
 

@@ -45,7 +45,19 @@ def _q8_reference(path: Path, qtype: str) -> Any:
     k_blocks = qtype.endswith("_K")
     for lw in fw.w.layers:
         for name in ("q", "k", "v", "o", "gate", "up", "down"):
-            setattr(lw, name, _Quantised(getattr(lw, name), k_blocks))
+            if getattr(lw, name) is not None:  # a mixture without a shared expert has none
+                setattr(lw, name, _Quantised(getattr(lw, name), k_blocks))
+        # A mixture's experts; its router is stored in F32 (as llama.cpp's quantizer keeps
+        # it), whose products take the activations as they are in both modes.
+        if lw.experts is not None:
+            lw.experts = [
+                (
+                    _Quantised(g, k_blocks),
+                    _Quantised(u, k_blocks),
+                    _Quantised(d, k_blocks),
+                )
+                for g, u, d in lw.experts
+            ]
     fw.w.output = _Quantised(fw.w.output, k_blocks)
     return fw
 

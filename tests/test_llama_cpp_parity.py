@@ -3,7 +3,8 @@
 Skipped unless ``llama-cpp-python`` is installed (it builds llama.cpp from source). This is
 the end-to-end check of the GGUF conventions (q/k permutation, NORM vs NEOX RoPE, biases,
 q/k norms, tied heads; Gemma's scaled embeddings, GeGLU, post norms, soft-capping, windowed
-layers and local RoPE) against the engine that defines them, at every position of the prompt.
+layers and local RoPE; the mixtures of experts' routing, stacked experts and shared expert)
+against the engine that defines them, at every position of the prompt.
 """
 
 from __future__ import annotations
@@ -24,7 +25,8 @@ TOKENS, _, _ = spm_vocab()
 PROMPT = [1, 17, 42, 8, 99, 5, 61, 300, 12, 7]
 
 
-@pytest.mark.parametrize("arch", LLAMA_ARCHITECTURES)
+# Mixtral: llama with experts, as llama.cpp's converter writes it.
+@pytest.mark.parametrize("arch", [*LLAMA_ARCHITECTURES, "mixtral"])
 @pytest.mark.parametrize(
     ("qtype", "tol"),
     [
@@ -48,7 +50,7 @@ def test_llama_cpp_and_this_runner_agree_on_logits(
         arch,
         seed=31,
         vocab=len(TOKENS),
-        tie=arch in ("qwen3", "gemma", "gemma2", "gemma3"),
+        tie=arch in ("qwen3", "qwen3moe", "gemma", "gemma2", "gemma3"),
         hidden=64,
         inter=128,
         layers=layers,

@@ -11,6 +11,7 @@ from typing import Protocol
 import numpy as np
 import numpy.typing as npt
 
+from numpy_llama.linear import Matrix
 from numpy_llama.weights import LayerWeights, LlamaWeights
 from rlx_lm.runners.llama_config import LlamaConfig
 
@@ -156,16 +157,13 @@ class LlamaForward:
         ctx = np.matmul(scores, values).reshape(cfg.n_heads, n, hd)
         return lw.o.apply(np.ascontiguousarray(ctx.transpose(1, 0, 2)).reshape(n, cfg.n_heads * hd))
 
-    def _block(self, layer: int, x: F32, store: KvStore, pos0: int) -> F32:
-        lw = self.w.layers[layer]
-        eps = self.cfg.rms_norm_eps
-        o = self._attention(lw, layer, rms_norm(x, lw.attn_norm, eps), store, pos0)
-        if lw.attn_post_norm is not None:
-            o = rms_norm(o, lw.attn_post_norm, eps)
-        rs = np.float32(self.cfg.residual_scale)  # Granite's; 1 elsewhere
-        x = x + o * rs
-        h = rms_norm(x, lw.ffn_norm, eps)
-        gate = lw.gate.apply(h)
+    def _mlp(
+        self, gate_m: Matrix | None, up_m: Matrix | None, down_m: Matrix | None, h: F32
+    ) -> F32:
+        assert gate_m is not None
+        assert up_m is not None
+        assert down_m is not None
+        gate = gate_m.apply(h)
         if self.cfg.gelu:
             # GELU, tanh form: 0.5 g (1 + tanh(sqrt(2/pi) (g + 0.044715 g^3))).
             inner = np.float32(np.sqrt(2 / np.pi)) * (gate + np.float32(0.044715) * gate**3)
@@ -176,8 +174,43 @@ class LlamaForward:
             act += np.float32(1.0)
             act *= np.float32(0.5)
             act *= gate
-        act *= lw.up.apply(h)
-        mlp = lw.down.apply(act)
+        act *= up_m.apply(h)
+        out: F32 = down_m.apply(act)
+        return out
+
+    def _moe(self, lw: LayerWeights, h: F32) -> F32:
+        """A mixture of experts: each row's top ``n_experts_used`` experts by router softmax,
+        weighted (renormalised when ``experts_norm``); plus a shared expert times
+        ``sigmoid(h . shared_gate)`` (Qwen2-MoE)."""
+        cfg = self.cfg
+        assert lw.router is not None
+        assert lw.experts is not None
+        z = lw.router.apply(h)
+        probs = np.exp(z - z.max(axis=-1, keepdims=True))
+        probs /= probs.sum(axis=-1, keepdims=True)
+        out = np.zeros_like(h)
+        for r in range(h.shape[0]):
+            top = np.argsort(-probs[r], kind="stable")[: cfg.n_experts_used]
+            weights = probs[r, top]
+            if cfg.experts_norm:
+                weights = weights / weights.sum()
+            for e, wt in zip(top, weights, strict=True):
+                out[r] += wt * self._mlp(*lw.experts[e], h[r : r + 1])[0]
+        if lw.shared_gate is not None:
+            g = np.float32(1.0) / (np.float32(1.0) + np.exp(-(h @ lw.shared_gate)))
+            out += self._mlp(lw.gate, lw.up, lw.down, h) * g[:, None]
+        return out
+
+    def _block(self, layer: int, x: F32, store: KvStore, pos0: int) -> F32:
+        lw = self.w.layers[layer]
+        eps = self.cfg.rms_norm_eps
+        o = self._attention(lw, layer, rms_norm(x, lw.attn_norm, eps), store, pos0)
+        if lw.attn_post_norm is not None:
+            o = rms_norm(o, lw.attn_post_norm, eps)
+        rs = np.float32(self.cfg.residual_scale)  # Granite's; 1 elsewhere
+        x = x + o * rs
+        h = rms_norm(x, lw.ffn_norm, eps)
+        mlp = self._moe(lw, h) if lw.experts is not None else self._mlp(lw.gate, lw.up, lw.down, h)
         if lw.ffn_post_norm is not None:
             mlp = rms_norm(mlp, lw.ffn_post_norm, eps)
         out: F32 = x + mlp * rs

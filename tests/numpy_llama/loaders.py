@@ -42,6 +42,16 @@ def gguf_weights(
         if kind == "vector":
             vec = self._dequant(t)
             return _f32(unpermute_rope_rows(vec, heads)) if heads else vec
+        if kind == "stack":
+            # The experts' matrices as one [n, rows, cols] tensor: one matrix each.
+            n, rows, cols = (int(d) for d in reversed(t.shape))
+            if packed and t.tensor_type.name != "F32":
+                raw = np.asarray(t.data).view(np.uint8).reshape(n * rows, -1)
+                return [
+                    PackedMatrix(raw[e * rows : (e + 1) * rows], t.tensor_type, (rows, cols))
+                    for e in range(n)
+                ]
+            return [DenseMatrix(np.ascontiguousarray(m)) for m in self._dequant(t)]
         if len(t.shape) != 2:
             raise WeightFormatError(f"{self.path}: tensor {t.name} is not a matrix")
         shape = (int(t.shape[1]), int(t.shape[0]))
@@ -86,7 +96,18 @@ _LAYER_NAMES = {
     "mlp.down_proj.weight": "ffn_down",
     "self_attn.qkv_proj.weight": "attn_qkv",
     "mlp.gate_up_proj.weight": "ffn_up",
+    "mlp.gate.weight": "ffn_gate_inp",
+    "block_sparse_moe.gate.weight": "ffn_gate_inp",
+    "mlp.shared_expert.gate_proj.weight": "ffn_gate_shexp",
+    "mlp.shared_expert.up_proj.weight": "ffn_up_shexp",
+    "mlp.shared_expert.down_proj.weight": "ffn_down_shexp",
+    "mlp.shared_expert_gate.weight": "ffn_gate_inp_shexp",
 }
+_EXPERT_RE = re.compile(
+    r"^(?:mlp\.experts\.(\d+)\.(gate|up|down)_proj|block_sparse_moe\.experts\.(\d+)\.(w[123]))"
+    r"\.weight$"
+)
+_MIXTRAL_PARTS = {"w1": "gate", "w3": "up", "w2": "down"}
 # Gemma 2/3: a norm after attention, and one before and one after the MLP.
 _POST_NORM_NAMES = {
     **_LAYER_NAMES,
@@ -187,8 +208,12 @@ class SafetensorsCheckpoint:
         names = _POST_NORM_NAMES if cfg.post_norms else _LAYER_NAMES
         for hf_name in self.index:
             short = _TOP_NAMES.get(hf_name)
-            if short is None and (m := _LAYER_RE.match(hf_name)) and m.group(2) in names:
+            m = _LAYER_RE.match(hf_name)
+            if short is None and m and m.group(2) in names:
                 short = f"blk.{m.group(1)}.{names[m.group(2)]}"
+            elif short is None and m and (e := _EXPERT_RE.match(m.group(2))):
+                ex, part = (e.group(1), e.group(2)) if e.group(1) else (e.group(3), e.group(4))
+                short = f"blk.{m.group(1)}.ffn_{_MIXTRAL_PARTS.get(part, part)}.{ex}"
             if short is not None:
                 renamed[short] = hf_name
         # Gemma's checkpoints store norm weights as w - 1 (its RMSNorm multiplies by 1 + w).
@@ -200,7 +225,7 @@ class SafetensorsCheckpoint:
                 return None
             arr = self.index[hf_name].tensor(hf_name)
             if kind == "vector":
-                return arr + offset if name.endswith("norm") else arr
+                return arr.reshape(-1) + offset if name.endswith("norm") else arr.reshape(-1)
             if arr.ndim != 2:
                 raise WeightFormatError(f"tensor {hf_name} is not a matrix: shape {arr.shape}")
             return DenseMatrix(arr)

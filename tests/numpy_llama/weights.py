@@ -31,9 +31,10 @@ class LayerWeights:
     v: Matrix
     o: Matrix
     ffn_norm: F32
-    gate: Matrix
-    up: Matrix
-    down: Matrix
+    gate: Matrix | None
+    """The dense MLP's matrices (a mixture's: its shared expert's, if it has one)."""
+    up: Matrix | None
+    down: Matrix | None
     q_bias: F32 | None = None
     k_bias: F32 | None = None
     v_bias: F32 | None = None
@@ -41,6 +42,12 @@ class LayerWeights:
     k_norm: F32 | None = None
     attn_post_norm: F32 | None = None
     ffn_post_norm: F32 | None = None
+    router: Matrix | None = None
+    """A mixture of experts' router ``[n_experts, hidden]``."""
+    experts: list[tuple[Matrix, Matrix, Matrix]] | None = None
+    """A mixture's experts: (gate, up, down) each."""
+    shared_gate: F32 | None = None
+    """Qwen2-MoE: the shared expert's gate vector."""
 
 
 @dataclass
@@ -60,7 +67,9 @@ class LlamaWeights:
             total += self.output.nbytes
         for lw in self.layers:
             for m in (lw.q, lw.k, lw.v, lw.o, lw.gate, lw.up, lw.down):
-                total += m.nbytes
+                total += 0 if m is None else m.nbytes
+            for trio in lw.experts or []:
+                total += sum(m.nbytes for m in trio)
             for vec in (lw.attn_norm, lw.ffn_norm, lw.q_bias, lw.k_bias, lw.v_bias):
                 total += 0 if vec is None else int(vec.nbytes)
         return total
@@ -126,13 +135,35 @@ class LlamaWeights:
                     out.append(PackedMatrix(m.raw[lo:hi], m.qtype, (int(hi - lo), cols)))
             return out
 
+        def experts(p: str) -> list[tuple[Matrix, Matrix, Matrix]]:
+            """A block's experts: stacked (``ffn_gate_exps``) or one matrix each."""
+            n, ff = cfg.n_experts, cfg.expert_ff
+            out: list[list[Matrix]] = []
+            for part, shape in (("gate", (ff, h)), ("up", (ff, h)), ("down", (h, ff))):
+                stack = get(f"{p}ffn_{part}_exps", "stack")
+                if stack is None:
+                    out.append([matrix(f"{p}ffn_{part}.{e}", shape) for e in range(n)])
+                    continue
+                assert isinstance(stack, list)
+                if len(stack) != n or any(tuple(m.shape) != shape for m in stack):
+                    raise WeightFormatError(f"{where}: {p}ffn_{part}_exps has the wrong shape")
+                out.append(stack)
+            return list(zip(*out, strict=True))
+
         layers = []
         for i in range(cfg.n_layers):
             p = f"blk.{i}."
             qkv = parts(p + "attn_qkv", [q_out, kv_out, kv_out], h)
+            moe = cfg.n_experts > 0
+            if moe:
+                f = cfg.shared_expert_ff
             fused_up = (
-                parts(p + "ffn_up", [f, f], h) if get(p + "ffn_gate", "matrix") is None else None
+                parts(p + "ffn_up", [f, f], h)
+                if not moe and get(p + "ffn_gate", "matrix") is None
+                else None
             )
+            sx = "_shexp" if moe else ""
+            dense = not moe or f > 0
             layers.append(
                 LayerWeights(
                     attn_norm=must(vector(p + "attn_norm", h)),
@@ -141,9 +172,16 @@ class LlamaWeights:
                     v=qkv[2] if qkv else matrix(p + "attn_v", (kv_out, h)),
                     o=matrix(p + "attn_output", (h, q_out)),
                     ffn_norm=must(vector(p + "ffn_norm", h)),
-                    gate=fused_up[0] if fused_up else matrix(p + "ffn_gate", (f, h)),
-                    up=fused_up[1] if fused_up else matrix(p + "ffn_up", (f, h)),
-                    down=matrix(p + "ffn_down", (h, f)),
+                    gate=fused_up[0]
+                    if fused_up
+                    else (matrix(p + "ffn_gate" + sx, (f, h)) if dense else None),
+                    up=fused_up[1]
+                    if fused_up
+                    else (matrix(p + "ffn_up" + sx, (f, h)) if dense else None),
+                    down=matrix(p + "ffn_down" + sx, (h, f)) if dense else None,
+                    router=matrix(p + "ffn_gate_inp", (cfg.n_experts, h)) if moe else None,
+                    experts=experts(p) if moe else None,
+                    shared_gate=vector(p + "ffn_gate_inp_shexp", h) if moe and f else None,
                     q_bias=vector(p + "attn_q.bias", q_out, required=cfg.attention_bias),
                     k_bias=vector(p + "attn_k.bias", kv_out, required=cfg.attention_bias),
                     v_bias=vector(p + "attn_v.bias", kv_out, required=cfg.attention_bias),

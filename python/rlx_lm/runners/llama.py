@@ -34,7 +34,7 @@ from rlx_lm.errors import (
 )
 from rlx_lm.progress import current_load_progress, load_progress
 from rlx_lm.registry import match_architectures, register_model
-from rlx_lm.runners.llama_config import LLAMA_ARCHITECTURES, LlamaConfig
+from rlx_lm.runners.llama_config import HF_MODEL_TYPES, LLAMA_ARCHITECTURES, LlamaConfig
 from rlx_lm.runners.llama_engine import (
     EngineLoad,
     load_gguf_engine,
@@ -524,9 +524,10 @@ def _config_beside(cfg_path: Path | None, weights: Path) -> LlamaConfig:
 
 @register_model(
     FAMILY,
-    "Llama, Mistral, Qwen2 and Qwen3 on the Rust engine, weights memory-mapped "
+    "The Llama family (Llama, Mistral, Qwen, Gemma, Phi-3, Granite, SmolLM3; the mixtures "
+    "of experts Mixtral, Qwen2-MoE, Qwen3-MoE) on the Rust engine, weights memory-mapped "
     "(GGUF of every common type, safetensors, MLX)",
-    matches=match_architectures(*LLAMA_ARCHITECTURES, "gemma3_text"),
+    matches=match_architectures(*LLAMA_ARCHITECTURES, *HF_MODEL_TYPES),
 )
 def load_from_builder(builder: LmRunnerBuilder) -> LlamaRunner:
     """Build a `LlamaRunner` from a resolved builder (weights, format, config, sizes, kv dtype)."""

@@ -20,6 +20,7 @@ from rlx_lm.errors import InvalidOptionError, UnsupportedError, WeightFormatErro
 
 __all__ = [
     "GEMMA_ARCHITECTURES",
+    "HF_MODEL_TYPES",
     "LLAMA_ARCHITECTURES",
     "LlamaConfig",
     "RopeScaling",
@@ -38,6 +39,8 @@ LLAMA_ARCHITECTURES = (
     "phi3",
     "granite",
     "smollm3",
+    "qwen2moe",
+    "qwen3moe",
 )
 
 #: The Gemma generations (GeGLU, embeddings times sqrt(hidden), norms stored as ``w`` in GGUF
@@ -55,9 +58,20 @@ _HF_ARCH_ALIASES = {
     "Phi3ForCausalLM": "phi3",
     "GraniteForCausalLM": "granite",
     "SmolLM3ForCausalLM": "smollm3",
+    "Qwen2MoeForCausalLM": "qwen2moe",
+    "Qwen3MoeForCausalLM": "qwen3moe",
+    "MixtralForCausalLM": "mistral",
 }
-# Hugging Face ``model_type`` spellings of our names.
-_HF_TYPE_ALIASES = {"gemma3_text": "gemma3"}
+# Hugging Face ``model_type`` spellings of our names (Mixtral is Mistral with experts, as
+# llama.cpp's converter writes it: architecture llama with expert tensors).
+_HF_TYPE_ALIASES = {
+    "gemma3_text": "gemma3",
+    "qwen2_moe": "qwen2moe",
+    "qwen3_moe": "qwen3moe",
+    "mixtral": "mistral",
+}
+#: Hugging Face ``model_type`` names the family answers to beyond its own.
+HF_MODEL_TYPES = tuple(_HF_TYPE_ALIASES)
 
 # llama.cpp's defaults where a Gemma GGUF leaves a key out (llama-model.cpp).
 _GEMMA2_WINDOW = 4096
@@ -76,7 +90,27 @@ _GEMMA_27B_LAYERS = {"gemma2": 46, "gemma3": 62}
 # Architectures whose RoPE covers the whole head: llama.cpp 0.3.36 refuses another n_rot for
 # llama (so mistral's files) at load and asserts on it in qwen2/qwen3's graphs; it runs a
 # partial one for gemma 1-3 and phi3.
-_FULL_ROPE_ARCHS = ("llama", "mistral", "qwen2", "qwen3", "granite", "smollm3")
+_FULL_ROPE_ARCHS = (
+    "llama",
+    "mistral",
+    "qwen2",
+    "qwen3",
+    "granite",
+    "smollm3",
+    "qwen2moe",
+    "qwen3moe",
+)
+# Mixtures of experts: the architectures that are nothing else, and those whose GGUF may add
+# experts to a dense design (llama.cpp's converter writes Mixtral as llama with experts).
+_MOE_ARCHS = ("qwen2moe", "qwen3moe")
+_MAY_HAVE_EXPERTS = ("llama", "mistral", *_MOE_ARCHS)
+# Whether llama.cpp renormalises the picked experts' weights (its build_moe_ffn's norm_w):
+# Mixtral and Qwen3-MoE do, Qwen2-MoE does not.
+_NORM_EXPERT_WEIGHTS = {"llama": True, "mistral": True, "qwen2moe": False, "qwen3moe": True}
+#: The most experts a block may have (llama.cpp's LLAMA_MAX_EXPERTS).
+MAX_EXPERTS = 512
+_QKV_BIAS_ARCHS = ("qwen2", "qwen2moe")
+_QK_NORM_ARCHS = ("qwen3", "qwen3moe", "gemma3")
 
 #: The widest attention head a model may declare (real models: 64-256).
 MAX_HEAD_DIM = 1 << 16
@@ -147,6 +181,16 @@ class LlamaConfig:
     rope_dims: int | None = None
     """Elements of each head that RoPE rotates, the first ones (partial RoPE: Phi-4-mini's
     96 of 128); None: the whole head."""
+    n_experts: int = 0
+    """Experts of each block's mixture (Mixtral, Qwen2-MoE, Qwen3-MoE); 0: a dense MLP."""
+    n_experts_used: int = 0
+    """Experts each token runs (the router's top k)."""
+    expert_ff: int = 0
+    """Width of each expert's MLP."""
+    experts_norm: bool = False
+    """Whether the picked experts' softmax weights are divided by their sum."""
+    shared_expert_ff: int = 0
+    """Width of the shared expert every token runs, gated by a sigmoid (Qwen2-MoE); 0: none."""
 
     def __post_init__(self) -> None:
         if self.arch not in LLAMA_ARCHITECTURES:
@@ -214,6 +258,31 @@ class LlamaConfig:
         if not (math.isfinite(self.embed_scale) and self.embed_scale > 0):
             raise WeightFormatError(
                 f"embed_scale must be positive and finite, got {self.embed_scale}"
+            )
+        self._check_experts()
+
+    def _check_experts(self) -> None:
+        if self.n_experts == 0:
+            if self.arch in _MOE_ARCHS:
+                raise WeightFormatError(f"{self.arch} needs n_experts (a mixture of experts)")
+            if self.n_experts_used or self.expert_ff or self.shared_expert_ff:
+                raise WeightFormatError("expert fields are set but n_experts is 0")
+            return
+        if self.arch not in _MAY_HAVE_EXPERTS:
+            raise UnsupportedError(
+                f"{self.arch} with a mixture of experts is not supported (experts run for "
+                f"{', '.join(_MAY_HAVE_EXPERTS)})"
+            )
+        if not 0 < self.n_experts <= MAX_EXPERTS:
+            raise WeightFormatError(f"n_experts must be 1 to {MAX_EXPERTS}, got {self.n_experts}")
+        if not 0 < self.n_experts_used <= self.n_experts:
+            raise WeightFormatError(
+                f"n_experts_used must be 1 to n_experts={self.n_experts}, got {self.n_experts_used}"
+            )
+        if self.expert_ff <= 0 or self.shared_expert_ff < 0:
+            raise WeightFormatError(
+                f"expert widths must be positive (expert_ff={self.expert_ff}, "
+                f"shared_expert_ff={self.shared_expert_ff})"
             )
 
     def rotates(self, layer: int) -> bool:
@@ -350,6 +419,7 @@ class LlamaConfig:
         if arch == "smollm3":
             gemma = {"nope_layers": _hf_nope_layers(cfg, n_layers, where)}
         window = gemma.pop("sliding_window", None) or _hf_sliding_window(cfg, arch, where)
+        gemma.update(_hf_experts(cfg, arch, where))
         return cls(
             arch=arch,
             vocab_size=need("vocab_size"),
@@ -363,8 +433,8 @@ class LlamaConfig:
             rope_theta=float(cfg.get("rope_theta", 10000.0)),
             max_position=int(cfg.get("max_position_embeddings", 4096)),
             tie_word_embeddings=bool(cfg.get("tie_word_embeddings", arch in GEMMA_ARCHITECTURES)),
-            attention_bias=bool(cfg.get("attention_bias", arch == "qwen2")),
-            qk_norm=arch in ("qwen3", "gemma3"),
+            attention_bias=bool(cfg.get("attention_bias", arch in _QKV_BIAS_ARCHS)),
+            qk_norm=arch in _QK_NORM_ARCHS,
             rope_scaling=_hf_rope_scaling(
                 cfg.get("rope_scaling"), where, cfg, (rope_dims or int(head_dim)) // 2
             ),
@@ -458,12 +528,36 @@ class LlamaConfig:
                     gemma[name] = value
         if arch == "smollm3":
             gemma["nope_layers"] = _interval_nope(_SMOLLM3_NOPE_INTERVAL, n_layers)
+        n_experts = opt_int("expert_count", 0)
+        if n_experts:
+            if arch not in _MAY_HAVE_EXPERTS:
+                raise UnsupportedError(
+                    f"{where}: {arch}.expert_count={n_experts}: a {arch} mixture of experts is "
+                    f"not supported (experts run for {', '.join(_MAY_HAVE_EXPERTS)})"
+                )
+            # llama.cpp's keys: Mixtral's experts are feed_forward_length wide, the Qwen MoEs
+            # give expert_feed_forward_length (and Qwen2-MoE its shared expert's width).
+            dense_ff = opt_int("feed_forward_length", 0)
+            gemma["n_experts"] = n_experts
+            gemma["n_experts_used"] = need("expert_used_count")
+            gemma["expert_ff"] = opt_int("expert_feed_forward_length", 0) or dense_ff
+            gemma["experts_norm"] = _NORM_EXPERT_WEIGHTS[arch]
+            if arch == "qwen2moe":
+                gemma["shared_expert_ff"] = opt_int("expert_shared_feed_forward_length", 0) or (
+                    dense_ff
+                )
+        elif arch in _MOE_ARCHS:
+            raise WeightFormatError(f"{where}: GGUF header lacks {arch}.expert_count")
         try:
             return cls(
                 arch=arch,
                 vocab_size=vocab,
                 hidden_size=hidden,
-                intermediate_size=need("feed_forward_length"),
+                intermediate_size=(
+                    need("feed_forward_length")
+                    if not n_experts
+                    else opt_int("feed_forward_length", 0) or gemma["expert_ff"]
+                ),
                 n_layers=n_layers,
                 n_heads=n_heads,
                 n_kv_heads=n_kv,
@@ -471,8 +565,8 @@ class LlamaConfig:
                 rms_norm_eps=opt_float("attention.layer_norm_rms_epsilon", 1e-5),
                 rope_theta=opt_float("rope.freq_base", 10000.0),
                 max_position=opt_int("context_length", 0) or 4096,
-                attention_bias=arch == "qwen2",
-                qk_norm=arch in ("qwen3", "gemma3"),
+                attention_bias=arch in _QKV_BIAS_ARCHS,
+                qk_norm=arch in _QK_NORM_ARCHS,
                 rope_scaling=scaling,
                 rope_dims=None if rotated == head_dim else rotated,
                 **gemma,
@@ -495,6 +589,37 @@ def _hf_rope_dims(cfg: Mapping[str, Any], arch: str, head_dim: int, where: str) 
     if not (math.isfinite(float(factor)) and 0 < float(factor) < 1):
         raise WeightFormatError(f"{where}: partial_rotary_factor must be in (0, 1], got {factor}")
     return int(head_dim * float(factor))
+
+
+def _hf_experts(cfg: Mapping[str, Any], arch: str, where: str) -> dict[str, Any]:
+    """The mixture-of-experts fields of a Hugging Face config (Mixtral's ``num_local_experts``,
+    the Qwen MoEs' ``num_experts``), with Hugging Face's defaults: Mixtral always renormalises
+    the picked experts' weights, the Qwen MoEs when ``norm_topk_prob`` says so."""
+    count = cfg.get("num_local_experts") or cfg.get("num_experts") or 0
+    if not count:
+        return {}
+    if arch not in _MAY_HAVE_EXPERTS:
+        raise UnsupportedError(f"{where}: a {arch} mixture of experts is not supported")
+    if arch in _MOE_ARCHS:
+        step = int(cfg.get("decoder_sparse_step") or 1)
+        if step != 1 or cfg.get("mlp_only_layers"):
+            raise UnsupportedError(
+                f"{where}: dense layers among the experts (decoder_sparse_step={step}, "
+                f"mlp_only_layers={cfg.get('mlp_only_layers')}) are not supported"
+            )
+    out: dict[str, Any] = {
+        "n_experts": _require_int(
+            cfg, "num_local_experts" if arch == "mistral" else "num_experts", where
+        ),
+        "n_experts_used": _require_int(cfg, "num_experts_per_tok", where),
+        "expert_ff": _require_int(
+            cfg, "intermediate_size" if arch == "mistral" else "moe_intermediate_size", where
+        ),
+        "experts_norm": arch == "mistral" or bool(cfg.get("norm_topk_prob", False)),
+    }
+    if arch == "qwen2moe":
+        out["shared_expert_ff"] = _require_int(cfg, "shared_expert_intermediate_size", where)
+    return out
 
 
 def _interval_nope(n: int, n_layers: int) -> tuple[bool, ...]:
@@ -687,7 +812,7 @@ def _hf_sliding_window(cfg: Mapping[str, Any], arch: str, where: str) -> int | N
         return None  # Gemma 2/3's windowed layers come with the rest of its fields
     if arch == "phi3":
         return None  # llama.cpp runs Phi-3 without its window (llama.cpp PR 13676); so do we
-    if arch in ("qwen2", "qwen3") and cfg.get("use_sliding_window"):
+    if arch in ("qwen2", "qwen3", *_MOE_ARCHS) and cfg.get("use_sliding_window"):
         raise UnsupportedError(
             f"{where}: use_sliding_window (per-layer windows) is not supported for {arch}"
         )

@@ -93,6 +93,11 @@ def engine_config(cfg: LlamaConfig, rope_style: str) -> dict[str, Any]:
         "final_softcap": cfg.final_softcap,
         "gelu": cfg.gelu,
         "post_norms": cfg.post_norms,
+        "n_experts": cfg.n_experts,
+        "n_experts_used": cfg.n_experts_used,
+        "expert_ff": cfg.expert_ff,
+        "experts_norm": cfg.experts_norm,
+        "shared_expert_ff": cfg.shared_expert_ff,
     }
 
 
@@ -328,7 +333,22 @@ _LAYER_NAMES = {
     # Phi-3: q, k and v in one matrix, gate and up in one (gate first).
     "self_attn.qkv_proj.weight": "attn_qkv.weight",
     "mlp.gate_up_proj.weight": "ffn_up.weight",
+    # Mixtures of experts: the router (Qwen MoEs, Mixtral), Qwen2-MoE's shared expert.
+    "mlp.gate.weight": "ffn_gate_inp.weight",
+    "block_sparse_moe.gate.weight": "ffn_gate_inp.weight",
+    "mlp.shared_expert.gate_proj.weight": "ffn_gate_shexp.weight",
+    "mlp.shared_expert.up_proj.weight": "ffn_up_shexp.weight",
+    "mlp.shared_expert.down_proj.weight": "ffn_down_shexp.weight",
+    "mlp.shared_expert_gate.weight": "ffn_gate_inp_shexp.weight",
 }
+# One matrix an expert, under llama.cpp's per-expert names (``ffn_gate.{e}.weight``): the Qwen
+# MoEs' ``mlp.experts.{e}.gate_proj``, Mixtral's ``block_sparse_moe.experts.{e}.w1`` (gate),
+# ``w3`` (up) and ``w2`` (down).
+_EXPERT_RE = re.compile(
+    r"^(?:mlp\.experts\.(\d+)\.(gate|up|down)_proj|block_sparse_moe\.experts\.(\d+)\.(w[123]))"
+    r"\.weight$"
+)
+_MIXTRAL_PARTS = {"w1": "gate", "w3": "up", "w2": "down"}
 # Gemma 2 and 3 norm the attention output with `post_attention_layernorm` and have a norm
 # before and after the MLP (llama.cpp's names: post_attention_norm, ffn_norm, post_ffw_norm).
 _POST_NORM_NAMES = {
@@ -348,8 +368,12 @@ _LAYER_RE = re.compile(r"^model\.layers\.(\d+)\.(.+)$")
 def _short_name(hf_name: str, cfg: LlamaConfig | None = None) -> str | None:
     names = _POST_NORM_NAMES if cfg is not None and cfg.post_norms else _LAYER_NAMES
     short = _TOP_NAMES.get(hf_name)
-    if short is None and (m := _LAYER_RE.match(hf_name)) and m.group(2) in names:
+    m = _LAYER_RE.match(hf_name)
+    if short is None and m and m.group(2) in names:
         short = f"blk.{m.group(1)}.{names[m.group(2)]}"
+    elif short is None and m and (e := _EXPERT_RE.match(m.group(2))):
+        expert, part = (e.group(1), e.group(2)) if e.group(1) else (e.group(3), e.group(4))
+        short = f"blk.{m.group(1)}.ffn_{_MIXTRAL_PARTS.get(part, part)}.{expert}.weight"
     return short
 
 

@@ -12,7 +12,9 @@
 
 use crate::engine::config::Experts;
 use crate::engine::forward::Model;
-use crate::engine::weights::Moe;
+use crate::engine::glu::glu_in_place;
+use crate::engine::linear::{matmul_each, Part};
+use crate::engine::weights::{Mlp, Moe};
 use crate::CoreResult;
 
 /// The experts a token runs, most probable first (ties: the lower index),
@@ -48,33 +50,85 @@ impl Model {
             route(z, e, &mut one);
             picks.extend_from_slice(&one);
         }
-        // Each expert once, over the rows that picked it.
-        let mut each = vec![0.0f32; rows * e.used * hdim];
-        let (mut xs, mut ys) = (Vec::new(), Vec::new());
-        let (mut gate, mut up) = (Vec::new(), Vec::new());
-        for (x, mlp) in m.experts.iter().enumerate() {
-            let users: Vec<usize> = (0..picks.len()).filter(|&i| picks[i].0 == x).collect();
-            if users.is_empty() {
-                continue;
+        // Each picked expert once, over the rows that picked it: every
+        // expert's gate and up as one parallel loop, then every down as one
+        // (with the shared expert, over all rows, in each).
+        let mut by_expert: Vec<Vec<usize>> = vec![Vec::new(); e.count];
+        for (i, &(x, _)) in picks.iter().enumerate() {
+            by_expert[x].push(i);
+        }
+        let used: Vec<(usize, Vec<usize>)> = by_expert
+            .into_iter()
+            .enumerate()
+            .filter(|(_, users)| !users.is_empty())
+            .collect();
+        let mut xs: Vec<Vec<f32>> = used
+            .iter()
+            .map(|(_, users)| {
+                let mut rows_in = Vec::with_capacity(users.len() * hdim);
+                for &i in users {
+                    let r = i / e.used;
+                    rows_in.extend_from_slice(&h[r * hdim..(r + 1) * hdim]);
+                }
+                rows_in
+            })
+            .collect();
+        let mut mlps: Vec<&Mlp> = used.iter().map(|&(x, _)| &m.experts[x]).collect();
+        if let Some((shared, _)) = &m.shared {
+            xs.push(h.to_vec());
+            mlps.push(shared);
+        }
+        let inner = |mlp: &Mlp, x: &[f32]| (x.len() / hdim) * mlp.gate.rows;
+        let mut gates: Vec<Vec<f32>> = mlps
+            .iter()
+            .zip(&xs)
+            .map(|(m, x)| vec![0.0; inner(m, x)])
+            .collect();
+        let mut ups: Vec<Vec<f32>> = gates.clone();
+        {
+            let mut parts: Vec<Part<'_>> = Vec::with_capacity(2 * mlps.len());
+            for ((mlp, g), u) in mlps.iter().zip(gates.iter_mut()).zip(ups.iter_mut()) {
+                parts.push(self.part(&mlp.gate, g));
+                parts.push(self.part(&mlp.up, u));
             }
-            xs.clear();
-            for &i in &users {
-                let r = i / e.used;
-                xs.extend_from_slice(&h[r * hdim..(r + 1) * hdim]);
-            }
-            self.mlp(mlp, &xs, &mut gate, &mut up, &mut ys)?;
-            for (&i, y) in users.iter().zip(ys.chunks_exact(hdim)) {
-                each[i * hdim..(i + 1) * hdim].copy_from_slice(y);
-            }
+            let mut each: Vec<(usize, &mut Part<'_>)> = parts
+                .iter_mut()
+                .enumerate()
+                .map(|(j, p)| (j / 2, p))
+                .collect();
+            let refs: Vec<&[f32]> = xs.iter().map(|x| x.as_slice()).collect();
+            matmul_each(self.activations, &refs, &mut each)?;
+        }
+        let act = self.act();
+        for (g, u) in gates.iter_mut().zip(&ups) {
+            glu_in_place(act, g, u);
+        }
+        let mut ys: Vec<Vec<f32>> = xs.iter().map(|x| vec![0.0; x.len()]).collect();
+        {
+            let mut parts: Vec<Part<'_>> = mlps
+                .iter()
+                .zip(ys.iter_mut())
+                .map(|(mlp, y)| self.part(&mlp.down, y))
+                .collect();
+            let mut each: Vec<(usize, &mut Part<'_>)> = parts.iter_mut().enumerate().collect();
+            let refs: Vec<&[f32]> = gates.iter().map(|g| g.as_slice()).collect();
+            matmul_each(self.activations, &refs, &mut each)?;
         }
         // Weighted, summed in the order of the picks.
+        let mut from = vec![(0usize, 0usize); picks.len()];
+        for (k, (_, users)) in used.iter().enumerate() {
+            for (row, &i) in users.iter().enumerate() {
+                from[i] = (k, row);
+            }
+        }
         out.clear();
         out.resize(rows * hdim, 0.0);
         for (r, acc) in out.chunks_exact_mut(hdim).enumerate() {
             for slot in 0..e.used {
                 let i = r * e.used + slot;
                 let w = picks[i].1;
-                let y = &each[i * hdim..(i + 1) * hdim];
+                let (k, row) = from[i];
+                let y = &ys[k][row * hdim..(row + 1) * hdim];
                 if slot == 0 {
                     acc.iter_mut().zip(y).for_each(|(a, &v)| *a = v * w);
                 } else {
@@ -82,9 +136,8 @@ impl Model {
                 }
             }
         }
-        if let Some((shared, gate_w)) = &m.shared {
-            let mut s = Vec::new();
-            self.mlp(shared, h, &mut gate, &mut up, &mut s)?;
+        if let Some((_, gate_w)) = &m.shared {
+            let s = ys.last().expect("the shared expert's output");
             for ((acc, sr), hr) in out
                 .chunks_exact_mut(hdim)
                 .zip(s.chunks_exact(hdim))

@@ -77,6 +77,17 @@ impl Model {
         )
     }
 
+    /// A product with weight `t` writing into `out` (sized by the caller).
+    pub(crate) fn part<'a>(&'a self, t: &'a Tensor, out: &'a mut [f32]) -> Part<'a> {
+        Part {
+            kind: t.kind,
+            raw: self.weights.bytes(t),
+            rows: t.rows,
+            cols: t.cols,
+            out,
+        }
+    }
+
     /// `x @ t.T` into `out` for every `(t, out)` (weights with `x`'s
     /// columns), as one parallel loop over all their rows (`matmul_many`).
     fn mm_many(&self, x: &[f32], parts: &mut [(&Tensor, &mut Vec<f32>)]) -> CoreResult<()> {

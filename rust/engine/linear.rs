@@ -74,11 +74,33 @@ pub struct Part<'a> {
 /// to the pool's threads instead of one each (a hand-off wakes a thread,
 /// tens of microseconds on a virtual machine).
 pub fn matmul_many(mode: Activations, x: &[f32], parts: &mut [Part<'_>]) -> CoreResult<()> {
+    let mut each: Vec<(usize, &mut Part<'_>)> = parts.iter_mut().map(|p| (0, p)).collect();
+    matmul_each(mode, &[x], &mut each)
+}
+
+/// [`matmul_many`] with activations of their own: part `(i, p)` is
+/// `xs[i] @ p.W.T` (the same bits as [`matmul`]), every activation set
+/// prepared once for all parts that share it, all parts' weight rows one
+/// parallel loop (a mixture's experts, each over the rows that picked it).
+pub fn matmul_each(
+    mode: Activations,
+    xs: &[&[f32]],
+    parts: &mut [(usize, &mut Part<'_>)],
+) -> CoreResult<()> {
     use rayon::prelude::*;
-    let mut prep = RowPrep::new(mode, x);
+    let mut preps: Vec<RowPrep<'_>> = xs.iter().map(|x| RowPrep::new(mode, x)).collect();
     let mut work = 0usize;
     let mut total = 0usize;
-    for p in parts.iter() {
+    for (i, p) in parts.iter() {
+        let (prep, x) = match (preps.get_mut(*i), xs.get(*i)) {
+            (Some(prep), Some(x)) => (prep, *x),
+            _ => {
+                return Err(CoreError::Shape(format!(
+                    "a product names activation set #{i} of {}",
+                    xs.len()
+                )))
+            }
+        };
         let n = x.len().checked_div(p.cols).unwrap_or(0);
         if p.cols == 0 || n * p.cols != x.len() || n.checked_mul(p.rows) != Some(p.out.len()) {
             return Err(CoreError::Shape(format!(
@@ -91,18 +113,31 @@ pub fn matmul_many(mode: Activations, x: &[f32], parts: &mut [Part<'_>]) -> Core
         }
         prep.prepare(p.kind, p.cols)?;
         work = work.saturating_add(p.raw.len().saturating_mul(n.div_ceil(8)));
-        total += p.rows;
+        if n > 0 {
+            total += p.rows;
+        }
     }
-    if x.is_empty() || total == 0 {
+    if total == 0 {
         return Ok(());
     }
-    let prep = &prep;
+    let preps = &preps;
     let threads = rayon::current_num_threads();
     if threads <= 1 || work < quant::PARALLEL_BYTES {
-        for p in parts.iter_mut() {
+        for (i, p) in parts.iter_mut() {
+            if xs[*i].is_empty() {
+                continue;
+            }
             // SAFETY: `out` is n x rows, borrowed mutably here.
             unsafe {
-                prep.rows_ready(p.kind, p.raw, p.rows, p.cols, 0, p.rows, p.out.as_mut_ptr())?
+                preps[*i].rows_ready(
+                    p.kind,
+                    p.raw,
+                    p.rows,
+                    p.cols,
+                    0,
+                    p.rows,
+                    p.out.as_mut_ptr(),
+                )?
             };
         }
         return Ok(());
@@ -113,24 +148,45 @@ pub fn matmul_many(mode: Activations, x: &[f32], parts: &mut [Part<'_>]) -> Core
         .div_ceil(threads * quant::CHUNKS_PER_THREAD)
         .next_multiple_of(4);
     let mut chunks = Vec::new();
-    for (i, p) in parts.iter().enumerate() {
+    for (j, (i, p)) in parts.iter().enumerate() {
+        if xs[*i].is_empty() {
+            continue;
+        }
         let mut lo = 0;
         while lo < p.rows {
             let hi = (lo + per).min(p.rows);
-            chunks.push((i, lo, hi));
+            chunks.push((j, lo, hi));
             lo = hi;
         }
     }
-    let outs: Vec<(SharedOut, Kind, &[u8], usize, usize)> = parts
+    let targets: Vec<Target<'_>> = parts
         .iter_mut()
-        .map(|p| (SharedOut(p.out.as_mut_ptr()), p.kind, p.raw, p.rows, p.cols))
+        .map(|(i, p)| Target {
+            prep: *i,
+            out: SharedOut(p.out.as_mut_ptr()),
+            kind: p.kind,
+            raw: p.raw,
+            rows: p.rows,
+            cols: p.cols,
+        })
         .collect();
-    chunks.par_iter().try_for_each(|&(i, lo, hi)| {
-        let (out, kind, raw, rows, cols) = outs[i];
-        // SAFETY: part i's out is n x rows; chunks of a part cover disjoint
+    chunks.par_iter().try_for_each(|&(j, lo, hi)| {
+        let t = &targets[j];
+        // SAFETY: part j's out is n x rows; chunks of a part cover disjoint
         // row ranges, so they write disjoint elements.
-        unsafe { prep.rows_ready(kind, raw, rows, cols, lo, hi, out.get()) }
+        unsafe { preps[t.prep].rows_ready(t.kind, t.raw, t.rows, t.cols, lo, hi, t.out.get()) }
     })
+}
+
+/// What the chunks of [`matmul_each`] need of a part, its output as a
+/// pointer they share.
+struct Target<'a> {
+    prep: usize,
+    out: SharedOut,
+    kind: Kind,
+    raw: &'a [u8],
+    rows: usize,
+    cols: usize,
 }
 
 /// An output the chunks of [`matmul_many`] share; each writes its own

@@ -10,6 +10,7 @@ from typing import Any
 
 import numpy as np
 import pytest
+from gguf_edit import set_u32
 from llama_reference import reference_logits
 from model_factory import (
     config_from_gguf_fields,
@@ -164,3 +165,15 @@ def test_a_missing_expert_is_named(tmp_path: Path) -> None:
     write_safetensors_dir(m, d)
     with pytest.raises(WeightFormatError, match=r"blk\.1\.ffn_down\.2\.weight"):
         load_llama(d)
+
+
+def test_a_header_that_miscounts_the_experts_is_refused_naming_the_tensor(tmp_path: Path) -> None:
+    m = make_tiny("qwen3moe", seed=1, hidden=64, layers=2, experts=4)
+    path = write_gguf(m, tmp_path / "m.gguf")
+    set_u32(path, "qwen3moe.expert_count", 3)  # the stacks hold 4
+    with pytest.raises(WeightFormatError, match=r"blk\.0\.ffn_gate_inp\.weight.*\(3, 64\)"):
+        load_llama(path)
+    set_u32(path, "qwen3moe.expert_count", 4)
+    set_u32(path, "qwen3moe.expert_feed_forward_length", 32)  # the experts are 64 wide
+    with pytest.raises(WeightFormatError, match=r"blk\.0\.ffn_gate_exps\.weight.*\[4, 32, 64\]"):
+        load_llama(path)

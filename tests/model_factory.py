@@ -329,12 +329,24 @@ _GGUF_LAYER = {
     "mlp.shared_expert.down_proj.weight": "ffn_down_shexp.weight",
     "mlp.shared_expert_gate.weight": "ffn_gate_inp_shexp.weight",
 }
-# An expert's matrices (HF names after "model.layers.N.") -> llama.cpp's stacked tensors.
 _GGUF_EXPERT = re.compile(
     r"^(?:mlp\.experts\.(\d+)\.(gate|up|down)_proj|block_sparse_moe\.experts\.(\d+)\.(w[123]))"
     r"\.weight$"
 )
 _MIXTRAL_PARTS = {"w1": "gate", "w3": "up", "w2": "down"}
+
+
+def expert_of(rest: str) -> tuple[int, str] | None:
+    """``(expert, "gate" | "up" | "down")`` of a Hugging Face expert matrix (its name after
+    ``model.layers.N.``: the Qwen MoEs' ``mlp.experts.E.gate_proj.weight``, Mixtral's
+    ``block_sparse_moe.experts.E.w1.weight``), else None."""
+    m = _GGUF_EXPERT.match(rest)
+    if m is None:
+        return None
+    expert, part = (m.group(1), m.group(2)) if m.group(1) else (m.group(3), m.group(4))
+    return int(expert), _MIXTRAL_PARTS.get(part, part)
+
+
 # Gemma 2/3 name their norms differently (llama.cpp's tensor map for those architectures).
 _GGUF_POST_NORMS = {
     **_GGUF_LAYER,
@@ -508,13 +520,12 @@ def _stack_experts(
     groups: dict[str, list[tuple[int, str]]] = {}
     for name, a in tensors.items():
         parts = name.split(".", 3)
-        m = _GGUF_EXPERT.match(parts[3]) if len(parts) == 4 and parts[0] == "model" else None
-        if m is None:
+        found = expert_of(parts[3]) if len(parts) == 4 and parts[0] == "model" else None
+        if found is None:
             out[name] = a
             continue
-        expert, part = (m.group(1), m.group(2)) if m.group(1) else (m.group(3), m.group(4))
-        key = f"stacked.blk.{parts[2]}.ffn_{_MIXTRAL_PARTS.get(part, part)}_exps.weight"
-        groups.setdefault(key, []).append((int(expert), name))
+        key = f"stacked.blk.{parts[2]}.ffn_{found[1]}_exps.weight"
+        groups.setdefault(key, []).append((found[0], name))
     new_raw = dict(raw or {})
     for key, members in groups.items():
         members.sort()

@@ -108,9 +108,13 @@ def test_any_chunking_and_any_split_gives_the_logits_of_one_pass(
     np.testing.assert_allclose(np.stack(got), whole[split - 1 :], rtol=0, atol=2e-5)
 
 
+# The mixtures: sequences of one step pick different experts.
+@pytest.mark.parametrize("arch", ["qwen2", "qwen3moe", "qwen2moe", "mixtral"])
 @pytest.mark.parametrize("kv_dtype", ["float32", "float16"])
-def test_a_batch_row_is_bit_identical_to_that_session_alone(tmp_path: Path, kv_dtype: str) -> None:
-    path = write_gguf(make_tiny("qwen2", seed=4), tmp_path / "m.gguf", qtype="Q8_0")
+def test_a_batch_row_is_bit_identical_to_that_session_alone(
+    tmp_path: Path, kv_dtype: str, arch: str
+) -> None:
+    path = write_gguf(make_tiny(arch, seed=4), tmp_path / "m.gguf", qtype="Q8_0")
     runner = load_llama(path, max_seq=32, kv_dtype=kv_dtype)  # type: ignore[arg-type]
     prompts = [IDS[:3], IDS[2:9], IDS[5:6], IDS[:3]]
     sessions = []

@@ -1,7 +1,7 @@
 """Mixtures of experts (Mixtral, Qwen2-MoE, Qwen3-MoE): their fields from GGUF headers
 (llama.cpp's keys) and Hugging Face configs, both formats of one model against the float64
-reference (every position, prefill and decode, quantised experts), batched decode, and the
-refusals."""
+reference (every position, prefill and decode, quantised experts) and the refusals (batched
+decode: tests/test_engine.py)."""
 
 from __future__ import annotations
 
@@ -139,23 +139,6 @@ def test_quantised_experts_match_the_reference_on_their_dequantised_weights(
     want = reference_logits(q.config, q.tensors, IDS)
     got = np.stack([runner.predict_logits(IDS[: n + 1]) for n in range(len(IDS))])
     np.testing.assert_allclose(got, want, rtol=0, atol=2e-3 * np.abs(want).max())
-
-
-@pytest.mark.parametrize("arch", MOE)
-def test_a_batch_row_is_bit_identical_to_that_session_alone(tmp_path: Path, arch: str) -> None:
-    # Sequences in one batched step pick different experts; each row keeps its bits alone.
-    m = make_tiny(arch, seed=5, hidden=64, inter=96, layers=2)
-    runner = load_llama(write_gguf(m, tmp_path / "m.gguf", qtype="Q8_0"), max_seq=32)
-    sessions = []
-    for p in (IDS[:3], IDS[2:9], IDS[5:6], IDS[:3]):
-        runner.prefill_logits(p)
-        sessions.append(runner.export_session())
-    tokens = [11, 12, 13, 11]
-    logits, _ = runner.decode_batch(sessions, tokens)
-    for i, (s, t) in enumerate(zip(sessions, tokens, strict=True)):
-        runner.restore_session(s)
-        np.testing.assert_array_equal(logits[i], runner.decode_logits(t))
-    np.testing.assert_array_equal(logits[0], logits[3])
 
 
 def test_a_missing_expert_is_named(tmp_path: Path) -> None:

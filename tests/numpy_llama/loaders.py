@@ -9,6 +9,7 @@ from typing import Any
 
 import numpy as np
 import numpy.typing as npt
+from model_factory import expert_of
 
 from numpy_llama.gguf_file import GgufFile
 from numpy_llama.linear import DenseMatrix, Matrix, PackedMatrix
@@ -103,11 +104,7 @@ _LAYER_NAMES = {
     "mlp.shared_expert.down_proj.weight": "ffn_down_shexp",
     "mlp.shared_expert_gate.weight": "ffn_gate_inp_shexp",
 }
-_EXPERT_RE = re.compile(
-    r"^(?:mlp\.experts\.(\d+)\.(gate|up|down)_proj|block_sparse_moe\.experts\.(\d+)\.(w[123]))"
-    r"\.weight$"
-)
-_MIXTRAL_PARTS = {"w1": "gate", "w3": "up", "w2": "down"}
+
 # Gemma 2/3: a norm after attention, and one before and one after the MLP.
 _POST_NORM_NAMES = {
     **_LAYER_NAMES,
@@ -211,9 +208,8 @@ class SafetensorsCheckpoint:
             m = _LAYER_RE.match(hf_name)
             if short is None and m and m.group(2) in names:
                 short = f"blk.{m.group(1)}.{names[m.group(2)]}"
-            elif short is None and m and (e := _EXPERT_RE.match(m.group(2))):
-                ex, part = (e.group(1), e.group(2)) if e.group(1) else (e.group(3), e.group(4))
-                short = f"blk.{m.group(1)}.ffn_{_MIXTRAL_PARTS.get(part, part)}.{ex}"
+            elif short is None and m and (found := expert_of(m.group(2))):
+                short = f"blk.{m.group(1)}.ffn_{found[1]}.{found[0]}"
             if short is not None:
                 renamed[short] = hf_name
         # Gemma's checkpoints store norm weights as w - 1 (its RMSNorm multiplies by 1 + w).

@@ -40,10 +40,12 @@ def _moe(config: dict[str, Any], w: dict[str, np.ndarray], p: str, h: np.ndarray
     ``norm_topk_prob``), their SwiGLU MLPs summed by weight; Qwen2-MoE adds its shared expert
     times ``sigmoid(h . shared_expert_gate)``."""
     mixtral = config["model_type"] == "mixtral"
-    pre = p + ("block_sparse_moe." if mixtral else "mlp.")
+    granite = config["model_type"] == "granitemoe"
+    pre = p + ("block_sparse_moe." if mixtral or granite else "mlp.")
     k = config["num_experts_per_tok"]
-    norm = mixtral or config.get("norm_topk_prob", False)
-    logits = h @ w[pre + "gate.weight"].T
+    # Granite MoE takes the softmax of the top k logits: the renormalised weights again.
+    norm = mixtral or granite or config.get("norm_topk_prob", False)
+    logits = h @ w[pre + ("router.layer.weight" if granite else "gate.weight")].T
     probs = np.exp(logits - logits.max(-1, keepdims=True))
     probs /= probs.sum(-1, keepdims=True)
     out = np.zeros_like(h)
@@ -51,6 +53,11 @@ def _moe(config: dict[str, Any], w: dict[str, np.ndarray], p: str, h: np.ndarray
         top = np.argsort(-probs[r], kind="stable")[:k]
         weights = probs[r, top] / (probs[r, top].sum() if norm else 1.0)
         for e, wt in zip(top, weights, strict=True):
+            if granite:
+                gate, up = np.split(h[r] @ w[pre + "input_linear.weight"][e].T, 2)
+                act = gate / (1 + np.exp(-gate)) * up
+                out[r] += wt * (act @ w[pre + "output_linear.weight"][e].T)
+                continue
             x = pre + f"experts.{e}."
             parts = ("w1", "w3", "w2") if mixtral else ("gate_proj", "up_proj", "down_proj")
             names = [x + f"{q}.weight" for q in parts]
@@ -168,7 +175,14 @@ def reference_logits(
         else:
             h = _rms(x + o, w[p + "post_attention_layernorm.weight"], eps)
         x = x + o
-        if p + "mlp.gate.weight" in w or p + "block_sparse_moe.gate.weight" in w:
+        if any(
+            p + n in w
+            for n in (
+                "mlp.gate.weight",
+                "block_sparse_moe.gate.weight",
+                "block_sparse_moe.router.layer.weight",
+            )
+        ):
             x = x + _moe(config, w, p, h) * rm
             continue
         if p + "mlp.gate_up_proj.weight" in w:  # Phi-3: one matrix, rows gate | up

@@ -73,7 +73,7 @@ def make_tiny(
         layers = max(layers, 4)  # so that its NoPE layer (every fourth) exists
     hd = head_dim or hidden // heads
     gemma = arch in ("gemma", "gemma2", "gemma3")
-    moe = arch in ("qwen2moe", "qwen3moe", "mixtral")
+    moe = arch in ("qwen2moe", "qwen3moe", "mixtral", "granitemoe")
     model_type = {"gemma3": "gemma3_text", "qwen2moe": "qwen2_moe", "qwen3moe": "qwen3_moe"}
     cfg: dict[str, Any] = {
         "model_type": model_type.get(arch, arch),
@@ -94,7 +94,7 @@ def make_tiny(
         cfg["query_pre_attn_scalar"] = hd
     if arch == "gemma2":
         cfg.update(sliding_window=3, attn_logit_softcapping=4.0, final_logit_softcapping=6.0)
-    if arch == "granite":
+    if arch in ("granite", "granitemoe"):
         # Multipliers far from 1 so each one shows (Granite 3's are 12, 0.22, 1/128, 8).
         cfg.update(
             embedding_multiplier=6.0,
@@ -105,8 +105,8 @@ def make_tiny(
     if arch == "smollm3":
         # Hugging Face's default pattern: every fourth layer without RoPE (one a model of 4).
         cfg["no_rope_layers"] = [int((i + 1) % 4 != 0) for i in range(layers)]
-    if arch == "mixtral":
-        # Mixtral's experts are intermediate_size wide.
+    if arch in ("mixtral", "granitemoe"):
+        # Mixtral's and Granite MoE's experts are intermediate_size wide.
         cfg.update(num_local_experts=experts, num_experts_per_tok=used)
         cfg["intermediate_size"] = expert_inter
     elif moe:
@@ -151,6 +151,17 @@ def make_tiny(
             t[p + "mlp.gate_proj.weight"] = mat(inter, hidden)
             t[p + "mlp.up_proj.weight"] = mat(inter, hidden)
             t[p + "mlp.down_proj.weight"] = mat(hidden, inter)
+        elif arch == "granitemoe":
+            # Hugging Face's GraniteMoe: the router, and every expert's gate and up (gate
+            # first) as one [n, 2 * inter, hidden] tensor, its down as [n, hidden, inter].
+            pre = p + "block_sparse_moe."
+            t[pre + "router.layer.weight"] = mat(experts, hidden) * 4
+            t[pre + "input_linear.weight"] = np.stack(
+                [mat(2 * expert_inter, hidden) for _ in range(experts)]
+            )
+            t[pre + "output_linear.weight"] = np.stack(
+                [mat(hidden, expert_inter) for _ in range(experts)]
+            )
         else:
             names = (
                 ("block_sparse_moe.", "w1", "w3", "w2")
@@ -285,23 +296,29 @@ def _random_kquant(rows: int, cols: int, qname: str, rng: np.random.Generator) -
 def quantize_model(
     model: TinyModel, qtype: str, *, seed: int = 1
 ) -> tuple[TinyModel, dict[str, np.ndarray]]:
-    """Replace every 2-D tensor by its ``qtype`` round trip; return the model and the raw blocks."""
+    """Replace every matrix (and every matrix of an expert stack) by its ``qtype`` round trip;
+    return the model and the raw blocks."""
     rng = np.random.default_rng(seed)
     out: dict[str, np.ndarray] = {}
     raw: dict[str, np.ndarray] = {}
     qt = QT[qtype]
-    for name, a in model.tensors.items():
-        if a.ndim != 2 or qtype == "F32":
-            out[name] = a
-            continue
+
+    def one(a: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         if qtype in _KQUANT:
             blocks = _random_kquant(a.shape[0], a.shape[1], qtype, rng)
         elif qtype == "F16":
             blocks = a.astype(np.float16)
         else:
             blocks = quantize(a, qt)
-        raw[name] = blocks
-        out[name] = np.asarray(dequantize(blocks, qt), dtype=np.float32).reshape(a.shape)
+        return blocks, np.asarray(dequantize(blocks, qt), dtype=np.float32).reshape(a.shape)
+
+    for name, a in model.tensors.items():
+        if a.ndim not in (2, 3) or qtype == "F32":
+            out[name] = a
+            continue
+        pairs = [one(x) for x in a] if a.ndim == 3 else [one(a)]
+        raw[name] = np.stack([b for b, _ in pairs]) if a.ndim == 3 else pairs[0][0]
+        out[name] = np.stack([d for _, d in pairs]) if a.ndim == 3 else pairs[0][1]
     return TinyModel(dict(model.config), out, model.tokenizer_json), raw
 
 
@@ -324,6 +341,7 @@ _GGUF_LAYER = {
     "mlp.gate_up_proj.weight": "ffn_up.weight",
     "mlp.gate.weight": "ffn_gate_inp.weight",
     "block_sparse_moe.gate.weight": "ffn_gate_inp.weight",
+    "block_sparse_moe.router.layer.weight": "ffn_gate_inp.weight",
     "mlp.shared_expert.gate_proj.weight": "ffn_gate_shexp.weight",
     "mlp.shared_expert.up_proj.weight": "ffn_up_shexp.weight",
     "mlp.shared_expert.down_proj.weight": "ffn_down_shexp.weight",
@@ -422,7 +440,7 @@ def write_gguf(
         w.add_attn_logit_softcapping(c["attn_logit_softcapping"])
     if c.get("final_logit_softcapping"):
         w.add_final_logit_softcapping(c["final_logit_softcapping"])
-    if own == "granite":
+    if own in ("granite", "granitemoe"):
         # llama.cpp's keys (its converter writes them from the Hugging Face multipliers).
         for key, hf in (
             ("embedding_scale", "embedding_multiplier"),
@@ -455,7 +473,7 @@ def write_gguf(
             w.add_uint32(key, val)
         else:
             w.add_string(key, val)
-    permute = arch in ("llama", "mistral", "granite", "smollm3")
+    permute = arch in ("llama", "mistral", "granite", "granitemoe", "smollm3")
     heads, kv_heads = c["num_attention_heads"], c["num_key_value_heads"]
     qt = QT[qtype]
     names = _GGUF_POST_NORMS if own in ("gemma2", "gemma3") else _GGUF_LAYER
@@ -527,6 +545,22 @@ def _stack_experts(
         key = f"stacked.blk.{parts[2]}.ffn_{found[1]}_exps.weight"
         groups.setdefault(key, []).append((found[0], name))
     new_raw = dict(raw or {})
+    for name in [n for n in out if n.endswith(("input_linear.weight", "output_linear.weight"))]:
+        # Granite MoE's stacks: gate and up split apart (llama.cpp's converter), down as is.
+        a, blocks = out.pop(name), new_raw.pop(name, None)
+        layer = name.split(".")[2]
+        if name.endswith("output_linear.weight"):
+            out[f"stacked.blk.{layer}.ffn_down_exps.weight"] = a
+            if blocks is not None:
+                new_raw[f"stacked.blk.{layer}.ffn_down_exps.weight"] = blocks
+            continue
+        half = a.shape[1] // 2
+        for part, sl in (("gate", slice(0, half)), ("up", slice(half, None))):
+            out[f"stacked.blk.{layer}.ffn_{part}_exps.weight"] = np.ascontiguousarray(a[:, sl])
+            if blocks is not None:
+                new_raw[f"stacked.blk.{layer}.ffn_{part}_exps.weight"] = np.ascontiguousarray(
+                    blocks[:, sl]
+                )
     for key, members in groups.items():
         members.sort()
         assert [e for e, _ in members] == list(range(n)), key

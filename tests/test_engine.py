@@ -109,7 +109,7 @@ def test_any_chunking_and_any_split_gives_the_logits_of_one_pass(
 
 
 # The mixtures: sequences of one step pick different experts.
-@pytest.mark.parametrize("arch", ["qwen2", "qwen3moe", "qwen2moe", "mixtral"])
+@pytest.mark.parametrize("arch", ["qwen2", "qwen3moe", "qwen2moe", "mixtral", "granitemoe"])
 @pytest.mark.parametrize("kv_dtype", ["float32", "float16"])
 def test_a_batch_row_is_bit_identical_to_that_session_alone(
     tmp_path: Path, kv_dtype: str, arch: str

@@ -1,4 +1,4 @@
-"""Mixtures of experts (Mixtral, Qwen2-MoE, Qwen3-MoE): their fields from GGUF headers
+"""Mixtures of experts (Mixtral, Qwen2-MoE, Qwen3-MoE, Granite MoE): their fields from GGUF headers
 (llama.cpp's keys) and Hugging Face configs, both formats of one model against the float64
 reference (every position, prefill and decode, quantised experts) and the refusals (batched
 decode: tests/test_engine.py)."""
@@ -25,7 +25,7 @@ from rlx_lm.runners.llama import load_llama
 from rlx_lm.runners.llama_config import LlamaConfig
 
 IDS = [1, 5, 7, 3, 9, 100, 2, 50, 4, 4, 4, 17]
-MOE = ["qwen3moe", "qwen2moe", "mixtral"]
+MOE = ["qwen3moe", "qwen2moe", "mixtral", "granitemoe"]
 
 
 def _gguf(arch: str, **fields: Any) -> LlamaConfig:
@@ -49,6 +49,9 @@ def test_gguf_expert_keys_and_llama_cpps_weight_normalisation() -> None:
     assert q2.attention_bias
     assert not q2.experts_norm
     # Mixtral: llama with experts as wide as feed_forward_length, weights renormalised.
+    # Granite MoE: Granite's multipliers, experts feed_forward_length wide, renormalised.
+    gm = _gguf("granitemoe", expert_count=32, expert_used_count=8, residual_scale=0.22)
+    assert (gm.n_experts, gm.expert_ff, gm.experts_norm, gm.residual_scale) == (32, 128, True, 0.22)
     mx = _gguf("llama", expert_count=8, expert_used_count=2)
     assert (mx.arch, mx.n_experts, mx.expert_ff, mx.experts_norm) == ("llama", 8, 128, True)
     assert _gguf("llama").n_experts == 0
@@ -72,6 +75,12 @@ def test_gguf_expert_keys_and_llama_cpps_weight_normalisation() -> None:
             "n_experts must be 1 to 512",
         ),
         ("gemma2", {"expert_count": 4}, UnsupportedError, "mixture of experts is not supported"),
+        (
+            "granitemoe",
+            {"expert_count": 4, "expert_used_count": 2, "expert_shared_feed_forward_length": 64},
+            UnsupportedError,
+            "shared expert",
+        ),
     ],
 )
 def test_bad_expert_fields_are_refused_by_name(
@@ -88,6 +97,9 @@ def test_hf_expert_fields() -> None:
     assert q3.qk_norm
     q2 = LlamaConfig.from_hf(make_tiny("qwen2moe", inter=96).config)
     assert (q2.arch, q2.shared_expert_ff, q2.experts_norm) == ("qwen2moe", 96, False)
+    gm = LlamaConfig.from_hf(make_tiny("granitemoe").config)
+    assert (gm.arch, gm.n_experts, gm.expert_ff, gm.experts_norm) == ("granitemoe", 4, 64, True)
+    assert gm.residual_scale == 0.4  # Granite's multipliers too
     mx = LlamaConfig.from_hf(make_tiny("mixtral").config)
     assert (mx.arch, mx.n_experts, mx.expert_ff, mx.experts_norm) == ("mistral", 4, 64, True)
     # Dense layers among the experts are another design: refused, not run wrong.
@@ -102,11 +114,14 @@ def _picks(m: Any) -> set[tuple[int, ...]]:
     """The experts layer 0 picks at each position of IDS (from the float64 reference's
     router), to show the test model routes tokens differently."""
     c = m.config
-    pre = "block_sparse_moe." if c["model_type"] == "mixtral" else "mlp."
+    router = {
+        "mixtral": "block_sparse_moe.gate",
+        "granitemoe": "block_sparse_moe.router.layer",
+    }.get(c["model_type"], "mlp.gate")
     x = m.tensors["model.embed_tokens.weight"][IDS].astype(np.float64)
     w = m.tensors["model.layers.0.post_attention_layernorm.weight"]
     h = x / np.sqrt((x * x).mean(-1, keepdims=True) + c["rms_norm_eps"]) * w
-    z = h @ m.tensors[f"model.layers.0.{pre}gate.weight"].T
+    z = h @ m.tensors[f"model.layers.0.{router}.weight"].T
     return {tuple(sorted(np.argsort(-row)[: c["num_experts_per_tok"]])) for row in z}
 
 
@@ -126,7 +141,7 @@ def test_both_formats_of_one_model_give_the_reference(tmp_path: Path, arch: str)
 
 
 @pytest.mark.parametrize("qtype", ["Q8_0", "Q4_0", "F16"])
-@pytest.mark.parametrize("arch", ["qwen3moe", "mixtral"])
+@pytest.mark.parametrize("arch", ["qwen3moe", "mixtral", "granitemoe"])
 def test_quantised_experts_match_the_reference_on_their_dequantised_weights(
     tmp_path: Path, arch: str, qtype: str
 ) -> None:

@@ -57,7 +57,11 @@ fn owned_of(cfg: &Config) -> Owned {
             Some(e) => {
                 let (n, ff) = (e.count, e.ff);
                 put(p("ffn_gate_inp.weight"), vec![n, h], 3.0, 0.0);
-                if cfg.arch == "mixtral" {
+                if cfg.arch == "granitemoe" {
+                    // Gate and up stacked together (Granite MoE's checkpoints).
+                    put(p("ffn_gate_up_exps.weight"), vec![n, 2 * ff, h], 0.6, 0.0);
+                    put(p("ffn_down_exps.weight"), vec![n, h, ff], 0.6, 0.0);
+                } else if cfg.arch == "mixtral" {
                     // One matrix an expert (older Mixtral files, Hugging Face).
                     for x in 0..n {
                         put(p(&format!("ffn_gate.{x}.weight")), vec![ff, h], 0.6, 0.0);
@@ -303,6 +307,12 @@ fn variants() -> Vec<Config> {
     let mut c = tiny("mixtral");
     c.rope_style = RopeStyle::Interleaved;
     c.experts = Some(moe(3, 2, true, 0));
+    out.push(c);
+    let mut c = tiny("granitemoe");
+    c.rope_style = RopeStyle::Interleaved;
+    c.residual_scale = 0.22;
+    c.logit_scale = 3.0;
+    c.experts = Some(moe(5, 1, true, 0));
     out.push(c);
     out
 }

@@ -474,17 +474,39 @@ fn gather_mlp(store: &mut Store, i: usize, suffix: &str, h: usize, f: usize) -> 
 /// Block `i`'s experts: the router `ffn_gate_inp`, the experts as stacks
 /// (`ffn_gate_exps`, `ffn_up_exps`, `ffn_down_exps`: llama.cpp's converter)
 /// or one matrix each (`ffn_gate.{e}`, ...: older Mixtral files, and
-/// Hugging Face checkpoints), and Qwen2-MoE's shared expert
+/// Hugging Face checkpoints), or gate and up as one stack of `2 * ff` rows
+/// an expert (`ffn_gate_up_exps`: Granite MoE's checkpoints), and
+/// Qwen2-MoE's shared expert
 /// (`ffn_*_shexp`, gated by `ffn_gate_inp_shexp`).
 fn gather_moe(store: &mut Store, cfg: &Config, e: &Experts, i: usize) -> CoreResult<Moe> {
     let (h, n, ff) = (cfg.hidden_size, e.count, e.ff);
     let p = |s: &str| format!("blk.{i}.{s}");
     let router = matrix(store, &p("ffn_gate_inp.weight"), n, h)?;
-    let stacked = store.get(&p("ffn_gate_exps.weight")).is_some();
     let mut parts: Vec<Vec<Tensor>> = Vec::with_capacity(3);
-    for (what, rows, cols) in [("gate", ff, h), ("up", ff, h), ("down", h, ff)] {
-        if stacked {
-            let name = p(&format!("ffn_{what}_exps.weight"));
+    if store.get(&p("ffn_gate_up_exps.weight")).is_some() {
+        // Granite MoE's Hugging Face layout: each expert's gate rows, then its up rows.
+        let name = p("ffn_gate_up_exps.weight");
+        let t = matrix(store, &name, n * 2 * ff, h).map_err(|err| {
+            CoreError::Format(format!("{err} (stacked as [{n}, {}, {h}])", 2 * ff))
+        })?;
+        let (mut gate, mut up) = (Vec::with_capacity(n), Vec::with_capacity(n));
+        for (j, part) in t.split_rows(&vec![ff; 2 * n]).into_iter().enumerate() {
+            if j % 2 == 0 {
+                gate.push(part);
+            } else {
+                up.push(part);
+            }
+        }
+        parts.push(gate);
+        parts.push(up);
+    }
+    let fused = parts.len();
+    for (what, rows, cols) in [("gate", ff, h), ("up", ff, h), ("down", h, ff)]
+        .into_iter()
+        .skip(fused)
+    {
+        let name = p(&format!("ffn_{what}_exps.weight"));
+        if store.get(&name).is_some() {
             let t = matrix(store, &name, n * rows, cols).map_err(|err| {
                 CoreError::Format(format!("{err} (stacked as [{n}, {rows}, {cols}])"))
             })?;

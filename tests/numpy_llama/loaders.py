@@ -19,7 +19,7 @@ from rlx_lm.errors import UnsupportedError, WeightFormatError
 from rlx_lm.runners.llama_config import LlamaConfig
 
 # Architectures whose q/k rows llama.cpp's converter permutes for its NORM-style RoPE.
-_PERMUTED_ARCHS = ("llama", "mistral", "granite", "smollm3")
+_PERMUTED_ARCHS = ("llama", "mistral", "granite", "granitemoe", "smollm3")
 
 
 def gguf_weights(
@@ -103,6 +103,10 @@ _LAYER_NAMES = {
     "mlp.shared_expert.up_proj.weight": "ffn_up_shexp",
     "mlp.shared_expert.down_proj.weight": "ffn_down_shexp",
     "mlp.shared_expert_gate.weight": "ffn_gate_inp_shexp",
+    # Granite MoE: stacks of every expert's matrices (gate and up in one, gate first).
+    "block_sparse_moe.router.layer.weight": "ffn_gate_inp",
+    "block_sparse_moe.input_linear.weight": "ffn_gate_up_exps",
+    "block_sparse_moe.output_linear.weight": "ffn_down_exps",
 }
 
 # Gemma 2/3: a norm after attention, and one before and one after the MLP.
@@ -215,7 +219,9 @@ class SafetensorsCheckpoint:
         # Gemma's checkpoints store norm weights as w - 1 (its RMSNorm multiplies by 1 + w).
         offset = np.float32(1.0 if cfg.arch in ("gemma", "gemma2", "gemma3") else 0.0)
 
-        def get(name: str, kind: str) -> Matrix | npt.NDArray[np.float32] | None:
+        def get(name: str, kind: str) -> Matrix | list[Matrix] | npt.NDArray[np.float32] | None:
+            if kind == "stack":
+                return stack(name)
             hf_name = renamed.get(name)
             if hf_name is None:
                 return None
@@ -225,5 +231,20 @@ class SafetensorsCheckpoint:
             if arr.ndim != 2:
                 raise WeightFormatError(f"tensor {hf_name} is not a matrix: shape {arr.shape}")
             return DenseMatrix(arr)
+
+        def stack(name: str) -> list[Matrix] | None:
+            """An expert stack ``[n, rows, cols]`` as one matrix an expert; Granite MoE's gate
+            and up halves of its ``input_linear``."""
+            hf_name = renamed.get(name)
+            half = None
+            if hf_name is None and name.endswith(("ffn_gate_exps", "ffn_up_exps")):
+                hf_name = renamed.get(name.rsplit(".", 1)[0] + ".ffn_gate_up_exps")
+                half = 0 if name.endswith("ffn_gate_exps") else 1
+            if hf_name is None:
+                return None
+            arr = self.index[hf_name].tensor(hf_name)
+            if half is not None:
+                arr = np.split(arr, 2, axis=1)[half]
+            return [DenseMatrix(np.ascontiguousarray(m)) for m in arr]
 
         return LlamaWeights.gather(cfg, get, where=str(self.files[0].path), on_progress=on_progress)

@@ -18,7 +18,7 @@ __all__ = ["LayerWeights", "LlamaWeights", "TensorGetter", "unpermute_rope_rows"
 F32 = npt.NDArray[np.float32]
 
 #: ``get(name, kind)`` -> a matrix ("matrix"), a float32 vector ("vector"), or None if absent.
-TensorGetter = Callable[[str, str], "Matrix | F32 | None"]
+TensorGetter = Callable[[str, str], "Matrix | list[Matrix] | F32 | None"]
 
 
 @dataclass

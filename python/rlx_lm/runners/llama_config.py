@@ -41,6 +41,7 @@ LLAMA_ARCHITECTURES = (
     "smollm3",
     "qwen2moe",
     "qwen3moe",
+    "granitemoe",
 )
 
 #: The Gemma generations (GeGLU, embeddings times sqrt(hidden), norms stored as ``w`` in GGUF
@@ -61,6 +62,7 @@ _HF_ARCH_ALIASES = {
     "Qwen2MoeForCausalLM": "qwen2moe",
     "Qwen3MoeForCausalLM": "qwen3moe",
     "MixtralForCausalLM": "mistral",
+    "GraniteMoeForCausalLM": "granitemoe",
 }
 # Hugging Face ``model_type`` spellings of our names (Mixtral is Mistral with experts, as
 # llama.cpp's converter writes it: architecture llama with expert tensors).
@@ -99,14 +101,22 @@ _FULL_ROPE_ARCHS = (
     "smollm3",
     "qwen2moe",
     "qwen3moe",
+    "granitemoe",
 )
 # Mixtures of experts: the architectures that are nothing else, and those whose GGUF may add
 # experts to a dense design (llama.cpp's converter writes Mixtral as llama with experts).
-_MOE_ARCHS = ("qwen2moe", "qwen3moe")
+_MOE_ARCHS = ("qwen2moe", "qwen3moe", "granitemoe")
 _MAY_HAVE_EXPERTS = ("llama", "mistral", *_MOE_ARCHS)
 # Whether llama.cpp renormalises the picked experts' weights (its build_moe_ffn's norm_w):
-# Mixtral and Qwen3-MoE do, Qwen2-MoE does not.
-_NORM_EXPERT_WEIGHTS = {"llama": True, "mistral": True, "qwen2moe": False, "qwen3moe": True}
+# Mixtral, Qwen3-MoE and Granite MoE do, Qwen2-MoE does not.
+_NORM_EXPERT_WEIGHTS = {
+    "llama": True,
+    "mistral": True,
+    "qwen2moe": False,
+    "qwen3moe": True,
+    "granitemoe": True,
+}
+_GRANITE_ARCHS = ("granite", "granitemoe")
 #: The most experts a block may have (llama.cpp's LLAMA_MAX_EXPERTS).
 MAX_EXPERTS = 512
 _QKV_BIAS_ARCHS = ("qwen2", "qwen2moe")
@@ -414,7 +424,7 @@ class LlamaConfig:
         n_layers = need("num_hidden_layers")
         rope_dims = _hf_rope_dims(cfg, arch, int(head_dim), where)
         gemma = _hf_gemma(cfg, arch, n_layers, hidden, where) if arch in GEMMA_ARCHITECTURES else {}
-        if arch == "granite":
+        if arch in _GRANITE_ARCHS:
             gemma = _hf_granite(cfg)
         if arch == "smollm3":
             gemma = {"nope_layers": _hf_nope_layers(cfg, n_layers, where)}
@@ -514,7 +524,7 @@ class LlamaConfig:
             gemma["final_softcap"] = opt_float("final_logit_softcapping", _GEMMA2_FINAL_SOFTCAP)
         if arch == "gemma3":
             gemma["rope_local_theta"] = opt_float("rope.freq_base_swa", _GEMMA3_LOCAL_THETA)
-        if arch == "granite":
+        if arch in _GRANITE_ARCHS:
             # llama.cpp's keys; 0 or absent means "not scaled" there (its attention scale then
             # 1/sqrt(head_dim)).
             for key, name in (
@@ -545,6 +555,12 @@ class LlamaConfig:
             if arch == "qwen2moe":
                 gemma["shared_expert_ff"] = opt_int("expert_shared_feed_forward_length", 0) or (
                     dense_ff
+                )
+            elif opt_int("expert_shared_feed_forward_length", 0):
+                # Granite MoE's shared expert is added ungated; not built here.
+                raise UnsupportedError(
+                    f"{where}: {arch}.expert_shared_feed_forward_length: a shared expert in a "
+                    f"{arch} model is not supported"
                 )
         elif arch in _MOE_ARCHS:
             raise WeightFormatError(f"{where}: GGUF header lacks {arch}.expert_count")
@@ -607,15 +623,18 @@ def _hf_experts(cfg: Mapping[str, Any], arch: str, where: str) -> dict[str, Any]
                 f"{where}: dense layers among the experts (decoder_sparse_step={step}, "
                 f"mlp_only_layers={cfg.get('mlp_only_layers')}) are not supported"
             )
+    # Mixtral and Granite MoE: num_local_experts, intermediate_size wide, always
+    # renormalised (Granite's router takes the softmax of the top k logits, the same thing).
+    local = arch in ("mistral", "granitemoe")
+    if arch == "granitemoe" and cfg.get("shared_intermediate_size"):
+        raise UnsupportedError(f"{where}: a Granite MoE shared expert is not supported")
     out: dict[str, Any] = {
-        "n_experts": _require_int(
-            cfg, "num_local_experts" if arch == "mistral" else "num_experts", where
-        ),
+        "n_experts": _require_int(cfg, "num_local_experts" if local else "num_experts", where),
         "n_experts_used": _require_int(cfg, "num_experts_per_tok", where),
         "expert_ff": _require_int(
-            cfg, "intermediate_size" if arch == "mistral" else "moe_intermediate_size", where
+            cfg, "intermediate_size" if local else "moe_intermediate_size", where
         ),
-        "experts_norm": arch == "mistral" or bool(cfg.get("norm_topk_prob", False)),
+        "experts_norm": local or bool(cfg.get("norm_topk_prob", False)),
     }
     if arch == "qwen2moe":
         out["shared_expert_ff"] = _require_int(cfg, "shared_expert_intermediate_size", where)

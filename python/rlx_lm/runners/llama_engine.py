@@ -43,7 +43,7 @@ __all__ = [
 # Architectures whose q/k rows llama.cpp's converter permutes for its NORM-style RoPE: the
 # engine uses the interleaved pairing on those rows as stored (equal to rotate-half on the
 # original rows), so nothing is copied.
-_PERMUTED_ARCHS = ("llama", "mistral", "granite", "smollm3")
+_PERMUTED_ARCHS = ("llama", "mistral", "granite", "granitemoe", "smollm3")
 _SHARD = re.compile(r"-(\d{5})-of-(\d{5})$")
 
 # ggml ids of the plain float types, as the core defines them (F64, which only this loader
@@ -340,6 +340,11 @@ _LAYER_NAMES = {
     "mlp.shared_expert.up_proj.weight": "ffn_up_shexp.weight",
     "mlp.shared_expert.down_proj.weight": "ffn_down_shexp.weight",
     "mlp.shared_expert_gate.weight": "ffn_gate_inp_shexp.weight",
+    # Granite MoE: the router, and every expert's matrices as one [n, rows, cols] tensor (gate
+    # and up in one, gate first: cut apart in the engine).
+    "block_sparse_moe.router.layer.weight": "ffn_gate_inp.weight",
+    "block_sparse_moe.input_linear.weight": "ffn_gate_up_exps.weight",
+    "block_sparse_moe.output_linear.weight": "ffn_down_exps.weight",
 }
 # One matrix an expert, under llama.cpp's per-expert names (``ffn_gate.{e}.weight``): the Qwen
 # MoEs' ``mlp.experts.{e}.gate_proj``, Mixtral's ``block_sparse_moe.experts.{e}.w1`` (gate),

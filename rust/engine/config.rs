@@ -307,10 +307,9 @@ impl Config {
     }
 
     /// Whether every layer has the same attention window and RoPE (what the
-    /// team's one-step decode assumes), no post norms and dense MLPs.
+    /// team's one-step decode assumes) and no post norms.
     pub fn uniform_layers(&self) -> bool {
-        self.experts.is_none()
-            && self.window_layers.is_empty()
+        self.window_layers.is_empty()
             && self.rope_local.is_none()
             && !self.block.post_norms
             && self.nope_layers.is_empty()

@@ -1,7 +1,8 @@
 //! One decode step of one or more sequences (one new token each) as a single elastic job
 //! of the model's [`Team`]: every member takes claimed row chunks of each
 //! product and (KV head, span) tasks of attention, stage by stage (q/k/v,
-//! attention, o, gate/up, down: five a block), instead of a thread-pool
+//! attention, o, gate/up, down: five a block; a mixture of experts six:
+//! o, router, every pick's gate/up, down), instead of a thread-pool
 //! hand-off per product.
 //!
 //! There are no barriers: a stage begins when the items of the stage before
@@ -26,6 +27,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Mutex;
 
 use crate::engine::attention::{attend_span, combine, slice_rows, span_of, spans, Scoring};
+use crate::engine::experts::route;
 use crate::engine::forward::{
     add_scaled, finish_logits, head_major, rms_heads, rms_rows, rope, rope_tables, scale_embedding,
     window_start, Model, Step,
@@ -33,7 +35,7 @@ use crate::engine::forward::{
 use crate::engine::glu::glu;
 use crate::engine::linear::RowPrep;
 use crate::engine::team::{Member, Team};
-use crate::engine::weights::Tensor;
+use crate::engine::weights::{Ffn, Layer, Moe, Tensor};
 use crate::kv::{convert_f32_to_f16, f16_to_f32, Dtype, Half, KvCache, Rows};
 use crate::{CoreError, CoreResult};
 
@@ -75,7 +77,8 @@ impl Cuts {
     }
 }
 
-/// Work counters a block uses (one per stage).
+/// Work counters a block uses (one per stage); a mixture's block one more
+/// (its router).
 const STAGES: usize = 5;
 
 /// A buffer the members share; each writes only the elements it claimed,
@@ -195,8 +198,13 @@ struct Bufs {
     /// pairs (2 a span) and outputs (`head_dim` a span), at [`Plan::span_at`].
     parts: Shared,
     outs: Shared,
-    /// `act(gate) * up` (`n x intermediate`).
+    /// `act(gate) * up` (`n x intermediate`; a mixture's: `n x used x
+    /// expert_ff`, one row a pick).
     act: Shared,
+    /// A mixture's router logits (`n x experts`) and its shared expert's
+    /// `act(gate) * up` (`n x shared_ff`).
+    route: Shared,
+    shared_act: Shared,
     /// Every block's new key and value rows (after RoPE),
     /// `layers x n x 2 x kv_width`.
     newkv: Shared,
@@ -217,6 +225,11 @@ struct Plan {
     hidden_cuts: Cuts,
     inter_cuts: Cuts,
     head_cuts: Cuts,
+    /// A mixture's claims: its router's rows, an expert's gate/up rows, the
+    /// shared expert's.
+    router_cuts: Cuts,
+    expert_cuts: Cuts,
+    shared_cuts: Cuts,
 }
 
 impl Plan {
@@ -247,6 +260,9 @@ impl Plan {
             hidden_cuts: Cuts::new(cfg.hidden_size, threads, CHUNK),
             inter_cuts: Cuts::new(cfg.intermediate_size, threads, CHUNK),
             head_cuts: Cuts::new(head_rows, threads, HEAD_CHUNK),
+            router_cuts: Cuts::new(cfg.experts.map_or(0, |e| e.count), threads, CHUNK),
+            expert_cuts: Cuts::new(cfg.experts.map_or(0, |e| e.ff), threads, CHUNK),
+            shared_cuts: Cuts::new(cfg.experts.map_or(0, |e| e.shared_ff), threads, CHUNK),
         }
     }
 
@@ -254,6 +270,13 @@ impl Plan {
     fn span_at(&self, si: usize, head: usize, sp: usize) -> usize {
         let (_, n, base) = self.seqs[si];
         base + head * n + sp
+    }
+
+    /// Claims of a mixture's gate/up stage for `picks` (sequence, pick)
+    /// pairs: each pick's expert cut by `expert_cuts`, then the shared
+    /// expert's cuts.
+    fn moe_items(&self, picks: usize) -> usize {
+        picks * self.expert_cuts.len() + self.shared_cuts.len()
     }
 }
 
@@ -281,7 +304,12 @@ impl Model {
         let plan = Plan::new(cfg, starts, team.threads(), self.weights.head().rows);
         let mut parts = vec![0.0f32; plan.slots * 2];
         let mut outs = vec![0.0f32; plan.slots * hd];
-        let mut act = vec![0.0f32; n * cfg.intermediate_size];
+        let (used, ff, shared_ff, experts) = cfg
+            .experts
+            .map_or((0, 0, 0, 0), |e| (e.used, e.ff, e.shared_ff, e.count));
+        let mut act = vec![0.0f32; (n * cfg.intermediate_size).max(n * used * ff)];
+        let mut route = vec![0.0f32; n * experts];
+        let mut shared_act = vec![0.0f32; n * shared_ff];
         let mut newkv = vec![0.0f32; layers * n * 2 * kvw];
         let mut logits = vec![0.0f32; n * self.weights.head().rows];
         let qkv_chunks = plan.q_cuts.len() + 2 * plan.kv_cuts.len();
@@ -290,7 +318,12 @@ impl Model {
             stages.push(Stage::new(qkv_chunks));
             stages.push(Stage::new(plan.tasks.len()));
             stages.push(Stage::new(plan.hidden_cuts.len()));
-            stages.push(Stage::new(plan.inter_cuts.len()));
+            if cfg.experts.is_some() {
+                stages.push(Stage::new(plan.router_cuts.len()));
+                stages.push(Stage::new(plan.moe_items(n * used)));
+            } else {
+                stages.push(Stage::new(plan.inter_cuts.len()));
+            }
             stages.push(Stage::new(plan.hidden_cuts.len()));
         }
         stages.push(Stage::new(plan.head_cuts.len()));
@@ -302,6 +335,8 @@ impl Model {
             parts: Shared::of(&mut parts),
             outs: Shared::of(&mut outs),
             act: Shared::of(&mut act),
+            route: Shared::of(&mut route),
+            shared_act: Shared::of(&mut shared_act),
             newkv: Shared::of(&mut newkv),
             logits: Shared::of(&mut logits),
         };
@@ -379,7 +414,6 @@ impl Model {
             Claims::open(m, stages, at - 1)
         };
         for (li, lw) in self.weights.layers.iter().enumerate() {
-            let mlp = lw.dense()?;
             // q, k, v.
             let parts: [(&Tensor, Shared); 3] = [(&lw.q, b.q), (&lw.k, b.k), (&lw.v, b.v)];
             let chunks: Vec<(usize, usize)> = parts
@@ -516,6 +550,13 @@ impl Model {
                 self.residual(&mut cl, first, &mut prep, &lw.o, &mut tmp, b.x, n, cuts)?;
             }
             cl.finish();
+            let mlp = match &lw.ffn {
+                Ffn::Dense(mlp) => mlp,
+                Ffn::Moe(moe) => {
+                    self.member_moe(&mut open, moe, lw, n, b, &mut h, &mut tmp, plan)?;
+                    continue;
+                }
+            };
             // gate and up, then act(gate) * up.
             let mut cl = open();
             if let Some(first) = cl.next() {
@@ -563,6 +604,177 @@ impl Model {
                 let (lo, hi) = plan.head_cuts.range(ci);
                 // SAFETY: columns lo..hi of the logits are this member's claim.
                 unsafe { self.rows(&mut prep, head, lo, hi, b.logits.ptr())? };
+                c = cl.next();
+            }
+        }
+        cl.finish();
+        Ok(())
+    }
+
+    /// A mixture's three stages of a block: the router's rows; each pick's
+    /// expert's gate and up rows (and the shared expert's), `act(gate) *
+    /// up` into its row of `act`; then each claim of hidden columns takes
+    /// every pick's down rows there, sums them by weight in pick order
+    /// (then the shared expert's times its gate) and adds the sum to the
+    /// residual: the general path's arithmetic, element by element.
+    #[allow(clippy::too_many_arguments)]
+    fn member_moe<'m, 'a: 'm>(
+        &self,
+        open: &mut dyn FnMut() -> Claims<'m, 'a>,
+        moe: &Moe,
+        lw: &Layer,
+        n: usize,
+        b: Bufs,
+        h: &mut [f32],
+        tmp: &mut [f32],
+        plan: &Plan,
+    ) -> CoreResult<()> {
+        let cfg = &self.cfg;
+        let e = cfg.experts.as_ref().expect("a mixture has its config");
+        let (hdim, k, ff, eps) = (cfg.hidden_size, e.used, e.ff, cfg.rms_norm_eps);
+        let act = self.act();
+        let mut normed = false;
+        let norm = |h: &mut [f32], normed: &mut bool| {
+            if !*normed {
+                // SAFETY: x is written in this block's down stage only, which
+                // waits for the stages before it.
+                rms_rows(unsafe { b.x.read() }, &lw.ffn_norm, eps, h);
+                *normed = true;
+            }
+        };
+        // The router's logits.
+        let mut cl = open();
+        if let Some(first) = cl.next() {
+            norm(h, &mut normed);
+            let mut prep = RowPrep::new(self.activations, h);
+            let mut c = Some(first);
+            while let Some(ci) = c {
+                let (lo, hi) = plan.router_cuts.range(ci);
+                // SAFETY: columns lo..hi of route are this member's claim.
+                unsafe { self.rows(&mut prep, &moe.router, lo, hi, b.route.ptr())? };
+                c = cl.next();
+            }
+        }
+        cl.finish();
+        let mut picks: Vec<(usize, f32)> = Vec::new();
+        let route_all = |picks: &mut Vec<(usize, f32)>| {
+            if picks.is_empty() {
+                // SAFETY: route is written in the router stage only, done.
+                let logits = unsafe { b.route.read() };
+                let mut one = Vec::with_capacity(k);
+                for z in logits.chunks_exact(e.count) {
+                    route(z, e, &mut one);
+                    picks.extend_from_slice(&one);
+                }
+            }
+        };
+        // Every pick's gate and up, and the shared expert's.
+        let per = plan.expert_cuts.len();
+        let mut cl = open();
+        if let Some(first) = cl.next() {
+            norm(h, &mut normed);
+            route_all(&mut picks);
+            let mut preps: Vec<RowPrep<'_>> = h
+                .chunks_exact(hdim)
+                .map(|row| RowPrep::new(self.activations, row))
+                .collect();
+            let mut shared_prep = RowPrep::new(self.activations, h);
+            let sff = e.shared_ff;
+            let (mut gate, mut up) = (vec![0.0f32; n * ff.max(sff)], vec![0.0f32; n * ff.max(sff)]);
+            let mut c = Some(first);
+            while let Some(ci) = c {
+                if ci < n * k * per {
+                    let (s, (lo, hi)) = (ci / per, plan.expert_cuts.range(ci % per));
+                    let mlp = &moe.experts[picks[s].0];
+                    let prep = &mut preps[s / k];
+                    // SAFETY: private buffers of at least ff floats.
+                    unsafe {
+                        self.rows(prep, &mlp.gate, lo, hi, gate.as_mut_ptr())?;
+                        self.rows(prep, &mlp.up, lo, hi, up.as_mut_ptr())?;
+                    }
+                    // SAFETY: columns lo..hi of pick s's row of act are this claim's.
+                    let dst = unsafe { b.act.part(s * ff + lo, s * ff + hi) };
+                    glu(act, &gate[lo..hi], &up[lo..hi], dst);
+                } else if let Some((shared, _)) = &moe.shared {
+                    let (lo, hi) = plan.shared_cuts.range(ci - n * k * per);
+                    // SAFETY: private buffers of n x shared_ff floats.
+                    unsafe {
+                        self.rows(&mut shared_prep, &shared.gate, lo, hi, gate.as_mut_ptr())?;
+                        self.rows(&mut shared_prep, &shared.up, lo, hi, up.as_mut_ptr())?;
+                    }
+                    for r in 0..n {
+                        let (a, z) = (r * sff + lo, r * sff + hi);
+                        // SAFETY: columns lo..hi of shared_act are this claim's.
+                        let dst = unsafe { b.shared_act.part(a, z) };
+                        glu(act, &gate[a..z], &up[a..z], dst);
+                    }
+                }
+                c = cl.next();
+            }
+        }
+        cl.finish();
+        // down: weighted sums added to the residual.
+        let mut cl = open();
+        if let Some(first) = cl.next() {
+            norm(h, &mut normed);
+            route_all(&mut picks);
+            // SAFETY: act and shared_act are written again in the next
+            // block's gate/up stage only, after this one.
+            let (acts, shared_acts) = unsafe { (b.act.read(), b.shared_act.read()) };
+            let mut preps: Vec<RowPrep<'_>> = (0..n * k)
+                .map(|s| RowPrep::new(self.activations, &acts[s * ff..(s + 1) * ff]))
+                .collect();
+            let mut shared_prep = RowPrep::new(self.activations, shared_acts);
+            let gates: Vec<f32> = match &moe.shared {
+                Some((_, w)) => h
+                    .chunks_exact(hdim)
+                    .map(|hr| {
+                        let z: f32 = hr.iter().zip(w).map(|(a, b)| a * b).sum();
+                        1.0 / (1.0 + (-z).exp())
+                    })
+                    .collect(),
+                None => Vec::new(),
+            };
+            let (mut acc, mut one) = (vec![0.0f32; hdim], vec![0.0f32; hdim]);
+            let mut c = Some(first);
+            while let Some(ci) = c {
+                let (lo, hi) = plan.hidden_cuts.range(ci);
+                if let Some((shared, _)) = &moe.shared {
+                    // SAFETY: tmp holds n x hidden floats and is private.
+                    unsafe { self.rows(&mut shared_prep, &shared.down, lo, hi, tmp.as_mut_ptr())? };
+                }
+                for r in 0..n {
+                    let acc = &mut acc[lo..hi];
+                    for slot in 0..k {
+                        let s = r * k + slot;
+                        let (x, w) = picks[s];
+                        // SAFETY: one's hidden floats are private.
+                        unsafe {
+                            self.rows(
+                                &mut preps[s],
+                                &moe.experts[x].down,
+                                lo,
+                                hi,
+                                one.as_mut_ptr(),
+                            )?
+                        };
+                        let v = &one[lo..hi];
+                        if slot == 0 {
+                            acc.iter_mut().zip(v).for_each(|(a, &v)| *a = v * w);
+                        } else {
+                            acc.iter_mut().zip(v).for_each(|(a, &v)| *a += v * w);
+                        }
+                    }
+                    if moe.shared.is_some() {
+                        let g = gates[r];
+                        let sr = &tmp[r * hdim + lo..r * hdim + hi];
+                        acc.iter_mut().zip(sr).for_each(|(a, &v)| *a += v * g);
+                    }
+                    // SAFETY: columns lo..hi of x are this member's claim; nobody
+                    // reads x in this stage.
+                    let dst = unsafe { b.x.part(r * hdim + lo, r * hdim + hi) };
+                    add_scaled(dst, acc, cfg.residual_scale);
+                }
                 c = cl.next();
             }
         }

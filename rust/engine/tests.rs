@@ -896,7 +896,9 @@ fn a_team_batched_decode_step_gives_each_sequence_its_bits_alone() {
     let mut qwen3 = tiny("qwen3");
     qwen3.block.qk_norm = true;
     qwen3.block.qkv_bias = true;
-    for cfg in [tiny("llama"), windowed, qwen3] {
+    // The mixtures: the sequences of a step pick different experts.
+    let mixtures = variants().into_iter().filter(|c| c.experts.is_some());
+    for cfg in [tiny("llama"), windowed, qwen3].into_iter().chain(mixtures) {
         for (dtype, activations) in [
             (Dtype::F32, Activations::Exact),
             (Dtype::F16, Activations::Q8),

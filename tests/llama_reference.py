@@ -79,7 +79,10 @@ def reference_logits(
     picks LongRoPE's factor set: the long one past ``original_max_position_embeddings``."""
     arch = config["model_type"]
     gemma = arch in ("gemma", "gemma2", "gemma3_text")
-    post_norms = arch in ("gemma2", "gemma3_text")
+    post_norms = arch in ("gemma2", "gemma3_text", "olmo2")
+    # OLMo 2, OLMoE: q and k normed over the whole projection; OLMo 2: no norm before
+    # attention or the MLP, only after them.
+    full_qk = arch in ("olmo2", "olmoe")
     # Gemma's RMSNorm multiplies by 1 + w.
     w = {
         k: v.astype(np.float64) + (1.0 if gemma and k.endswith("norm.weight") else 0.0)
@@ -137,7 +140,7 @@ def reference_logits(
             # query i attends to keys i-window+1 .. i
             mask = causal + np.tril(np.full((seq, seq), -np.inf), k=-window)
         cos, sin = local_rope if windowed and arch == "gemma3_text" else global_rope
-        h = _rms(x, w[p + "input_layernorm.weight"], eps)
+        h = _rms(x, w[p + "input_layernorm.weight"], eps) if arch != "olmo2" else x
         if p + "self_attn.qkv_proj.weight" in w:  # Phi-3: one matrix, rows q | k | v
             q, k, v = np.split(
                 h @ w[p + "self_attn.qkv_proj.weight"].T, [nh * hd, (nh + nkv) * hd], axis=-1
@@ -150,10 +153,13 @@ def reference_logits(
             q = q + w[p + "self_attn.q_proj.bias"]
             k = k + w[p + "self_attn.k_proj.bias"]
             v = v + w[p + "self_attn.v_proj.bias"]
+        if full_qk:
+            q = _rms(q, w[p + "self_attn.q_norm.weight"], eps)
+            k = _rms(k, w[p + "self_attn.k_norm.weight"], eps)
         q = q.reshape(seq, nh, hd).transpose(1, 0, 2)
         k = k.reshape(seq, nkv, hd).transpose(1, 0, 2)
         v = v.reshape(seq, nkv, hd).transpose(1, 0, 2)
-        if p + "self_attn.q_norm.weight" in w:
+        if p + "self_attn.q_norm.weight" in w and not full_qk:
             q = _rms(q, w[p + "self_attn.q_norm.weight"], eps)
             k = _rms(k, w[p + "self_attn.k_norm.weight"], eps)
         if nope[i]:
@@ -171,7 +177,9 @@ def reference_logits(
         o = attn @ w[p + "self_attn.o_proj.weight"].T * rm
         if post_norms:
             o = _rms(o, w[p + "post_attention_layernorm.weight"], eps)
-            h = _rms(x + o, w[p + "pre_feedforward_layernorm.weight"], eps)
+            h = x + o
+            if arch != "olmo2":
+                h = _rms(h, w[p + "pre_feedforward_layernorm.weight"], eps)
         else:
             h = _rms(x + o, w[p + "post_attention_layernorm.weight"], eps)
         x = x + o

@@ -73,7 +73,7 @@ def make_tiny(
         layers = max(layers, 4)  # so that its NoPE layer (every fourth) exists
     hd = head_dim or hidden // heads
     gemma = arch in ("gemma", "gemma2", "gemma3")
-    moe = arch in ("qwen2moe", "qwen3moe", "mixtral", "granitemoe")
+    moe = arch in ("qwen2moe", "qwen3moe", "mixtral", "granitemoe", "olmoe")
     model_type = {"gemma3": "gemma3_text", "qwen2moe": "qwen2_moe", "qwen3moe": "qwen3_moe"}
     cfg: dict[str, Any] = {
         "model_type": model_type.get(arch, arch),
@@ -115,6 +115,8 @@ def make_tiny(
         )
         # Qwen3-MoE's checkpoints renormalise the picked weights, Qwen2-MoE's do not.
         cfg["norm_topk_prob"] = arch == "qwen3moe"
+        if arch == "olmoe":  # its experts are intermediate_size wide
+            cfg["intermediate_size"] = cfg.pop("moe_intermediate_size")
         if arch == "qwen2moe":
             cfg["shared_expert_intermediate_size"] = inter
     if arch == "gemma3":
@@ -141,7 +143,8 @@ def make_tiny(
         t["lm_head.weight"] = mat(vocab, hidden)
     for i in range(layers):
         p = f"model.layers.{i}."
-        t[p + "input_layernorm.weight"] = norm(hidden)
+        if arch != "olmo2":  # OLMo 2 norms after attention and the MLP only
+            t[p + "input_layernorm.weight"] = norm(hidden)
         t[p + "post_attention_layernorm.weight"] = norm(hidden)
         t[p + "self_attn.q_proj.weight"] = mat(heads * hd, hidden)
         t[p + "self_attn.k_proj.weight"] = mat(kv_heads * hd, hidden)
@@ -187,6 +190,11 @@ def make_tiny(
         if arch in ("qwen3", "qwen3moe", "gemma3"):
             t[p + "self_attn.q_norm.weight"] = norm(hd)
             t[p + "self_attn.k_norm.weight"] = norm(hd)
+        if arch in ("olmo2", "olmoe"):  # over the whole projection
+            t[p + "self_attn.q_norm.weight"] = norm(heads * hd)
+            t[p + "self_attn.k_norm.weight"] = norm(kv_heads * hd)
+        if arch == "olmo2":
+            t[p + "post_feedforward_layernorm.weight"] = norm(hidden)
         if arch in ("gemma2", "gemma3"):
             t[p + "pre_feedforward_layernorm.weight"] = norm(hidden)
             t[p + "post_feedforward_layernorm.weight"] = norm(hidden)
@@ -476,7 +484,7 @@ def write_gguf(
     permute = arch in ("llama", "mistral", "granite", "granitemoe", "smollm3")
     heads, kv_heads = c["num_attention_heads"], c["num_key_value_heads"]
     qt = QT[qtype]
-    names = _GGUF_POST_NORMS if own in ("gemma2", "gemma3") else _GGUF_LAYER
+    names = _GGUF_POST_NORMS if own in ("gemma2", "gemma3", "olmo2") else _GGUF_LAYER
     tensors, raw = _stack_experts(model.tensors, raw, n_experts)
     for name in sorted(tensors):
         a = tensors[name]

@@ -1,7 +1,7 @@
-"""Mixtures of experts (Mixtral, Qwen2-MoE, Qwen3-MoE, Granite MoE): their fields from GGUF headers
-(llama.cpp's keys) and Hugging Face configs, both formats of one model against the float64
-reference (every position, prefill and decode, quantised experts) and the refusals (batched
-decode: tests/test_engine.py)."""
+"""Mixtures of experts (Mixtral, Qwen2-MoE, Qwen3-MoE, Granite MoE, OLMoE): their fields from
+GGUF headers (llama.cpp's keys) and Hugging Face configs, both formats of one model against
+the float64 reference (every position, prefill and decode, quantised experts) and the
+refusals (batched decode: tests/test_engine.py)."""
 
 from __future__ import annotations
 
@@ -25,7 +25,7 @@ from rlx_lm.runners.llama import load_llama
 from rlx_lm.runners.llama_config import LlamaConfig
 
 IDS = [1, 5, 7, 3, 9, 100, 2, 50, 4, 4, 4, 17]
-MOE = ["qwen3moe", "qwen2moe", "mixtral", "granitemoe"]
+MOE = ["qwen3moe", "qwen2moe", "mixtral", "granitemoe", "olmoe"]
 
 
 def _gguf(arch: str, **fields: Any) -> LlamaConfig:
@@ -52,6 +52,9 @@ def test_gguf_expert_keys_and_llama_cpps_weight_normalisation() -> None:
     # Granite MoE: Granite's multipliers, experts feed_forward_length wide, renormalised.
     gm = _gguf("granitemoe", expert_count=32, expert_used_count=8, residual_scale=0.22)
     assert (gm.n_experts, gm.expert_ff, gm.experts_norm, gm.residual_scale) == (32, 128, True, 0.22)
+    # OLMoE: experts feed_forward_length wide, not renormalised, q/k normed whole.
+    om = _gguf("olmoe", expert_count=64, expert_used_count=8)
+    assert (om.n_experts, om.expert_ff, om.experts_norm, om.qk_norm_full) == (64, 128, False, True)
     mx = _gguf("llama", expert_count=8, expert_used_count=2)
     assert (mx.arch, mx.n_experts, mx.expert_ff, mx.experts_norm) == ("llama", 8, 128, True)
     assert _gguf("llama").n_experts == 0
@@ -97,6 +100,8 @@ def test_hf_expert_fields() -> None:
     assert q3.qk_norm
     q2 = LlamaConfig.from_hf(make_tiny("qwen2moe", inter=96).config)
     assert (q2.arch, q2.shared_expert_ff, q2.experts_norm) == ("qwen2moe", 96, False)
+    om = LlamaConfig.from_hf(make_tiny("olmoe").config)
+    assert (om.arch, om.n_experts, om.expert_ff, om.experts_norm) == ("olmoe", 4, 64, False)
     gm = LlamaConfig.from_hf(make_tiny("granitemoe").config)
     assert (gm.arch, gm.n_experts, gm.expert_ff, gm.experts_norm) == ("granitemoe", 4, 64, True)
     assert gm.residual_scale == 0.4  # Granite's multipliers too

@@ -29,6 +29,12 @@ pub struct BlockVariant {
     /// is added to the residual stream (`attn_post_norm`, `ffn_post_norm`:
     /// Gemma 2 and 3).
     pub post_norms: bool,
+    /// No RMS norm before attention and before the MLP (OLMo 2, whose
+    /// blocks norm only their outputs: `post_norms`).
+    pub no_pre_norms: bool,
+    /// q and k are RMS-normed over the whole projection (`q_width`,
+    /// `kv_width` weights: OLMo 2, OLMoE), not head by head.
+    pub qk_norm_full: bool,
 }
 
 /// A mixture of experts in place of each block's dense MLP (Mixtral, Qwen2-MoE,
@@ -307,9 +313,10 @@ impl Config {
     }
 
     /// Whether every layer has the same attention window and RoPE (what the
-    /// team's one-step decode assumes) and no post norms.
+    /// team's one-step decode assumes), pre norms and no post norms.
     pub fn uniform_layers(&self) -> bool {
-        self.window_layers.is_empty()
+        !self.block.no_pre_norms
+            && self.window_layers.is_empty()
             && self.rope_local.is_none()
             && !self.block.post_norms
             && self.nope_layers.is_empty()

@@ -233,7 +233,7 @@ impl Model {
         let (mut ctx, mut o) = (vec![0.0f32; rows * qw], Vec::new());
         let (mut gate, mut up, mut down) = (Vec::new(), Vec::new(), Vec::new());
         for (li, lw) in self.weights.layers.iter().enumerate() {
-            rms_rows(&x, &lw.attn_norm, cfg.rms_norm_eps, &mut h);
+            pre_norm(&x, &lw.attn_norm, cfg, &mut h);
             self.mm_many(&h, &mut [(&lw.q, &mut q), (&lw.k, &mut k), (&lw.v, &mut v)])?;
             for (buf, bias) in [
                 (&mut q, &lw.q_bias),
@@ -276,7 +276,7 @@ impl Model {
                 cfg.rms_norm_eps,
                 cfg.residual_scale,
             );
-            rms_rows(&x, &lw.ffn_norm, cfg.rms_norm_eps, &mut h);
+            pre_norm(&x, &lw.ffn_norm, cfg, &mut h);
             match &lw.ffn {
                 Ffn::Dense(m) => self.mlp(m, &h, &mut gate, &mut up, &mut down)?,
                 Ffn::Moe(m) => self.moe(m, &h, &mut down)?,
@@ -423,6 +423,16 @@ pub(crate) fn window_start(window: Option<usize>, pos: usize) -> usize {
     match window {
         Some(w) if pos + 1 > w => pos + 1 - w,
         _ => 0,
+    }
+}
+
+/// The input of attention or the MLP: `x` RMS-normed by `w`, or `x` itself
+/// where the block has no pre norms (OLMo 2).
+fn pre_norm(x: &[f32], w: &[f32], cfg: &Config, h: &mut [f32]) {
+    if cfg.block.no_pre_norms {
+        h.copy_from_slice(x);
+    } else {
+        rms_rows(x, w, cfg.rms_norm_eps, h);
     }
 }
 

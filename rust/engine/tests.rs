@@ -42,8 +42,10 @@ fn owned_of(cfg: &Config) -> Owned {
     put("output_norm.weight".into(), vec![h], 0.2, 1.0);
     for i in 0..cfg.n_layers {
         let p = |s: &str| format!("blk.{i}.{s}");
-        put(p("attn_norm.weight"), vec![h], 0.2, 1.0);
-        put(p("ffn_norm.weight"), vec![h], 0.2, 1.0);
+        if !cfg.block.no_pre_norms {
+            put(p("attn_norm.weight"), vec![h], 0.2, 1.0);
+            put(p("ffn_norm.weight"), vec![h], 0.2, 1.0);
+        }
         put(p("attn_q.weight"), vec![qw, h], 0.6, 0.0);
         put(p("attn_k.weight"), vec![kvw, h], 0.6, 0.0);
         put(p("attn_v.weight"), vec![kvw, h], 0.6, 0.0);
@@ -88,8 +90,13 @@ fn owned_of(cfg: &Config) -> Owned {
             put(p("attn_v.bias"), vec![kvw], 0.2, 0.0);
         }
         if cfg.block.qk_norm {
-            put(p("attn_q_norm.weight"), vec![hd], 0.2, 1.0);
-            put(p("attn_k_norm.weight"), vec![hd], 0.2, 1.0);
+            let (qn, kn) = if cfg.block.qk_norm_full {
+                (qw, kvw)
+            } else {
+                (hd, hd)
+            };
+            put(p("attn_q_norm.weight"), vec![qn], 0.2, 1.0);
+            put(p("attn_k_norm.weight"), vec![kn], 0.2, 1.0);
         }
         if cfg.block.post_norms {
             put(p("post_attention_norm.weight"), vec![h], 0.2, 1.0);
@@ -307,6 +314,19 @@ fn variants() -> Vec<Config> {
     let mut c = tiny("mixtral");
     c.rope_style = RopeStyle::Interleaved;
     c.experts = Some(moe(3, 2, true, 0));
+    out.push(c);
+    // OLMo 2: norms after attention and the MLP only, q/k normed over the
+    // whole projection (general path); OLMoE: that q/k norm in a mixture.
+    let mut c = tiny("olmo2");
+    c.block.no_pre_norms = true;
+    c.block.post_norms = true;
+    c.block.qk_norm = true;
+    c.block.qk_norm_full = true;
+    out.push(c);
+    let mut c = tiny("olmoe");
+    c.block.qk_norm = true;
+    c.block.qk_norm_full = true;
+    c.experts = Some(moe(4, 2, false, 0));
     out.push(c);
     let mut c = tiny("granitemoe");
     c.rope_style = RopeStyle::Interleaved;

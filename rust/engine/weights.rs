@@ -354,6 +354,26 @@ impl Weights {
             let p = |s: &str| format!("blk.{i}.{s}");
             let bias = cfg.block.qkv_bias;
             let qk = cfg.block.qk_norm;
+            // q/k norms a head wide, or the whole projection wide (OLMo).
+            let (qn, kn) = if cfg.block.qk_norm_full {
+                (qw, kvw)
+            } else {
+                (hd, hd)
+            };
+            // The norms before attention and the MLP; none in OLMo 2 (an
+            // empty vector, never read).
+            let pre_norm = |store: &Store, name: &str| {
+                if cfg.block.no_pre_norms {
+                    if store.get(name).is_some() {
+                        return Err(CoreError::Format(format!(
+                            "tensor {name}: this architecture has no norm before its \
+                             attention and MLP"
+                        )));
+                    }
+                    return Ok(Vec::new());
+                }
+                vector(store, name, h, true).map(need)
+            };
             let post = cfg.block.post_norms;
             // q, k and v as one matrix (Phi-3's attn_qkv) or three.
             let [q, k, v]: [Tensor; 3] = if store.get(&p("attn_qkv.weight")).is_some() {
@@ -373,13 +393,13 @@ impl Weights {
                 None => Ffn::Dense(gather_mlp(&mut store, i, "", h, f)?),
             };
             layers.push(Layer {
-                attn_norm: need(vector(&store, &p("attn_norm.weight"), h, true)?),
-                ffn_norm: need(vector(&store, &p("ffn_norm.weight"), h, true)?),
+                attn_norm: pre_norm(&store, &p("attn_norm.weight"))?,
+                ffn_norm: pre_norm(&store, &p("ffn_norm.weight"))?,
                 q_bias: vector(&store, &p("attn_q.bias"), qw, bias)?,
                 k_bias: vector(&store, &p("attn_k.bias"), kvw, bias)?,
                 v_bias: vector(&store, &p("attn_v.bias"), kvw, bias)?,
-                q_norm: vector(&store, &p("attn_q_norm.weight"), hd, qk)?,
-                k_norm: vector(&store, &p("attn_k_norm.weight"), hd, qk)?,
+                q_norm: vector(&store, &p("attn_q_norm.weight"), qn, qk)?,
+                k_norm: vector(&store, &p("attn_k_norm.weight"), kn, qk)?,
                 attn_post_norm: vector(&store, &p("post_attention_norm.weight"), h, post)?,
                 ffn_post_norm: vector(&store, &p("post_ffw_norm.weight"), h, post)?,
                 q,

@@ -132,6 +132,8 @@ fn config(cfg: &Bound<'_, PyDict>) -> PyResult<Config> {
             qk_norm: item(cfg, "qk_norm")?,
             gelu: item_or(cfg, "gelu", false)?,
             post_norms: item_or(cfg, "post_norms", false)?,
+            no_pre_norms: item_or(cfg, "no_pre_norms", false)?,
+            qk_norm_full: item_or(cfg, "qk_norm_full", false)?,
         },
         experts: match item_or::<usize>(cfg, "n_experts", 0)? {
             0 => None,

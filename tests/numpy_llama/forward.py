@@ -116,10 +116,14 @@ class LlamaForward:
             k += lw.k_bias
         if lw.v_bias is not None:
             v += lw.v_bias
+        full = cfg.qk_norm_full and lw.q_norm is not None and lw.k_norm is not None
+        if full:  # OLMo: over the whole projection
+            q = rms_norm(q, lw.q_norm, cfg.rms_norm_eps)
+            k = rms_norm(k, lw.k_norm, cfg.rms_norm_eps)
         q = q.reshape(n, cfg.n_heads, hd).transpose(1, 0, 2)
         k = k.reshape(n, nkv, hd).transpose(1, 0, 2)
         v = np.ascontiguousarray(v.reshape(n, nkv, hd).transpose(1, 0, 2))
-        if lw.q_norm is not None and lw.k_norm is not None:
+        if lw.q_norm is not None and lw.k_norm is not None and not full:
             q = rms_norm(q, lw.q_norm, cfg.rms_norm_eps)
             k = rms_norm(k, lw.k_norm, cfg.rms_norm_eps)
         cos, sin = self._rope_tables(layer, pos0, n)
@@ -204,12 +208,15 @@ class LlamaForward:
     def _block(self, layer: int, x: F32, store: KvStore, pos0: int) -> F32:
         lw = self.w.layers[layer]
         eps = self.cfg.rms_norm_eps
-        o = self._attention(lw, layer, rms_norm(x, lw.attn_norm, eps), store, pos0)
+        # OLMo 2 has no norm before attention or the MLP.
+        o = self._attention(
+            lw, layer, x if lw.attn_norm is None else rms_norm(x, lw.attn_norm, eps), store, pos0
+        )
         if lw.attn_post_norm is not None:
             o = rms_norm(o, lw.attn_post_norm, eps)
         rs = np.float32(self.cfg.residual_scale)  # Granite's; 1 elsewhere
         x = x + o * rs
-        h = rms_norm(x, lw.ffn_norm, eps)
+        h = x if lw.ffn_norm is None else rms_norm(x, lw.ffn_norm, eps)
         mlp = self._moe(lw, h) if lw.experts is not None else self._mlp(lw.gate, lw.up, lw.down, h)
         if lw.ffn_post_norm is not None:
             mlp = rms_norm(mlp, lw.ffn_post_norm, eps)

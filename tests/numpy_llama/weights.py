@@ -25,12 +25,13 @@ TensorGetter = Callable[[str, str], "Matrix | list[Matrix] | F32 | None"]
 class LayerWeights:
     """One transformer block's weights (``[out, in]`` matrices, float32 vectors)."""
 
-    attn_norm: F32
+    attn_norm: F32 | None
+    """None where the block has no norm before attention (OLMo 2)."""
     q: Matrix
     k: Matrix
     v: Matrix
     o: Matrix
-    ffn_norm: F32
+    ffn_norm: F32 | None
     gate: Matrix | None
     """The dense MLP's matrices (a mixture's: its shared expert's, if it has one)."""
     up: Matrix | None
@@ -166,12 +167,12 @@ class LlamaWeights:
             dense = not moe or f > 0
             layers.append(
                 LayerWeights(
-                    attn_norm=must(vector(p + "attn_norm", h)),
+                    attn_norm=vector(p + "attn_norm", h, required=not cfg.no_pre_norms),
                     q=qkv[0] if qkv else matrix(p + "attn_q", (q_out, h)),
                     k=qkv[1] if qkv else matrix(p + "attn_k", (kv_out, h)),
                     v=qkv[2] if qkv else matrix(p + "attn_v", (kv_out, h)),
                     o=matrix(p + "attn_output", (h, q_out)),
-                    ffn_norm=must(vector(p + "ffn_norm", h)),
+                    ffn_norm=vector(p + "ffn_norm", h, required=not cfg.no_pre_norms),
                     gate=fused_up[0]
                     if fused_up
                     else (matrix(p + "ffn_gate" + sx, (f, h)) if dense else None),
@@ -185,8 +186,12 @@ class LlamaWeights:
                     q_bias=vector(p + "attn_q.bias", q_out, required=cfg.attention_bias),
                     k_bias=vector(p + "attn_k.bias", kv_out, required=cfg.attention_bias),
                     v_bias=vector(p + "attn_v.bias", kv_out, required=cfg.attention_bias),
-                    q_norm=vector(p + "attn_q_norm", hd, required=cfg.qk_norm),
-                    k_norm=vector(p + "attn_k_norm", hd, required=cfg.qk_norm),
+                    q_norm=vector(
+                        p + "attn_q_norm", q_out if cfg.qk_norm_full else hd, required=cfg.qk_norm
+                    ),
+                    k_norm=vector(
+                        p + "attn_k_norm", kv_out if cfg.qk_norm_full else hd, required=cfg.qk_norm
+                    ),
                     attn_post_norm=vector(p + "post_attention_norm", h, required=cfg.post_norms),
                     ffn_post_norm=vector(p + "post_ffw_norm", h, required=cfg.post_norms),
                 )

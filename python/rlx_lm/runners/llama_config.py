@@ -42,6 +42,8 @@ LLAMA_ARCHITECTURES = (
     "qwen2moe",
     "qwen3moe",
     "granitemoe",
+    "olmo2",
+    "olmoe",
 )
 
 #: The Gemma generations (GeGLU, embeddings times sqrt(hidden), norms stored as ``w`` in GGUF
@@ -63,6 +65,8 @@ _HF_ARCH_ALIASES = {
     "Qwen3MoeForCausalLM": "qwen3moe",
     "MixtralForCausalLM": "mistral",
     "GraniteMoeForCausalLM": "granitemoe",
+    "Olmo2ForCausalLM": "olmo2",
+    "OlmoeForCausalLM": "olmoe",
 }
 # Hugging Face ``model_type`` spellings of our names (Mixtral is Mistral with experts, as
 # llama.cpp's converter writes it: architecture llama with expert tensors).
@@ -102,10 +106,12 @@ _FULL_ROPE_ARCHS = (
     "qwen2moe",
     "qwen3moe",
     "granitemoe",
+    "olmo2",
+    "olmoe",
 )
 # Mixtures of experts: the architectures that are nothing else, and those whose GGUF may add
 # experts to a dense design (llama.cpp's converter writes Mixtral as llama with experts).
-_MOE_ARCHS = ("qwen2moe", "qwen3moe", "granitemoe")
+_MOE_ARCHS = ("qwen2moe", "qwen3moe", "granitemoe", "olmoe")
 _MAY_HAVE_EXPERTS = ("llama", "mistral", *_MOE_ARCHS)
 # Whether llama.cpp renormalises the picked experts' weights (its build_moe_ffn's norm_w):
 # Mixtral, Qwen3-MoE and Granite MoE do, Qwen2-MoE does not.
@@ -115,12 +121,15 @@ _NORM_EXPERT_WEIGHTS = {
     "qwen2moe": False,
     "qwen3moe": True,
     "granitemoe": True,
+    "olmoe": False,
 }
 _GRANITE_ARCHS = ("granite", "granitemoe")
 #: The most experts a block may have (llama.cpp's LLAMA_MAX_EXPERTS).
 MAX_EXPERTS = 512
 _QKV_BIAS_ARCHS = ("qwen2", "qwen2moe")
-_QK_NORM_ARCHS = ("qwen3", "qwen3moe", "gemma3")
+_QK_NORM_ARCHS = ("qwen3", "qwen3moe", "gemma3", "olmo2", "olmoe")
+# q and k normed over the whole projection, not head by head (OLMo 2, OLMoE).
+_QK_NORM_FULL_ARCHS = ("olmo2", "olmoe")
 
 #: The widest attention head a model may declare (real models: 64-256).
 MAX_HEAD_DIM = 1 << 16
@@ -191,6 +200,10 @@ class LlamaConfig:
     rope_dims: int | None = None
     """Elements of each head that RoPE rotates, the first ones (partial RoPE: Phi-4-mini's
     96 of 128); None: the whole head."""
+    no_pre_norms: bool = False
+    """No norm before attention and the MLP, only after them (OLMo 2, with ``post_norms``)."""
+    qk_norm_full: bool = False
+    """The q/k norms span the whole projection, not one head (OLMo 2, OLMoE)."""
     n_experts: int = 0
     """Experts of each block's mixture (Mixtral, Qwen2-MoE, Qwen3-MoE); 0: a dense MLP."""
     n_experts_used: int = 0
@@ -269,6 +282,8 @@ class LlamaConfig:
             raise WeightFormatError(
                 f"embed_scale must be positive and finite, got {self.embed_scale}"
             )
+        if self.no_pre_norms and not self.post_norms:
+            raise WeightFormatError("no_pre_norms needs post_norms (a block must norm something)")
         self._check_experts()
 
     def _check_experts(self) -> None:
@@ -428,8 +443,12 @@ class LlamaConfig:
             gemma = _hf_granite(cfg)
         if arch == "smollm3":
             gemma = {"nope_layers": _hf_nope_layers(cfg, n_layers, where)}
+        if arch == "olmo2":
+            gemma = {"post_norms": True, "no_pre_norms": True}
         window = gemma.pop("sliding_window", None) or _hf_sliding_window(cfg, arch, where)
         gemma.update(_hf_experts(cfg, arch, where))
+        if cfg.get("clip_qkv") is not None:
+            raise UnsupportedError(f"{where}: clip_qkv (q/k/v clamped) is not supported")
         return cls(
             arch=arch,
             vocab_size=need("vocab_size"),
@@ -445,6 +464,7 @@ class LlamaConfig:
             tie_word_embeddings=bool(cfg.get("tie_word_embeddings", arch in GEMMA_ARCHITECTURES)),
             attention_bias=bool(cfg.get("attention_bias", arch in _QKV_BIAS_ARCHS)),
             qk_norm=arch in _QK_NORM_ARCHS,
+            qk_norm_full=arch in _QK_NORM_FULL_ARCHS,
             rope_scaling=_hf_rope_scaling(
                 cfg.get("rope_scaling"), where, cfg, (rope_dims or int(head_dim)) // 2
             ),
@@ -538,6 +558,10 @@ class LlamaConfig:
                     gemma[name] = value
         if arch == "smollm3":
             gemma["nope_layers"] = _interval_nope(_SMOLLM3_NOPE_INTERVAL, n_layers)
+        if arch == "olmo2":
+            gemma.update(post_norms=True, no_pre_norms=True)
+        if get(f"{arch}.attention.clamp_kqv") is not None:
+            raise UnsupportedError(f"{where}: {arch}.attention.clamp_kqv is not supported")
         n_experts = opt_int("expert_count", 0)
         if n_experts:
             if arch not in _MAY_HAVE_EXPERTS:
@@ -583,6 +607,7 @@ class LlamaConfig:
                 max_position=opt_int("context_length", 0) or 4096,
                 attention_bias=arch in _QKV_BIAS_ARCHS,
                 qk_norm=arch in _QK_NORM_ARCHS,
+                qk_norm_full=arch in _QK_NORM_FULL_ARCHS,
                 rope_scaling=scaling,
                 rope_dims=None if rotated == head_dim else rotated,
                 **gemma,
@@ -624,16 +649,16 @@ def _hf_experts(cfg: Mapping[str, Any], arch: str, where: str) -> dict[str, Any]
                 f"mlp_only_layers={cfg.get('mlp_only_layers')}) are not supported"
             )
     # Mixtral and Granite MoE: num_local_experts, intermediate_size wide, always
-    # renormalised (Granite's router takes the softmax of the top k logits, the same thing).
+    # renormalised (Granite's router takes the softmax of the top k logits, the same thing);
+    # OLMoE: num_experts, intermediate_size wide, norm_topk_prob.
     local = arch in ("mistral", "granitemoe")
     if arch == "granitemoe" and cfg.get("shared_intermediate_size"):
         raise UnsupportedError(f"{where}: a Granite MoE shared expert is not supported")
+    width = "intermediate_size" if local or arch == "olmoe" else "moe_intermediate_size"
     out: dict[str, Any] = {
         "n_experts": _require_int(cfg, "num_local_experts" if local else "num_experts", where),
         "n_experts_used": _require_int(cfg, "num_experts_per_tok", where),
-        "expert_ff": _require_int(
-            cfg, "intermediate_size" if local else "moe_intermediate_size", where
-        ),
+        "expert_ff": _require_int(cfg, width, where),
         "experts_norm": local or bool(cfg.get("norm_topk_prob", False)),
     }
     if arch == "qwen2moe":

@@ -93,6 +93,8 @@ def engine_config(cfg: LlamaConfig, rope_style: str) -> dict[str, Any]:
         "final_softcap": cfg.final_softcap,
         "gelu": cfg.gelu,
         "post_norms": cfg.post_norms,
+        "no_pre_norms": cfg.no_pre_norms,
+        "qk_norm_full": cfg.qk_norm_full,
         "n_experts": cfg.n_experts,
         "n_experts_used": cfg.n_experts_used,
         "expert_ff": cfg.expert_ff,

@@ -95,20 +95,9 @@ _GEMMA_27B_LAYERS = {"gemma2": 46, "gemma3": 62}
 
 # Architectures whose RoPE covers the whole head: llama.cpp 0.3.36 refuses another n_rot for
 # llama (so mistral's files) at load and asserts on it in qwen2/qwen3's graphs; it runs a
-# partial one for gemma 1-3 and phi3.
-_FULL_ROPE_ARCHS = (
-    "llama",
-    "mistral",
-    "qwen2",
-    "qwen3",
-    "granite",
-    "smollm3",
-    "qwen2moe",
-    "qwen3moe",
-    "granitemoe",
-    "olmo2",
-    "olmoe",
-)
+# partial one for gemma 1-3 and phi3. Every other architecture (a new one too, until shown
+# otherwise) is held to the whole head.
+_FULL_ROPE_ARCHS = tuple(a for a in LLAMA_ARCHITECTURES if a not in ("phi3", *GEMMA_ARCHITECTURES))
 # Mixtures of experts: the architectures that are nothing else, and those whose GGUF may add
 # experts to a dense design (llama.cpp's converter writes Mixtral as llama with experts).
 _MOE_ARCHS = ("qwen2moe", "qwen3moe", "granitemoe", "olmoe")

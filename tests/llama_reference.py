@@ -79,7 +79,8 @@ def reference_logits(
     picks LongRoPE's factor set: the long one past ``original_max_position_embeddings``."""
     arch = config["model_type"]
     gemma = arch in ("gemma", "gemma2", "gemma3_text")
-    post_norms = arch in ("gemma2", "gemma3_text", "olmo2")
+    post_norms = arch in ("gemma2", "gemma3_text", "olmo2", "exaone4")
+    no_pre = arch in ("olmo2", "exaone4")
     # OLMo 2, OLMoE: q and k normed over the whole projection; OLMo 2: no norm before
     # attention or the MLP, only after them.
     full_qk = arch in ("olmo2", "olmoe")
@@ -126,7 +127,13 @@ def reference_logits(
     # SmolLM3: no_rope_layers[i] is 1 where layer i uses RoPE.
     nope = config.get("no_rope_layers") or [1] * n_layers
     causal = np.triu(np.full((seq, seq), -np.inf), k=1)
-    window = config.get("sliding_window") if arch in ("mistral", "gemma2", "gemma3_text") else None
+    window = (
+        config.get("sliding_window")
+        if arch in ("mistral", "gemma2", "gemma3_text", "exaone4")
+        else None
+    )
+    # EXAONE 4: layer_types picks the windowed layers, and only they apply RoPE.
+    types = config.get("layer_types") if arch == "exaone4" else None
     period = {"gemma2": 2, "gemma3_text": config.get("sliding_window_pattern", 6)}.get(arch, 1)
     scaling = config.get("attention_multiplier", config.get("query_pre_attn_scalar", hd) ** -0.5)
     cap = config.get("attn_logit_softcapping")
@@ -135,12 +142,14 @@ def reference_logits(
         # Gemma 2/3: the layers with i % period < period - 1 are windowed (and in Gemma 3
         # use the local RoPE base); the others see everything.
         windowed = window is not None and (period == 1 or i % period < period - 1)
+        if types is not None:
+            windowed = types[i] == "sliding_attention"
         mask = causal
         if windowed:
             # query i attends to keys i-window+1 .. i
             mask = causal + np.tril(np.full((seq, seq), -np.inf), k=-window)
         cos, sin = local_rope if windowed and arch == "gemma3_text" else global_rope
-        h = _rms(x, w[p + "input_layernorm.weight"], eps) if arch != "olmo2" else x
+        h = x if no_pre else _rms(x, w[p + "input_layernorm.weight"], eps)
         if p + "self_attn.qkv_proj.weight" in w:  # Phi-3: one matrix, rows q | k | v
             q, k, v = np.split(
                 h @ w[p + "self_attn.qkv_proj.weight"].T, [nh * hd, (nh + nkv) * hd], axis=-1
@@ -162,7 +171,7 @@ def reference_logits(
         if p + "self_attn.q_norm.weight" in w and not full_qk:
             q = _rms(q, w[p + "self_attn.q_norm.weight"], eps)
             k = _rms(k, w[p + "self_attn.k_norm.weight"], eps)
-        if nope[i]:
+        if nope[i] and (types is None or windowed):
             q = _apply_rope(q, cos, sin)
             k = _apply_rope(k, cos, sin)
         k = np.repeat(k, nh // nkv, axis=0)
@@ -178,7 +187,7 @@ def reference_logits(
         if post_norms:
             o = _rms(o, w[p + "post_attention_layernorm.weight"], eps)
             h = x + o
-            if arch != "olmo2":
+            if not no_pre:
                 h = _rms(h, w[p + "pre_feedforward_layernorm.weight"], eps)
         else:
             h = _rms(x + o, w[p + "post_attention_layernorm.weight"], eps)

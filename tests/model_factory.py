@@ -143,7 +143,7 @@ def make_tiny(
         t["lm_head.weight"] = mat(vocab, hidden)
     for i in range(layers):
         p = f"model.layers.{i}."
-        if arch != "olmo2":  # OLMo 2 norms after attention and the MLP only
+        if arch not in ("olmo2", "exaone4"):  # these norm after attention and the MLP only
             t[p + "input_layernorm.weight"] = norm(hidden)
         t[p + "post_attention_layernorm.weight"] = norm(hidden)
         t[p + "self_attn.q_proj.weight"] = mat(heads * hd, hidden)
@@ -187,13 +187,13 @@ def make_tiny(
                 t[p + f"self_attn.{name}_proj.bias"] = (0.2 * rng.standard_normal(n)).astype(
                     np.float32
                 )
-        if arch in ("qwen3", "qwen3moe", "gemma3"):
+        if arch in ("qwen3", "qwen3moe", "gemma3", "exaone4"):
             t[p + "self_attn.q_norm.weight"] = norm(hd)
             t[p + "self_attn.k_norm.weight"] = norm(hd)
         if arch in ("olmo2", "olmoe"):  # over the whole projection
             t[p + "self_attn.q_norm.weight"] = norm(heads * hd)
             t[p + "self_attn.k_norm.weight"] = norm(kv_heads * hd)
-        if arch == "olmo2":
+        if arch in ("olmo2", "exaone4"):
             t[p + "post_feedforward_layernorm.weight"] = norm(hidden)
         if arch in ("gemma2", "gemma3"):
             t[p + "pre_feedforward_layernorm.weight"] = norm(hidden)
@@ -484,7 +484,7 @@ def write_gguf(
     permute = arch in ("llama", "mistral", "granite", "granitemoe", "smollm3")
     heads, kv_heads = c["num_attention_heads"], c["num_key_value_heads"]
     qt = QT[qtype]
-    names = _GGUF_POST_NORMS if own in ("gemma2", "gemma3", "olmo2") else _GGUF_LAYER
+    names = _GGUF_POST_NORMS if own in ("gemma2", "gemma3", "olmo2", "exaone4") else _GGUF_LAYER
     tensors, raw = _stack_experts(model.tensors, raw, n_experts)
     for name in sorted(tensors):
         a = tensors[name]

@@ -1,6 +1,8 @@
-"""OLMo 2 (norms after attention and the MLP only; q and k normed over the whole projection):
-its fields from GGUF headers and Hugging Face configs, both formats of one model against the
-float64 reference, and what is refused (OLMo's q/k/v clamp, a pre norm in an OLMo 2 file)."""
+"""OLMo 2 (norms after attention and the MLP only; q and k normed over the whole projection)
+and EXAONE 4 (norms after only, q/k normed head by head, windowed layers with RoPE and global
+ones without): their fields from GGUF headers and Hugging Face configs, both formats of one
+model against the float64 reference, and what is refused (OLMo's q/k/v clamp, a pre norm in an
+OLMo 2 file)."""
 
 from __future__ import annotations
 
@@ -37,8 +39,60 @@ def test_olmo2_fields_from_gguf_and_hf() -> None:
         LlamaConfig("llama", 10, 8, 8, 1, 2, 2, 4, no_pre_norms=True)
 
 
-def test_both_formats_of_one_model_give_the_reference(tmp_path: Path) -> None:
-    m = make_tiny("olmo2", seed=9, hidden=64, inter=96, layers=3)
+def test_exaone4_fields_and_llama_cpps_window_rule() -> None:
+    # llama.cpp windows EXAONE 4's 64-block model only: three layers of four, the fourth
+    # global and without RoPE; other block counts have neither.
+    small = config_from_gguf_fields("exaone4", block_count=30)
+    assert (small.no_pre_norms, small.post_norms, small.qk_norm, small.qk_norm_full) == (
+        True,
+        True,
+        True,
+        False,
+    )
+    assert small.sliding_window is None
+    assert small.nope_layers == ()
+    big = config_from_gguf_fields("exaone4", block_count=64)
+    assert big.sliding_window == 4096
+    assert [i for i in range(8) if big.window_of(i) is None] == [3, 7]
+    assert [i for i in range(8) if not big.rotates(i)] == [3, 7]
+    hf = make_tiny("exaone4", layers=4).config | {
+        "sliding_window": 3,
+        "layer_types": ["sliding_attention"] * 3 + ["full_attention"],
+    }
+    cfg = LlamaConfig.from_hf(hf)
+    assert (cfg.sliding_window, cfg.window_layers) == (3, (True, True, True, False))
+    assert cfg.nope_layers == (False, False, False, True)
+    del hf["layer_types"]
+    assert LlamaConfig.from_hf(hf | {"sliding_window_pattern": "LLLG"}).window_layers == (
+        True,
+        True,
+        True,
+        False,
+    )
+
+
+def test_exaone4_windowed_layers_rotate_and_global_ones_do_not(tmp_path: Path) -> None:
+    m = make_tiny("exaone4", seed=5, hidden=64, inter=96, layers=4)
+    m.config |= {
+        "sliding_window": 3,
+        "layer_types": ["sliding_attention"] * 3 + ["full_attention"],
+    }
+    want = reference_logits(m.config, m.tensors, IDS)
+    runner = load_llama(write_safetensors_dir(m, tmp_path / "st"), max_seq=32)
+    got = np.stack([runner.predict_logits(IDS[: n + 1]) for n in range(len(IDS))])
+    np.testing.assert_allclose(got, want, rtol=0, atol=2e-5 * np.abs(want).max() + 1e-5)
+    # Without the window (and the global layer's NoPE) the logits differ.
+    plain = reference_logits(
+        {k: v for k, v in m.config.items() if k not in ("sliding_window", "layer_types")},
+        m.tensors,
+        IDS,
+    )
+    assert np.abs(plain - want).max() > 1e-2 * np.abs(want).max()
+
+
+@pytest.mark.parametrize("arch", ["olmo2", "exaone4"])
+def test_both_formats_of_one_model_give_the_reference(tmp_path: Path, arch: str) -> None:
+    m = make_tiny(arch, seed=9, hidden=64, inter=96, layers=3)
     want = reference_logits(m.config, m.tensors, IDS)
     for path in (write_gguf(m, tmp_path / "m.gguf"), write_safetensors_dir(m, tmp_path / "st")):
         runner = load_llama(path, max_seq=32)

@@ -44,6 +44,7 @@ LLAMA_ARCHITECTURES = (
     "granitemoe",
     "olmo2",
     "olmoe",
+    "exaone4",
 )
 
 #: The Gemma generations (GeGLU, embeddings times sqrt(hidden), norms stored as ``w`` in GGUF
@@ -67,6 +68,7 @@ _HF_ARCH_ALIASES = {
     "GraniteMoeForCausalLM": "granitemoe",
     "Olmo2ForCausalLM": "olmo2",
     "OlmoeForCausalLM": "olmoe",
+    "Exaone4ForCausalLM": "exaone4",
 }
 # Hugging Face ``model_type`` spellings of our names (Mixtral is Mistral with experts, as
 # llama.cpp's converter writes it: architecture llama with expert tensors).
@@ -116,7 +118,13 @@ _GRANITE_ARCHS = ("granite", "granitemoe")
 #: The most experts a block may have (llama.cpp's LLAMA_MAX_EXPERTS).
 MAX_EXPERTS = 512
 _QKV_BIAS_ARCHS = ("qwen2", "qwen2moe")
-_QK_NORM_ARCHS = ("qwen3", "qwen3moe", "gemma3", "olmo2", "olmoe")
+_QK_NORM_ARCHS = ("qwen3", "qwen3moe", "gemma3", "olmo2", "olmoe", "exaone4")
+# Norms after attention and the MLP only, none before (OLMo 2, EXAONE 4).
+_POST_NORM_ONLY_ARCHS = ("olmo2", "exaone4")
+# EXAONE 4: llama.cpp windows its 64-block (32B) model only, three layers of four with a
+# window of 4096 (the global fourth without RoPE), whatever else the header says.
+_EXAONE4_SWA_LAYERS = 64
+_EXAONE4_WINDOW = 4096
 # q and k normed over the whole projection, not head by head (OLMo 2, OLMoE).
 _QK_NORM_FULL_ARCHS = ("olmo2", "olmoe")
 
@@ -432,8 +440,10 @@ class LlamaConfig:
             gemma = _hf_granite(cfg)
         if arch == "smollm3":
             gemma = {"nope_layers": _hf_nope_layers(cfg, n_layers, where)}
-        if arch == "olmo2":
+        if arch in _POST_NORM_ONLY_ARCHS:
             gemma = {"post_norms": True, "no_pre_norms": True}
+        if arch == "exaone4":
+            gemma.update(_hf_exaone4_windows(cfg, n_layers, where))
         window = gemma.pop("sliding_window", None) or _hf_sliding_window(cfg, arch, where)
         gemma.update(_hf_experts(cfg, arch, where))
         if cfg.get("clip_qkv") is not None:
@@ -547,8 +557,12 @@ class LlamaConfig:
                     gemma[name] = value
         if arch == "smollm3":
             gemma["nope_layers"] = _interval_nope(_SMOLLM3_NOPE_INTERVAL, n_layers)
-        if arch == "olmo2":
+        if arch in _POST_NORM_ONLY_ARCHS:
             gemma.update(post_norms=True, no_pre_norms=True)
+        if arch == "exaone4" and n_layers == _EXAONE4_SWA_LAYERS:
+            gemma["sliding_window"] = opt_int("attention.sliding_window", _EXAONE4_WINDOW)
+            gemma["window_layers"] = _pattern_flags(4, n_layers)
+            gemma["nope_layers"] = tuple(not w for w in gemma["window_layers"])
         if get(f"{arch}.attention.clamp_kqv") is not None:
             raise UnsupportedError(f"{where}: {arch}.attention.clamp_kqv is not supported")
         n_experts = opt_int("expert_count", 0)
@@ -834,6 +848,33 @@ def _require_int(cfg: Mapping[str, Any], key: str, where: str) -> int:
         return int(value)
     except (TypeError, ValueError):
         raise WeightFormatError(f"{where}: {key!r} is not an integer: {value!r}") from None
+
+
+def _hf_exaone4_windows(cfg: Mapping[str, Any], n_layers: int, where: str) -> dict[str, Any]:
+    """EXAONE 4's windowed layers (``layer_types``, or ``sliding_window_pattern`` as a string
+    such as ``"LLLG"`` or a period), RoPE on those only; none without ``sliding_window``."""
+    window = cfg.get("sliding_window")
+    if not window:
+        return {}
+    types = cfg.get("layer_types")
+    pattern = cfg.get("sliding_window_pattern")
+    if types:
+        flags = tuple(t == "sliding_attention" for t in types)
+    elif isinstance(pattern, str) and pattern:
+        flags = tuple(pattern[i % len(pattern)] == "L" for i in range(n_layers))
+    elif pattern:
+        flags = _pattern_flags(int(pattern), n_layers)
+    else:
+        raise WeightFormatError(f"{where}: sliding_window without layer_types or a pattern")
+    if len(flags) != n_layers:
+        raise WeightFormatError(
+            f"{where}: layer_types has {len(flags)} entries for {n_layers} layers"
+        )
+    return {
+        "sliding_window": int(window),
+        "window_layers": flags,
+        "nope_layers": tuple(not f for f in flags),
+    }
 
 
 def _hf_sliding_window(cfg: Mapping[str, Any], arch: str, where: str) -> int | None:

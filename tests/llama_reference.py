@@ -21,6 +21,17 @@ def _rotate_half(x: np.ndarray) -> np.ndarray:
     return np.concatenate([-x[..., half:], x[..., :half]], axis=-1)
 
 
+def _apply_rope_pairs(x: np.ndarray, cos: np.ndarray, sin: np.ndarray) -> np.ndarray:
+    """ERNIE 4.5's rotation: element pairs ``(2i, 2i + 1)`` turned by angle ``i``."""
+    half = cos.shape[-1] // 2
+    c, s = cos[..., :half], sin[..., :half]
+    a, b = x[..., 0::2], x[..., 1::2]
+    out = np.empty_like(x)
+    out[..., 0::2] = a * c - b * s
+    out[..., 1::2] = b * c + a * s
+    return out
+
+
 def _apply_rope(x: np.ndarray, cos: np.ndarray, sin: np.ndarray) -> np.ndarray:
     """Hugging Face's rotation of the first ``cos.shape[-1]`` elements; the rest pass (Phi-3's
     ``partial_rotary_factor``)."""
@@ -172,8 +183,9 @@ def reference_logits(
             q = _rms(q, w[p + "self_attn.q_norm.weight"], eps)
             k = _rms(k, w[p + "self_attn.k_norm.weight"], eps)
         if nope[i] and (types is None or windowed):
-            q = _apply_rope(q, cos, sin)
-            k = _apply_rope(k, cos, sin)
+            rot = _apply_rope_pairs if arch == "ernie4_5" else _apply_rope
+            q = rot(q, cos, sin)
+            k = rot(k, cos, sin)
         k = np.repeat(k, nh // nkv, axis=0)
         v = np.repeat(v, nh // nkv, axis=0)
         scores = q @ k.transpose(0, 2, 1) * scaling

@@ -80,9 +80,14 @@ def test_engine_matches_the_numpy_reference_at_every_position(
     assert runner.dequantised_tensors == {}
     want = all_logits(forward_from_gguf(path), IDS)
     got = _engine_all(runner, IDS)
-    # The mixtures' experts on random K-quant blocks (large weights) amplify float32 rounding:
-    # on Q6_K the numpy forward is 3.5e-5 of the range from a float64 one, the engine 9.4e-6.
-    rel = 1e-4 if runner.cfg.n_experts else 2e-5
+    # Some models on random K-quant blocks (large weights) amplify float32 rounding: on Q6_K
+    # the numpy forward is 3.5e-5 (the mixtures) and 1.3e-4 (ERNIE 4.5) of the logit range from
+    # a float64 forward over the same dequantised weights, the engine 9.4e-6 and 3.1e-5.
+    rel = 2e-5
+    if runner.cfg.n_experts:
+        rel = 1e-4
+    if (arch, qtype) == ("ernie4_5", "Q6_K"):
+        rel = 2e-4
     tol = rel * float(np.abs(want).max()) + 1e-5
     np.testing.assert_allclose(got, want, rtol=0, atol=tol)
 

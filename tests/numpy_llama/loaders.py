@@ -31,7 +31,9 @@ def gguf_weights(
 ) -> LlamaWeights:
     """Load every tensor; ``packed`` keeps quantised matrices as blocks, dequantised per use."""
     self = g
-    permute = cfg.arch in _PERMUTED_ARCHS
+    # ERNIE 4.5 pairs (2i, 2i + 1) natively: un-permuting its rows as llama.cpp's converter's
+    # output lets the rotate-half forward run it (q . k is unchanged by one permutation of both).
+    permute = cfg.arch in (*_PERMUTED_ARCHS, "ernie4_5")
 
     def get(name: str, kind: str) -> Matrix | npt.NDArray[np.float32] | None:
         t = self.tensors.get(name if name.endswith(".bias") else name + ".weight")
@@ -226,6 +228,9 @@ class SafetensorsCheckpoint:
             if hf_name is None:
                 return None
             arr = self.index[hf_name].tensor(hf_name)
+            if cfg.arch == "ernie4_5" and name.endswith(("attn_q", "attn_k", "q.bias", "k.bias")):
+                # (2i, 2i + 1) pairs to rotate-half order, as for its GGUF rows above.
+                arr = unpermute_rope_rows(arr, cfg.n_heads if "attn_q" in name else cfg.n_kv_heads)
             if kind == "vector":
                 return arr.reshape(-1) + offset if name.endswith("norm") else arr.reshape(-1)
             if arr.ndim != 2:

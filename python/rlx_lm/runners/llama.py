@@ -525,8 +525,9 @@ def _config_beside(cfg_path: Path | None, weights: Path) -> LlamaConfig:
 @register_model(
     FAMILY,
     "The Llama family (Llama, Mistral, Qwen, Gemma, Phi-3, Granite, SmolLM3, OLMo 2, "
-    "EXAONE 4; the mixtures of experts Mixtral, Qwen2-MoE, Qwen3-MoE, Granite MoE, OLMoE) "
-    "on the Rust engine, weights memory-mapped (GGUF of every common type, safetensors, MLX)",
+    "EXAONE 4, ERNIE 4.5; the mixtures of experts Mixtral, Qwen2-MoE, Qwen3-MoE, Granite "
+    "MoE, OLMoE) on the Rust engine, weights memory-mapped (GGUF of every common type, "
+    "safetensors, MLX)",
     matches=match_architectures(*LLAMA_ARCHITECTURES, *HF_MODEL_TYPES),
 )
 def load_from_builder(builder: LmRunnerBuilder) -> LlamaRunner:

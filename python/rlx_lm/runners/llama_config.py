@@ -45,6 +45,7 @@ LLAMA_ARCHITECTURES = (
     "olmo2",
     "olmoe",
     "exaone4",
+    "ernie4_5",
 )
 
 #: The Gemma generations (GeGLU, embeddings times sqrt(hidden), norms stored as ``w`` in GGUF
@@ -69,6 +70,7 @@ _HF_ARCH_ALIASES = {
     "Olmo2ForCausalLM": "olmo2",
     "OlmoeForCausalLM": "olmoe",
     "Exaone4ForCausalLM": "exaone4",
+    "Ernie4_5ForCausalLM": "ernie4_5",
 }
 # Hugging Face ``model_type`` spellings of our names (Mixtral is Mistral with experts, as
 # llama.cpp's converter writes it: architecture llama with expert tensors).
@@ -446,6 +448,9 @@ class LlamaConfig:
             gemma.update(_hf_exaone4_windows(cfg, n_layers, where))
         window = gemma.pop("sliding_window", None) or _hf_sliding_window(cfg, arch, where)
         gemma.update(_hf_experts(cfg, arch, where))
+        if arch == "ernie4_5" and cfg.get("use_bias"):
+            # Its attention output would have a bias too, which llama.cpp does not run either.
+            raise UnsupportedError(f"{where}: ERNIE 4.5 with use_bias is not supported")
         if cfg.get("clip_qkv") is not None:
             raise UnsupportedError(f"{where}: clip_qkv (q/k/v clamped) is not supported")
         return cls(

@@ -44,6 +44,9 @@ __all__ = [
 # engine uses the interleaved pairing on those rows as stored (equal to rotate-half on the
 # original rows), so nothing is copied.
 _PERMUTED_ARCHS = ("llama", "mistral", "granite", "granitemoe", "smollm3")
+# Architectures whose checkpoints pair q/k elements for RoPE as (2i, 2i + 1) already (ERNIE
+# 4.5's rotary embedding): interleaved in both formats, nothing permuted by the converter.
+_INTERLEAVED_ARCHS = ("ernie4_5",)
 _SHARD = re.compile(r"-(\d{5})-of-(\d{5})$")
 
 # ggml ids of the plain float types, as the core defines them (F64, which only this loader
@@ -274,7 +277,7 @@ def load_gguf_engine(
         for name, fi, offset, t, shape in lazy
     ]
     report(2, 3)
-    style = "interleaved" if cfg.arch in _PERMUTED_ARCHS else "halves"
+    style = "interleaved" if cfg.arch in (*_PERMUTED_ARCHS, *_INTERLEAVED_ARCHS) else "halves"
     engine = _build(cfg, style, files, plan, owned, threads, activations, where=str(path))
     report(3, 3)
     norm = table.get("output_norm.weight")
@@ -453,7 +456,8 @@ def load_safetensors_engine(
                     sample = fh.read(256)
         if on_progress is not None:
             on_progress(fi + 1, len(files) + 1)
-    engine = _build(cfg, "halves", files, plan, owned, threads, activations, where=str(files[0]))
+    style = "interleaved" if cfg.arch in _INTERLEAVED_ARCHS else "halves"
+    engine = _build(cfg, style, files, plan, owned, threads, activations, where=str(files[0]))
     if on_progress is not None:
         on_progress(len(files) + 1, len(files) + 1)
     return EngineLoad(cfg, engine, files, dequantised, sample, packed, longrope)

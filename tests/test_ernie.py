@@ -8,11 +8,11 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from llama_fixtures import check_both_formats
 from llama_reference import reference_logits
-from model_factory import make_tiny, write_gguf, write_safetensors_dir
+from model_factory import make_tiny
 
 from rlx_lm.errors import UnsupportedError
-from rlx_lm.runners.llama import load_llama
 from rlx_lm.runners.llama_config import LlamaConfig
 
 IDS = [1, 5, 7, 3, 9, 100, 2, 50, 4, 4, 4, 17]
@@ -26,11 +26,7 @@ def test_both_formats_of_one_model_give_the_reference_with_interleaved_pairs(
     # The pairing matters: the same tensors rotated half against half differ.
     halves = reference_logits(m.config | {"model_type": "llama"}, m.tensors, IDS)
     assert np.abs(halves - want).max() > 1e-2 * np.abs(want).max()
-    for path in (write_gguf(m, tmp_path / "m.gguf"), write_safetensors_dir(m, tmp_path / "st")):
-        runner = load_llama(path, max_seq=32)
-        assert runner.cfg.arch == "ernie4_5"
-        got = np.stack([runner.predict_logits(IDS[: n + 1]) for n in range(len(IDS))])
-        np.testing.assert_allclose(got, want, rtol=0, atol=2e-5 * np.abs(want).max() + 1e-5)
+    check_both_formats(m, tmp_path, IDS)
 
 
 def test_use_bias_is_refused() -> None:

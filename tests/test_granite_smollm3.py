@@ -7,13 +7,11 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import pytest
-from llama_reference import reference_logits
-from model_factory import config_from_gguf_fields, make_tiny, write_gguf, write_safetensors_dir
+from llama_fixtures import check_both_formats
+from model_factory import config_from_gguf_fields, make_tiny
 
 from rlx_lm.errors import WeightFormatError
-from rlx_lm.runners.llama import load_llama
 from rlx_lm.runners.llama_config import LlamaConfig
 
 IDS = [1, 5, 7, 3, 9, 100, 2, 50, 4, 4, 4, 17]
@@ -74,12 +72,5 @@ def test_smollm3_nope_layers_from_gguf_and_hf() -> None:
 @pytest.mark.parametrize("arch", ["granite", "smollm3"])
 def test_both_formats_of_one_model_give_the_reference(tmp_path: Path, arch: str) -> None:
     m = make_tiny(arch, seed=9, hidden=64, inter=96, layers=4)
-    want = reference_logits(m.config, m.tensors, IDS)
-    for path in (write_gguf(m, tmp_path / "m.gguf"), write_safetensors_dir(m, tmp_path / "st")):
-        runner = load_llama(path, max_seq=32)
-        assert runner.cfg.arch == arch
-        got = np.stack([runner.predict_logits(IDS[: n + 1]) for n in range(len(IDS))])
-        np.testing.assert_allclose(got, want, rtol=0, atol=2e-5 * np.abs(want).max() + 1e-5)
-        runner.prefill_logits(IDS[:3])
-        steps = np.stack([runner.decode_logits(t) for t in IDS[3:]])
-        np.testing.assert_allclose(steps, want[3:], rtol=0, atol=2e-5 * np.abs(want).max() + 1e-5)
+    assert LlamaConfig.from_hf(m.config).arch == arch
+    check_both_formats(m, tmp_path, IDS)

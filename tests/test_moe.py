@@ -11,6 +11,7 @@ from typing import Any
 import numpy as np
 import pytest
 from gguf_edit import set_u32
+from llama_fixtures import check_both_formats
 from llama_reference import reference_logits
 from model_factory import (
     config_from_gguf_fields,
@@ -134,15 +135,8 @@ def _picks(m: Any) -> set[tuple[int, ...]]:
 def test_both_formats_of_one_model_give_the_reference(tmp_path: Path, arch: str) -> None:
     m = make_tiny(arch, seed=9, hidden=64, inter=96, layers=3)
     assert len(_picks(m)) >= 3, "the tokens should not all pick the same experts"
-    want = reference_logits(m.config, m.tensors, IDS)
-    for path in (write_gguf(m, tmp_path / "m.gguf"), write_safetensors_dir(m, tmp_path / "st")):
-        runner = load_llama(path, max_seq=32)
-        assert runner.cfg.n_experts == 4
-        got = np.stack([runner.predict_logits(IDS[: n + 1]) for n in range(len(IDS))])
-        np.testing.assert_allclose(got, want, rtol=0, atol=2e-5 * np.abs(want).max() + 1e-5)
-        runner.prefill_logits(IDS[:3])
-        steps = np.stack([runner.decode_logits(t) for t in IDS[3:]])
-        np.testing.assert_allclose(steps, want[3:], rtol=0, atol=2e-5 * np.abs(want).max() + 1e-5)
+    assert LlamaConfig.from_hf(m.config).n_experts == 4
+    check_both_formats(m, tmp_path, IDS)
 
 
 @pytest.mark.parametrize("qtype", ["Q8_0", "Q4_0", "F16"])

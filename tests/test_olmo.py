@@ -10,6 +10,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from llama_fixtures import check_both_formats
 from llama_reference import reference_logits
 from model_factory import config_from_gguf_fields, make_tiny, write_gguf, write_safetensors_dir
 
@@ -93,15 +94,8 @@ def test_exaone4_windowed_layers_rotate_and_global_ones_do_not(tmp_path: Path) -
 @pytest.mark.parametrize("arch", ["olmo2", "exaone4"])
 def test_both_formats_of_one_model_give_the_reference(tmp_path: Path, arch: str) -> None:
     m = make_tiny(arch, seed=9, hidden=64, inter=96, layers=3)
-    want = reference_logits(m.config, m.tensors, IDS)
-    for path in (write_gguf(m, tmp_path / "m.gguf"), write_safetensors_dir(m, tmp_path / "st")):
-        runner = load_llama(path, max_seq=32)
-        assert runner.cfg.no_pre_norms
-        got = np.stack([runner.predict_logits(IDS[: n + 1]) for n in range(len(IDS))])
-        np.testing.assert_allclose(got, want, rtol=0, atol=2e-5 * np.abs(want).max() + 1e-5)
-        runner.prefill_logits(IDS[:3])
-        steps = np.stack([runner.decode_logits(t) for t in IDS[3:]])
-        np.testing.assert_allclose(steps, want[3:], rtol=0, atol=2e-5 * np.abs(want).max() + 1e-5)
+    assert LlamaConfig.from_hf(m.config).no_pre_norms
+    check_both_formats(m, tmp_path, IDS)
 
 
 def test_a_pre_norm_in_an_olmo2_file_is_refused_by_name(tmp_path: Path) -> None:

@@ -159,21 +159,32 @@ pub(crate) fn attend(
     scratch: &mut Scratch,
     out: &mut [f32],
 ) {
-    attend_group(&[qv], segments, hd, sc, scratch, &mut [out]);
+    attend_group(&[qv], segments, hd, sc, None, scratch, &mut [out]);
 }
 
 /// [`attend`] for several query heads over the same keys (the query heads
 /// of one KV head), span by span, so each span is read from memory once.
-/// Each head gets the bits [`attend`] gives it alone.
+/// Each head gets the bits [`attend`] gives it alone. With `sinks` (one
+/// logit a head of `qs`: gpt-oss), each head's softmax has one more term,
+/// `exp(sink)`, whose value is zero ([`with_sink`]).
 pub(crate) fn attend_group(
     qs: &[&[f32]],
     segments: &[(Seg<'_>, Seg<'_>)],
     hd: usize,
     sc: Scoring,
+    sinks: Option<&[f32]>,
     scratch: &mut Scratch,
     outs: &mut [&mut [f32]],
 ) {
-    group_with(attend_span, qs, segments, hd, sc, scratch, outs);
+    group_with(attend_span, qs, segments, hd, sc, sinks, scratch, outs);
+}
+
+/// A head's softmax-weighted values `out` (from [`combine`], whose
+/// `(top, l)` are its largest score and `sum exp(s - top)`) with a sink
+/// logit in the softmax: `out * l / (l + exp(sink - top))`.
+pub(crate) fn with_sink(out: &mut [f32], (top, l): (f32, f32), sink: f32) {
+    let f = l / (l + (sink - top).exp());
+    out.iter_mut().for_each(|o| *o *= f);
 }
 
 /// The span kernel of [`attend_group`] and [`portable`]'s signature.
@@ -181,12 +192,14 @@ type SpanFn =
     fn(&[f32], &[(Seg<'_>, Seg<'_>)], usize, Scoring, &mut Vec<f32>, &mut [f32]) -> (f32, f32);
 
 /// [`attend_group`] with the span kernel `span_fn`.
+#[allow(clippy::too_many_arguments)]
 fn group_with(
     span_fn: SpanFn,
     qs: &[&[f32]],
     segments: &[(Seg<'_>, Seg<'_>)],
     hd: usize,
     sc: Scoring,
+    sinks: Option<&[f32]>,
     scratch: &mut Scratch,
     outs: &mut [&mut [f32]],
 ) {
@@ -213,12 +226,15 @@ fn group_with(
         }
     }
     for (h, out) in outs.iter_mut().enumerate() {
-        combine(
+        let tl = combine(
             &scratch.parts[h * n * 2..(h + 1) * n * 2],
             &scratch.outs[h * n * hd..(h + 1) * n * hd],
             hd,
             out,
         );
+        if let Some(s) = sinks {
+            with_sink(out, tl, s[h]);
+        }
     }
 }
 
@@ -245,7 +261,8 @@ pub(crate) fn attend_span(
 /// (`parts[2s], parts[2s + 1]` = [`attend_span`]'s `(m, l)` of span `s`,
 /// `outs` its outputs, `hd` apart), in span order:
 /// `sum_s exp(m_s - M) o_s / sum_s exp(m_s - M) l_s`. One span gives `o / l`.
-pub(crate) fn combine(parts: &[f32], outs: &[f32], hd: usize, out: &mut [f32]) {
+/// Returns `(M, sum_s exp(m_s - M) l_s)`.
+pub(crate) fn combine(parts: &[f32], outs: &[f32], hd: usize, out: &mut [f32]) -> (f32, f32) {
     let top = parts
         .chunks_exact(2)
         .fold(f32::NEG_INFINITY, |a, p| a.max(p[0]));
@@ -261,6 +278,7 @@ pub(crate) fn combine(parts: &[f32], outs: &[f32], hd: usize, out: &mut [f32]) {
     }
     let inv = 1.0 / l;
     out.iter_mut().for_each(|o| *o *= inv);
+    (top, l)
 }
 
 fn portable(
@@ -643,7 +661,16 @@ mod tests {
         let mut fast = vec![0.0f32; hd];
         attend(q, segs, hd, sc, &mut scratch, &mut fast);
         let mut slow = vec![0.0f32; hd];
-        group_with(portable, &[q], segs, hd, sc, &mut scratch, &mut [&mut slow]);
+        group_with(
+            portable,
+            &[q],
+            segs,
+            hd,
+            sc,
+            None,
+            &mut scratch,
+            &mut [&mut slow],
+        );
         for (d, w) in want.iter().enumerate() {
             for got in [fast[d], slow[d]] {
                 assert!(
@@ -764,10 +791,65 @@ mod tests {
                             &segs,
                             hd,
                             Scoring::scaled(0.25),
+                            None,
                             &mut scratch,
                             &mut outs,
                         );
                         assert_eq!(alone, together, "hd {hd} t {t} heads {heads}");
+                    }
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn a_sink_is_one_more_softmax_term_with_a_zero_value() {
+        let mut rnd = lcg(11);
+        let hd = 16;
+        for t in [1usize, 5, 64, 65, 200] {
+            let (k, v) = (rnd(t * hd, 4.0), rnd(t * hd, 2.0));
+            let qs: Vec<Vec<f32>> = (0..2).map(|_| rnd(hd, 4.0)).collect();
+            // A sink far below, near, and far above the scores.
+            for sink in [-50.0f32, 0.3, 3.0, 80.0] {
+                let sinks = [sink, -sink];
+                let refs: Vec<&[f32]> = qs.iter().map(|q| q.as_slice()).collect();
+                let mut got = vec![vec![0.0f32; hd]; 2];
+                let mut outs: Vec<&mut [f32]> = got.iter_mut().map(|o| o.as_mut_slice()).collect();
+                let segs = [(Rows::F32(&k), Rows::F32(&v))];
+                let mut scratch = Scratch::default();
+                attend_group(
+                    &refs,
+                    &segs,
+                    hd,
+                    Scoring::scaled(0.25),
+                    Some(&sinks),
+                    &mut scratch,
+                    &mut outs,
+                );
+                for (h, q) in qs.iter().enumerate() {
+                    // Float64: the scores and the sink in one softmax.
+                    let mut s: Vec<f64> = (0..t)
+                        .map(|i| {
+                            (0..hd)
+                                .map(|d| f64::from(q[d]) * f64::from(k[i * hd + d]))
+                                .sum::<f64>()
+                                * 0.25
+                        })
+                        .collect();
+                    s.push(f64::from(sinks[h]));
+                    let m = s.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
+                    let z: f64 = s.iter().map(|x| (x - m).exp()).sum();
+                    for d in 0..hd {
+                        let want: f64 = (0..t)
+                            .map(|i| (s[i] - m).exp() * f64::from(v[i * hd + d]))
+                            .sum::<f64>()
+                            / z;
+                        let g = f64::from(got[h][d]);
+                        assert!(
+                            (g - want).abs() <= 1e-5 * (1.0 + want.abs()),
+                            "t {t} sink {} head {h} d {d}: {g} vs {want}",
+                            sinks[h]
+                        );
                     }
                 }
             }

@@ -35,6 +35,15 @@ pub struct BlockVariant {
     /// q and k are RMS-normed over the whole projection (`q_width`,
     /// `kv_width` weights: OLMo 2, OLMoE), not head by head.
     pub qk_norm_full: bool,
+    /// A bias on the attention's output projection (gpt-oss).
+    pub o_bias: bool,
+    /// A learned logit a query head (`attn_sinks`: gpt-oss) joins each
+    /// head's softmax as one more key whose value is zero, so the head can
+    /// attend to "nothing".
+    pub attn_sinks: bool,
+    /// gpt-oss's gate: `min(g, 7) * sigmoid(1.702 min(g, 7)) * (clamp(u, -7, 7) + 1)`
+    /// instead of SwiGLU (llama.cpp's `swiglu_oai`).
+    pub oai_glu: bool,
 }
 
 /// A mixture of experts in place of each block's dense MLP (Mixtral, Qwen2-MoE,
@@ -54,6 +63,23 @@ pub struct Experts {
     /// Width of the shared expert every token also runs, gated by a sigmoid
     /// (Qwen2-MoE); 0 for none.
     pub shared_ff: usize,
+    /// How the router's logits become the picks' weights.
+    pub gating: Gating,
+    /// Biases on the router and on every expert's gate, up and down
+    /// (gpt-oss: `ffn_gate_inp.bias`, `ffn_{gate,up,down}_exps.bias`).
+    pub biases: bool,
+}
+
+/// How a router's logits become the picked experts' weights.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum Gating {
+    /// The softmax over all experts (renormalised over the picks when
+    /// `norm_weights`): llama.cpp's softmax gating.
+    #[default]
+    Softmax,
+    /// The top `used` logits, then the softmax over those only (gpt-oss:
+    /// llama.cpp's `SOFTMAX_WEIGHT` gating).
+    SoftmaxPicked,
 }
 
 /// The most experts a block may declare (llama.cpp's `LLAMA_MAX_EXPERTS`).
@@ -313,9 +339,16 @@ impl Config {
     }
 
     /// Whether every layer has the same attention window and RoPE (what the
-    /// team's one-step decode assumes), pre norms and no post norms.
+    /// team's one-step decode assumes), pre norms and no post norms, and
+    /// none of gpt-oss's pieces (sinks, output and expert biases, its gate).
     pub fn uniform_layers(&self) -> bool {
         !self.block.no_pre_norms
+            && !self.block.o_bias
+            && !self.block.attn_sinks
+            && !self.block.oai_glu
+            && self
+                .experts
+                .is_none_or(|e| !e.biases && e.gating == Gating::Softmax)
             && self.window_layers.is_empty()
             && self.rope_local.is_none()
             && !self.block.post_norms

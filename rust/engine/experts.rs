@@ -10,7 +10,7 @@
 //! the experts' products treat each activation row alone, so a row's result
 //! does not depend on the other rows of a batch or a prefill chunk.
 
-use crate::engine::config::Experts;
+use crate::engine::config::{Experts, Gating};
 use crate::engine::forward::Model;
 use crate::engine::glu::glu_in_place;
 use crate::engine::linear::{matmul_each, Part};
@@ -20,6 +20,21 @@ use crate::CoreResult;
 /// The experts a token runs, most probable first (ties: the lower index),
 /// with their weights, from its router logits.
 pub(crate) fn route(logits: &[f32], e: &Experts, picks: &mut Vec<(usize, f32)>) {
+    if e.gating == Gating::SoftmaxPicked {
+        // The top logits, then the softmax over those only.
+        let mut order: Vec<usize> = (0..logits.len()).collect();
+        order.sort_by(|&a, &b| logits[b].total_cmp(&logits[a]).then(a.cmp(&b)));
+        let top = &order[..e.used];
+        let max = top
+            .iter()
+            .map(|&i| logits[i])
+            .fold(f32::NEG_INFINITY, f32::max);
+        picks.clear();
+        picks.extend(top.iter().map(|&i| (i, (logits[i] - max).exp())));
+        let sum: f32 = picks.iter().map(|&(_, w)| w).sum();
+        picks.iter_mut().for_each(|(_, w)| *w /= sum);
+        return;
+    }
     let max = logits.iter().copied().fold(f32::NEG_INFINITY, f32::max);
     let probs: Vec<f32> = logits.iter().map(|&z| (z - max).exp()).collect();
     let total: f32 = probs.iter().sum();
@@ -43,6 +58,11 @@ impl Model {
         let rows = h.len() / hdim;
         let mut logits = Vec::new();
         self.mm(&m.router, h, &mut logits)?;
+        if let Some(b) = &m.biases {
+            for row in logits.chunks_exact_mut(e.count) {
+                row.iter_mut().zip(&b.router).for_each(|(z, &c)| *z += c);
+            }
+        }
         // Each row's picks, slot by slot: picks[r * used + slot].
         let mut picks = Vec::with_capacity(rows * e.used);
         let mut one = Vec::with_capacity(e.used);
@@ -99,6 +119,19 @@ impl Model {
             let refs: Vec<&[f32]> = xs.iter().map(|x| x.as_slice()).collect();
             matmul_each(self.activations, &refs, &mut each)?;
         }
+        if let Some(b) = &m.biases {
+            // Each expert's gate and up biases (the shared expert has none).
+            for ((&(x, _), g), u) in used.iter().zip(gates.iter_mut()).zip(ups.iter_mut()) {
+                let (gb, ub) = (
+                    &b.gate[x * e.ff..(x + 1) * e.ff],
+                    &b.up[x * e.ff..(x + 1) * e.ff],
+                );
+                for (gr, ur) in g.chunks_exact_mut(e.ff).zip(u.chunks_exact_mut(e.ff)) {
+                    gr.iter_mut().zip(gb).for_each(|(y, &c)| *y += c);
+                    ur.iter_mut().zip(ub).for_each(|(y, &c)| *y += c);
+                }
+            }
+        }
         let act = self.act();
         for (g, u) in gates.iter_mut().zip(&ups) {
             glu_in_place(act, g, u);
@@ -113,6 +146,14 @@ impl Model {
             let mut each: Vec<(usize, &mut Part<'_>)> = parts.iter_mut().enumerate().collect();
             let refs: Vec<&[f32]> = gates.iter().map(|g| g.as_slice()).collect();
             matmul_each(self.activations, &refs, &mut each)?;
+        }
+        if let Some(b) = &m.biases {
+            for (&(x, _), y) in used.iter().zip(ys.iter_mut()) {
+                let db = &b.down[x * hdim..(x + 1) * hdim];
+                for yr in y.chunks_exact_mut(hdim) {
+                    yr.iter_mut().zip(db).for_each(|(v, &c)| *v += c);
+                }
+            }
         }
         // Weighted, summed in the order of the picks.
         let mut from = vec![(0usize, 0usize); picks.len()];
@@ -163,7 +204,27 @@ mod tests {
             ff: 4,
             norm_weights: norm,
             shared_ff: 0,
+            gating: Gating::Softmax,
+            biases: false,
         }
+    }
+
+    #[test]
+    fn picked_softmax_gating_takes_the_top_logits_then_their_softmax() {
+        let z = [0.5f32, 2.0, -1.0, 2.0, 1.0];
+        let mut e = experts(5, 3, false);
+        e.gating = Gating::SoftmaxPicked;
+        let mut picks = Vec::new();
+        route(&z, &e, &mut picks);
+        let idx: Vec<usize> = picks.iter().map(|p| p.0).collect();
+        assert_eq!(idx, [1, 3, 4], "largest logits first, ties by index");
+        let denom: f64 = [2.0f64, 2.0, 1.0].iter().map(|v| v.exp()).sum();
+        for &(i, w) in &picks {
+            let want = (z[i] as f64).exp() / denom;
+            assert!((w as f64 - want).abs() < 1e-6, "{i}: {w} vs {want}");
+        }
+        route(&[f32::NAN, 1.0, 0.0], &e, &mut picks);
+        assert_eq!(picks.len(), 3);
     }
 
     #[test]

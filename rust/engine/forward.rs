@@ -269,6 +269,11 @@ impl Model {
             let caches: Vec<&KvCache> = steps.iter().map(|s| &*s.cache).collect();
             self.attention(li, &caches, &offsets, &positions, &q, &mut ctx)?;
             self.mm(&lw.o, &ctx, &mut o)?;
+            if let Some(b) = &lw.o_bias {
+                for row in o.chunks_exact_mut(b.len()) {
+                    row.iter_mut().zip(b).for_each(|(y, &c)| *y += c);
+                }
+            }
             add_residual(
                 &mut x,
                 &mut o,
@@ -323,7 +328,9 @@ impl Model {
 
     /// The MLP gate's activation.
     pub(crate) fn act(&self) -> Act {
-        if self.cfg.block.gelu {
+        if self.cfg.block.oai_glu {
+            Act::Oai
+        } else if self.cfg.block.gelu {
             Act::Gelu
         } else {
             Act::Silu
@@ -361,6 +368,7 @@ impl Model {
             softcap: cfg.attn_softcap,
         };
         let window = cfg.window(layer);
+        let sinks = self.weights.layers[layer].sinks.as_deref();
         let results: Vec<CoreResult<Vec<f32>>> = tasks
             .par_iter()
             .map(|&(si, j, lo, hi)| {
@@ -388,7 +396,8 @@ impl Model {
                         slice_rows(keys, first + from, first + to, hd),
                         slice_rows(values, first + from, first + to, hd),
                     );
-                    attend_group(&qs, &[seg], hd, sc, &mut scratch, &mut dsts);
+                    let heads = sinks.map(|s| &s[j * group..(j + 1) * group]);
+                    attend_group(&qs, &[seg], hd, sc, heads, &mut scratch, &mut dsts);
                 }
                 Ok(out)
             })

@@ -18,6 +18,23 @@ pub(crate) enum Act {
     Silu,
     /// `g / (1 + exp(-2 sqrt(2/pi) (g + 0.044715 g^3)))` (PyTorch's `gelu(approximate="tanh")`).
     Gelu,
+    /// gpt-oss's gate (llama.cpp's `swiglu_oai`): with `x = min(g, 7)`,
+    /// `x / (1 + exp(-1.702 x)) * (clamp(u, -7, 7) + 1)`; the up value is
+    /// part of the activation, so this one is computed a value at a time in
+    /// every build.
+    Oai,
+}
+
+/// gpt-oss's sigmoid slope and clamp (llama.cpp's constants for `swiglu_oai`).
+const OAI_ALPHA: f32 = 1.702;
+const OAI_LIMIT: f32 = 7.0;
+
+/// [`Act::Oai`] of one gate and up value.
+#[inline(always)]
+pub(crate) fn oai(g: f32, u: f32) -> f32 {
+    let x = if g > OAI_LIMIT { OAI_LIMIT } else { g };
+    let y = u.clamp(-OAI_LIMIT, OAI_LIMIT);
+    x / (1.0 + exp(-OAI_ALPHA * x)) * (y + 1.0)
 }
 
 /// `-2 sqrt(2 / pi)` and that times 0.044715: GELU's exponent is
@@ -44,6 +61,13 @@ pub(crate) fn glu_in_place(act: Act, gate: &mut [f32], up: &[f32]) {
 /// # Safety
 /// `len` values at each pointer; `out` may be `gate`, else overlaps neither.
 unsafe fn run(act: Act, gate: *const f32, up: *const f32, out: *mut f32, len: usize) {
+    if act == Act::Oai {
+        for i in 0..len {
+            // SAFETY: forwarded.
+            unsafe { *out.add(i) = oai(*gate.add(i), *up.add(i)) };
+        }
+        return;
+    }
     #[cfg(target_arch = "x86_64")]
     if crate::engine::attention::avx2() {
         // SAFETY: AVX2 and FMA were detected; forwarded.
@@ -51,6 +75,7 @@ unsafe fn run(act: Act, gate: *const f32, up: *const f32, out: *mut f32, len: us
             match act {
                 Act::Silu => x86::glu::<false>(gate, up, out, len),
                 Act::Gelu => x86::glu::<true>(gate, up, out, len),
+                Act::Oai => unreachable!("handled above"),
             }
         }
         return;
@@ -58,6 +83,7 @@ unsafe fn run(act: Act, gate: *const f32, up: *const f32, out: *mut f32, len: us
     let f = match act {
         Act::Silu => silu,
         Act::Gelu => gelu,
+        Act::Oai => unreachable!("handled above"),
     };
     for i in 0..len {
         // SAFETY: forwarded.
@@ -241,6 +267,35 @@ mod tests {
             let tol = want.abs() * cond * f64::from(f32::EPSILON) + 1.0e-36;
             assert!((got - want).abs() <= tol, "gelu({g}) = {got}, want {want}");
         }
+    }
+
+    #[test]
+    fn oai_gate_matches_float64_with_its_clamps() {
+        let vals = values();
+        for (i, &g) in vals.iter().enumerate() {
+            let u = vals[(i * 7919) % vals.len()];
+            let x = f64::from(g).min(7.0);
+            let y = f64::from(u).clamp(-7.0, 7.0);
+            let want = x / (1.0 + (-1.702 * x).exp()) * (y + 1.0);
+            let got = f64::from(oai(g, u));
+            // The exponent `1.702 x` is rounded to float32, which exp turns
+            // into a relative error of about |1.702 x| eps (as for GELU).
+            let cond = 16.0 + 2.0 * (1.702 * x).abs();
+            let tol = want.abs() * cond * f64::from(f32::EPSILON) + 1.0e-30;
+            assert!(
+                (got - want).abs() <= tol,
+                "oai({g}, {u}) = {got}, want {want}"
+            );
+        }
+        // The clamps: the gate saturates at 7, the up value at -7 and 7.
+        assert_eq!(oai(100.0, 0.0), oai(7.0, 0.0));
+        assert_eq!(oai(1.0, 50.0), oai(1.0, 7.0));
+        assert_eq!(oai(1.0, -50.0), oai(1.0, -7.0));
+        let (g, up) = (vec![3.0f32, -2.0, 9.0], vec![1.0f32, 20.0, -0.5]);
+        let want: Vec<f32> = g.iter().zip(&up).map(|(&a, &b)| oai(a, b)).collect();
+        let mut got = g.clone();
+        glu_in_place(Act::Oai, &mut got, &up);
+        assert_eq!(got, want);
     }
 
     #[test]

@@ -27,7 +27,7 @@ pub mod linear;
 pub mod team;
 pub mod weights;
 
-pub use config::{BlockVariant, Config, Experts, LocalRope, RopeStyle};
+pub use config::{BlockVariant, Config, Experts, Gating, LocalRope, RopeStyle};
 pub use forward::{Model, Step};
 pub use linear::Activations;
 pub use weights::{Store, TensorEntry};

@@ -2,7 +2,7 @@
 //! re-prefill, chunking does not matter, a batch row equals the same
 //! sequence alone (bit for bit), and failures leave caches untouched.
 
-use crate::engine::config::{tiny, Config, Experts, LocalRope, RopeStyle};
+use crate::engine::config::{tiny, Config, Experts, Gating, LocalRope, RopeStyle};
 use crate::engine::{Model, Step, Store};
 use crate::kv::{Dtype, KvCache};
 use crate::CoreError;
@@ -44,7 +44,19 @@ fn owned_of(cfg: &Config) -> Owned {
         let p = |s: &str| format!("blk.{i}.{s}");
         if !cfg.block.no_pre_norms {
             put(p("attn_norm.weight"), vec![h], 0.2, 1.0);
-            put(p("ffn_norm.weight"), vec![h], 0.2, 1.0);
+            // llama.cpp's name for gpt-oss's norm before the MLP.
+            let ffn_norm = if cfg.arch == "gpt-oss" {
+                "post_attention_norm.weight"
+            } else {
+                "ffn_norm.weight"
+            };
+            put(p(ffn_norm), vec![h], 0.2, 1.0);
+        }
+        if cfg.block.o_bias {
+            put(p("attn_output.bias"), vec![h], 0.4, 0.0);
+        }
+        if cfg.block.attn_sinks {
+            put(p("attn_sinks.weight"), vec![cfg.n_heads], 2.0, 0.5);
         }
         put(p("attn_q.weight"), vec![qw, h], 0.6, 0.0);
         put(p("attn_k.weight"), vec![kvw, h], 0.6, 0.0);
@@ -74,6 +86,12 @@ fn owned_of(cfg: &Config) -> Owned {
                     put(p("ffn_gate_exps.weight"), vec![n, ff, h], 0.6, 0.0);
                     put(p("ffn_up_exps.weight"), vec![n, ff, h], 0.6, 0.0);
                     put(p("ffn_down_exps.weight"), vec![n, h, ff], 0.6, 0.0);
+                }
+                if e.biases {
+                    put(p("ffn_gate_inp.bias"), vec![n], 2.0, 0.0);
+                    put(p("ffn_gate_exps.bias"), vec![n, ff], 0.6, 0.0);
+                    put(p("ffn_up_exps.bias"), vec![n, ff], 0.6, 0.0);
+                    put(p("ffn_down_exps.bias"), vec![n, h], 0.6, 0.0);
                 }
                 if e.shared_ff > 0 {
                     let sf = e.shared_ff;
@@ -302,6 +320,8 @@ fn variants() -> Vec<Config> {
         ff: 24,
         norm_weights,
         shared_ff,
+        gating: Gating::Softmax,
+        biases: false,
     };
     let mut c = tiny("qwen3moe");
     c.block.qk_norm = true;
@@ -334,6 +354,22 @@ fn variants() -> Vec<Config> {
     c.logit_scale = 3.0;
     c.experts = Some(moe(5, 1, true, 0));
     out.push(c);
+    // gpt-oss: biases everywhere, sinks, every other layer windowed (3
+    // here), its clamped gate, the softmax over the picked logits.
+    let mut c = tiny("gpt-oss");
+    c.block.qkv_bias = true;
+    c.block.o_bias = true;
+    c.block.attn_sinks = true;
+    c.block.oai_glu = true;
+    c.sliding_window = Some(3);
+    c.window_layers = vec![true, false];
+    c.rope_mscale = 1.3;
+    c.experts = Some(Experts {
+        gating: Gating::SoftmaxPicked,
+        biases: true,
+        ..moe(4, 2, false, 0)
+    });
+    out.push(c);
     out
 }
 
@@ -351,6 +387,8 @@ fn a_mixture_of_identical_experts_is_their_dense_mlp() {
         ff: 24,
         norm_weights: true,
         shared_ff: 0,
+        gating: Gating::Softmax,
+        biases: false,
     });
     let mut owned: Owned = Vec::new();
     let mut seed = 3u64;

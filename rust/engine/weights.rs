@@ -282,6 +282,20 @@ pub struct Moe {
     pub experts: Vec<Mlp>,
     /// Qwen2-MoE's shared expert and its gate vector (`sigmoid(x . gate)`).
     pub shared: Option<(Mlp, Vec<f32>)>,
+    /// The router's and every expert's biases (`Experts::biases`: gpt-oss).
+    pub biases: Option<ExpertBiases>,
+}
+
+/// gpt-oss's biases of a mixture, flat by expert.
+#[derive(Debug)]
+pub struct ExpertBiases {
+    /// `[count]`, added to the router's logits.
+    pub router: Vec<f32>,
+    /// `[count, ff]` each: added to each expert's gate and up rows.
+    pub gate: Vec<f32>,
+    pub up: Vec<f32>,
+    /// `[count, hidden]`: added to each expert's output.
+    pub down: Vec<f32>,
 }
 
 /// What follows the MLP norm: a dense MLP or a mixture of experts.
@@ -309,6 +323,10 @@ pub struct Layer {
     /// Norms of the attention and MLP outputs (`BlockVariant::post_norms`).
     pub attn_post_norm: Option<Vec<f32>>,
     pub ffn_post_norm: Option<Vec<f32>>,
+    /// The output projection's bias (`BlockVariant::o_bias`).
+    pub o_bias: Option<Vec<f32>>,
+    /// One sink logit a query head (`BlockVariant::attn_sinks`).
+    pub sinks: Option<Vec<f32>>,
 }
 
 impl Layer {
@@ -392,9 +410,28 @@ impl Weights {
                 Some(e) => Ffn::Moe(gather_moe(&mut store, cfg, e, i)?),
                 None => Ffn::Dense(gather_mlp(&mut store, i, "", h, f)?),
             };
+            // llama.cpp names gpt-oss's norm before the MLP `post_attention_norm`.
+            let ffn_norm_name = if !post
+                && store.get(&p("ffn_norm.weight")).is_none()
+                && store.get(&p("post_attention_norm.weight")).is_some()
+            {
+                p("post_attention_norm.weight")
+            } else {
+                p("ffn_norm.weight")
+            };
             layers.push(Layer {
                 attn_norm: pre_norm(&store, &p("attn_norm.weight"))?,
-                ffn_norm: pre_norm(&store, &p("ffn_norm.weight"))?,
+                ffn_norm: pre_norm(&store, &ffn_norm_name)?,
+                // Read only where the variant has them (the team's decode,
+                // which runs the other variants, applies neither).
+                o_bias: match cfg.block.o_bias {
+                    true => vector(&store, &p("attn_output.bias"), h, true)?,
+                    false => None,
+                },
+                sinks: match cfg.block.attn_sinks {
+                    true => vector(&store, &p("attn_sinks.weight"), cfg.n_heads, true)?,
+                    false => None,
+                },
                 q_bias: vector(&store, &p("attn_q.bias"), qw, bias)?,
                 k_bias: vector(&store, &p("attn_k.bias"), kvw, bias)?,
                 v_bias: vector(&store, &p("attn_v.bias"), kvw, bias)?,
@@ -565,9 +602,25 @@ fn gather_moe(store: &mut Store, cfg: &Config, e: &Experts, i: usize) -> CoreRes
     } else {
         None
     };
+    let biases = if e.biases {
+        let need = |name: String, len: usize| {
+            store
+                .vector(&name, len)?
+                .ok_or_else(|| CoreError::Format(format!("missing tensor {name}")))
+        };
+        Some(ExpertBiases {
+            router: need(p("ffn_gate_inp.bias"), n)?,
+            gate: need(p("ffn_gate_exps.bias"), n * ff)?,
+            up: need(p("ffn_up_exps.bias"), n * ff)?,
+            down: need(p("ffn_down_exps.bias"), n * h)?,
+        })
+    } else {
+        None
+    };
     Ok(Moe {
         router,
         experts,
         shared,
+        biases,
     })
 }

@@ -14,7 +14,7 @@ use super::errors::{catch_panics, IntoPyResult};
 use super::gil::{detached, pin, Pin};
 use super::kv::PyKvCache;
 use crate::engine::{
-    Activations, BlockVariant, Config, Experts, LocalRope, Model, RopeStyle, Step, Store,
+    Activations, BlockVariant, Config, Experts, Gating, LocalRope, Model, RopeStyle, Step, Store,
     TensorEntry,
 };
 use crate::kv::KvCache;
@@ -134,6 +134,9 @@ fn config(cfg: &Bound<'_, PyDict>) -> PyResult<Config> {
             post_norms: item_or(cfg, "post_norms", false)?,
             no_pre_norms: item_or(cfg, "no_pre_norms", false)?,
             qk_norm_full: item_or(cfg, "qk_norm_full", false)?,
+            o_bias: item_or(cfg, "o_bias", false)?,
+            attn_sinks: item_or(cfg, "attn_sinks", false)?,
+            oai_glu: item_or(cfg, "oai_glu", false)?,
         },
         experts: match item_or::<usize>(cfg, "n_experts", 0)? {
             0 => None,
@@ -143,6 +146,18 @@ fn config(cfg: &Bound<'_, PyDict>) -> PyResult<Config> {
                 ff: item(cfg, "expert_ff")?,
                 norm_weights: item(cfg, "experts_norm")?,
                 shared_ff: item_or(cfg, "shared_expert_ff", 0)?,
+                gating: match item_or::<String>(cfg, "expert_gating", "softmax".into())?.as_str() {
+                    "softmax" => Gating::Softmax,
+                    "softmax_picked" => Gating::SoftmaxPicked,
+                    other => {
+                        return Err(CoreError::option(
+                            "expert_gating",
+                            format!("{other:?} is not \"softmax\" or \"softmax_picked\""),
+                        ))
+                        .py()
+                    }
+                },
+                biases: item_or(cfg, "expert_biases", false)?,
             }),
         },
     })

@@ -83,6 +83,53 @@ def _moe(config: dict[str, Any], w: dict[str, np.ndarray], p: str, h: np.ndarray
     return out
 
 
+def _oss_moe(config: dict[str, Any], w: dict[str, np.ndarray], p: str, h: np.ndarray) -> np.ndarray:
+    """gpt-oss's MoE block (Hugging Face's GptOssMLP): router logits with a bias, the top
+    ``num_experts_per_tok`` of them, the softmax of those as weights; each expert's gate and up
+    with biases, the gate clamped above at 7 and the up value to [-7, 7],
+    ``gate * sigmoid(1.702 gate) * (up + 1)``, then down with its bias."""
+    k = config["num_experts_per_tok"]
+    logits = h @ w[p + "mlp.router.weight"].T + w[p + "mlp.router.bias"]
+    out = np.zeros_like(h)
+    for r in range(h.shape[0]):
+        top = np.argsort(-logits[r], kind="stable")[:k]
+        z = np.exp(logits[r, top] - logits[r, top].max())
+        for e, wt in zip(top, z / z.sum(), strict=True):
+            x = p + f"mlp.experts.{e}."
+            gate = np.minimum(h[r] @ w[x + "gate_proj.weight"].T + w[x + "gate_proj.bias"], 7.0)
+            up = np.clip(h[r] @ w[x + "up_proj.weight"].T + w[x + "up_proj.bias"], -7.0, 7.0)
+            act = gate / (1 + np.exp(-1.702 * gate)) * (up + 1)
+            out[r] += wt * (act @ w[x + "down_proj.weight"].T + w[x + "down_proj.bias"])
+    return out
+
+
+def _yarn(config: dict[str, Any], rd: int, seq: int) -> tuple[np.ndarray, np.ndarray]:
+    """Hugging Face's YaRN (``_compute_yarn_parameters``): frequencies kept above the band of
+    dimensions where the original context turns ``beta_fast`` to ``beta_slow`` times, divided
+    by ``factor`` below it, a linear ramp across; cos and sin times ``0.1 ln(factor) + 1``."""
+    rs = config["rope_scaling"]
+    base, factor = config["rope_theta"], rs["factor"]
+    orig = rs["original_max_position_embeddings"]
+
+    def dim(rot: float) -> float:
+        return rd * np.log(orig / (rot * 2 * np.pi)) / (2 * np.log(base))
+
+    low, high = dim(rs.get("beta_fast", 32)), dim(rs.get("beta_slow", 1))
+    if rs.get("truncate", True):
+        low, high = max(np.floor(low), 0), min(np.ceil(high), rd - 1)
+    if low == high:
+        high += 0.001
+    pos_freqs = base ** (np.arange(0, rd, 2) / rd)
+    extrapolation, interpolation = 1.0 / pos_freqs, 1.0 / (factor * pos_freqs)
+    ramp = np.clip((np.arange(rd // 2) - low) / (high - low), 0, 1)
+    extra = 1 - ramp
+    inv_freq = interpolation * (1 - extra) + extrapolation * extra
+    mscale = rs.get("attention_factor") or 0.1 * np.log(factor) + 1.0
+    freqs = np.outer(np.arange(seq), inv_freq)
+    emb = np.concatenate([freqs, freqs], axis=-1)
+    return np.cos(emb) * mscale, np.sin(emb) * mscale
+
+
 def reference_logits(
     config: dict[str, Any], t: dict[str, np.ndarray], ids: list[int], *, context: int | None = None
 ) -> np.ndarray:
@@ -127,6 +174,8 @@ def reference_logits(
         emb = np.concatenate([freqs, freqs], axis=-1)
         a = rs["attention_factor"]
         global_rope = (np.cos(emb) * a, np.sin(emb) * a)
+    if rs.get("rope_type") == "yarn":
+        global_rope = _yarn(config, rd, seq)
     local_rope = rope_tables(config.get("rope_local_base_freq", config["rope_theta"]), 1.0)
 
     x = w["model.embed_tokens.weight"][ids]
@@ -140,11 +189,12 @@ def reference_logits(
     causal = np.triu(np.full((seq, seq), -np.inf), k=1)
     window = (
         config.get("sliding_window")
-        if arch in ("mistral", "gemma2", "gemma3_text", "exaone4")
+        if arch in ("mistral", "gemma2", "gemma3_text", "exaone4", "gpt_oss")
         else None
     )
-    # EXAONE 4: layer_types picks the windowed layers, and only they apply RoPE.
-    types = config.get("layer_types") if arch == "exaone4" else None
+    # EXAONE 4 and gpt-oss: layer_types picks the windowed layers (in EXAONE 4, only they
+    # apply RoPE).
+    types = config.get("layer_types") if arch in ("exaone4", "gpt_oss") else None
     period = {"gemma2": 2, "gemma3_text": config.get("sliding_window_pattern", 6)}.get(arch, 1)
     scaling = config.get("attention_multiplier", config.get("query_pre_attn_scalar", hd) ** -0.5)
     cap = config.get("attn_logit_softcapping")
@@ -182,7 +232,7 @@ def reference_logits(
         if p + "self_attn.q_norm.weight" in w and not full_qk:
             q = _rms(q, w[p + "self_attn.q_norm.weight"], eps)
             k = _rms(k, w[p + "self_attn.k_norm.weight"], eps)
-        if nope[i] and (types is None or windowed):
+        if nope[i] and (arch != "exaone4" or types is None or windowed):
             rot = _apply_rope_pairs if arch == "ernie4_5" else _apply_rope
             q = rot(q, cos, sin)
             k = rot(k, cos, sin)
@@ -192,10 +242,17 @@ def reference_logits(
         if cap:
             scores = np.tanh(scores / cap) * cap
         scores = scores + mask
+        if p + "self_attn.sinks" in w:
+            # gpt-oss: one more logit a head in the softmax, dropped after it.
+            sink = np.broadcast_to(w[p + "self_attn.sinks"][:, None, None], (nh, seq, 1))
+            scores = np.concatenate([scores, sink], axis=-1)
         probs = np.exp(scores - scores.max(-1, keepdims=True))
         probs /= probs.sum(-1, keepdims=True)
+        probs = probs[..., :seq]
         attn = (probs @ v).transpose(1, 0, 2).reshape(seq, nh * hd)
         o = attn @ w[p + "self_attn.o_proj.weight"].T * rm
+        if p + "self_attn.o_proj.bias" in w:
+            o = o + w[p + "self_attn.o_proj.bias"]
         if post_norms:
             o = _rms(o, w[p + "post_attention_layernorm.weight"], eps)
             h = x + o
@@ -204,6 +261,9 @@ def reference_logits(
         else:
             h = _rms(x + o, w[p + "post_attention_layernorm.weight"], eps)
         x = x + o
+        if p + "mlp.router.weight" in w:
+            x = x + _oss_moe(config, w, p, h)
+            continue
         if any(
             p + n in w
             for n in (

@@ -73,8 +73,14 @@ def make_tiny(
         layers = max(layers, 4)  # so that its NoPE layer (every fourth) exists
     hd = head_dim or hidden // heads
     gemma = arch in ("gemma", "gemma2", "gemma3")
-    moe = arch in ("qwen2moe", "qwen3moe", "mixtral", "granitemoe", "olmoe")
-    model_type = {"gemma3": "gemma3_text", "qwen2moe": "qwen2_moe", "qwen3moe": "qwen3_moe"}
+    moe = arch in ("qwen2moe", "qwen3moe", "mixtral", "granitemoe", "olmoe", "gpt-oss")
+    oss = arch == "gpt-oss"
+    model_type = {
+        "gemma3": "gemma3_text",
+        "qwen2moe": "qwen2_moe",
+        "qwen3moe": "qwen3_moe",
+        "gpt-oss": "gpt_oss",
+    }
     cfg: dict[str, Any] = {
         "model_type": model_type.get(arch, arch),
         "vocab_size": vocab,
@@ -105,7 +111,28 @@ def make_tiny(
     if arch == "smollm3":
         # Hugging Face's default pattern: every fourth layer without RoPE (one a model of 4).
         cfg["no_rope_layers"] = [int((i + 1) % 4 != 0) for i in range(layers)]
-    if arch in ("mixtral", "granitemoe"):
+    if oss:
+        # gpt-oss: experts intermediate_size wide, every other layer windowed (the even ones),
+        # YaRN over a short original context so that it matters at this length, and llama.cpp's
+        # rounding of YaRN's band (its checkpoints say truncate: false; GGUF has no such key).
+        cfg.update(
+            num_local_experts=experts,
+            num_experts_per_tok=used,
+            intermediate_size=expert_inter,
+            sliding_window=3,
+            layer_types=[
+                "sliding_attention" if i % 2 == 0 else "full_attention" for i in range(layers)
+            ],
+            rope_scaling={
+                "rope_type": "yarn",
+                "factor": 4.0,
+                "original_max_position_embeddings": 16,
+                "beta_fast": 32.0,
+                "beta_slow": 1.0,
+                "truncate": True,
+            },
+        )
+    elif arch in ("mixtral", "granitemoe"):
         # Mixtral's and Granite MoE's experts are intermediate_size wide.
         cfg.update(num_local_experts=experts, num_experts_per_tok=used)
         cfg["intermediate_size"] = expert_inter
@@ -165,6 +192,26 @@ def make_tiny(
             t[pre + "output_linear.weight"] = np.stack(
                 [mat(hidden, expert_inter) for _ in range(experts)]
             )
+        elif oss:
+            # Our own names (gpt-oss runs from GGUF only): llama.cpp's tensors, one expert at
+            # a time, every one with its bias.
+            t[p + "mlp.router.weight"] = mat(experts, hidden) * 4
+            t[p + "mlp.router.bias"] = rng.standard_normal(experts).astype(np.float32)
+            for e in range(experts):
+                for part, (rows, cols) in (
+                    ("gate_proj", (expert_inter, hidden)),
+                    ("up_proj", (expert_inter, hidden)),
+                    ("down_proj", (hidden, expert_inter)),
+                ):
+                    t[p + f"mlp.experts.{e}.{part}.weight"] = mat(rows, cols) * 2
+                    t[p + f"mlp.experts.{e}.{part}.bias"] = (
+                        0.5 * rng.standard_normal(rows)
+                    ).astype(np.float32)
+            t[p + "self_attn.o_proj.bias"] = (0.2 * rng.standard_normal(hidden)).astype(
+                np.float32
+            )
+            # Sinks near the scores, so that each takes a visible share of the softmax.
+            t[p + "self_attn.sinks"] = rng.standard_normal(heads).astype(np.float32)
         else:
             names = (
                 ("block_sparse_moe.", "w1", "w3", "w2")
@@ -182,7 +229,7 @@ def make_tiny(
                 t[p + "mlp.shared_expert.up_proj.weight"] = mat(inter, hidden)
                 t[p + "mlp.shared_expert.down_proj.weight"] = mat(hidden, inter)
                 t[p + "mlp.shared_expert_gate.weight"] = mat(1, hidden)
-        if arch in ("qwen2", "qwen2moe"):
+        if arch in ("qwen2", "qwen2moe", "gpt-oss"):
             for name, n in (("q", heads * hd), ("k", kv_heads * hd), ("v", kv_heads * hd)):
                 t[p + f"self_attn.{name}_proj.bias"] = (0.2 * rng.standard_normal(n)).astype(
                     np.float32
@@ -357,7 +404,7 @@ _GGUF_LAYER = {
 }
 _GGUF_EXPERT = re.compile(
     r"^(?:mlp\.experts\.(\d+)\.(gate|up|down)_proj|block_sparse_moe\.experts\.(\d+)\.(w[123]))"
-    r"\.weight$"
+    r"\.(weight|bias)$"
 )
 _MIXTRAL_PARTS = {"w1": "gate", "w3": "up", "w2": "down"}
 
@@ -367,7 +414,7 @@ def expert_of(rest: str) -> tuple[int, str] | None:
     ``model.layers.N.``: the Qwen MoEs' ``mlp.experts.E.gate_proj.weight``, Mixtral's
     ``block_sparse_moe.experts.E.w1.weight``), else None."""
     m = _GGUF_EXPERT.match(rest)
-    if m is None:
+    if m is None or m.group(5) != "weight":
         return None
     expert, part = (m.group(1), m.group(2)) if m.group(1) else (m.group(3), m.group(4))
     return int(expert), _MIXTRAL_PARTS.get(part, part)
@@ -379,6 +426,16 @@ _GGUF_POST_NORMS = {
     "post_attention_layernorm.weight": "post_attention_norm.weight",
     "pre_feedforward_layernorm.weight": "ffn_norm.weight",
     "post_feedforward_layernorm.weight": "post_ffw_norm.weight",
+}
+# gpt-oss (llama.cpp's names): its norm before the MLP is post_attention_norm, and it has
+# an output bias, sinks and a router bias.
+_GGUF_GPT_OSS = {
+    **_GGUF_LAYER,
+    "post_attention_layernorm.weight": "post_attention_norm.weight",
+    "self_attn.o_proj.bias": "attn_output.bias",
+    "self_attn.sinks": "attn_sinks.weight",
+    "mlp.router.weight": "ffn_gate_inp.weight",
+    "mlp.router.bias": "ffn_gate_inp.bias",
 }
 _GGUF_TOP = {
     "model.embed_tokens.weight": "token_embd.weight",
@@ -409,6 +466,7 @@ def write_gguf(
         "gemma3_text": "gemma3",
         "qwen2_moe": "qwen2moe",
         "qwen3_moe": "qwen3moe",
+        "gpt_oss": "gpt-oss",
     }.get(model.arch, model.arch)
     arch = arch_override or own
     gemma = own in ("gemma", "gemma2", "gemma3")
@@ -433,6 +491,8 @@ def write_gguf(
         w.add_uint32(f"{arch}.expert_used_count", c["num_experts_per_tok"])
         if "moe_intermediate_size" in c:
             w.add_uint32(f"{arch}.expert_feed_forward_length", c["moe_intermediate_size"])
+        if own == "gpt-oss":
+            w.add_uint32(f"{arch}.expert_feed_forward_length", c["intermediate_size"])
         if "shared_expert_intermediate_size" in c:
             w.add_uint32(
                 f"{arch}.expert_shared_feed_forward_length", c["shared_expert_intermediate_size"]
@@ -444,6 +504,8 @@ def write_gguf(
         ):
             # A plain key: the oldest gguf we allow (0.11) has no writer method for it.
             w.add_uint32(f"{arch}.attention.sliding_window_pattern", c["sliding_window_pattern"])
+    if own == "gpt-oss":
+        w.add_uint32(f"{arch}.attention.sliding_window", c["sliding_window"])
     if c.get("attn_logit_softcapping"):
         w.add_attn_logit_softcapping(c["attn_logit_softcapping"])
     if c.get("final_logit_softcapping"):
@@ -461,6 +523,12 @@ def write_gguf(
     if rs and rs.get("rope_type") == "linear":
         w.add_rope_scaling_type(gguf.RopeScalingType.LINEAR)
         w.add_rope_scaling_factor(rs["factor"])
+    if rs and rs.get("rope_type") == "yarn":
+        w.add_string(f"{arch}.rope.scaling.type", "yarn")
+        w.add_float32(f"{arch}.rope.scaling.factor", rs["factor"])
+        w.add_uint32(
+            f"{arch}.rope.scaling.original_context_length", rs["original_max_position_embeddings"]
+        )
     if rs and rs.get("rope_type") == "longrope":
         # llama.cpp's converter: both factor sets as tensors, the original context and the
         # cos/sin factor as keys.
@@ -485,6 +553,8 @@ def write_gguf(
     heads, kv_heads = c["num_attention_heads"], c["num_key_value_heads"]
     qt = QT[qtype]
     names = _GGUF_POST_NORMS if own in ("gemma2", "gemma3", "olmo2", "exaone4") else _GGUF_LAYER
+    if own == "gpt-oss":
+        names = _GGUF_GPT_OSS
     tensors, raw = _stack_experts(model.tensors, raw, n_experts)
     for name in sorted(tensors):
         a = tensors[name]
@@ -492,6 +562,9 @@ def write_gguf(
             # An expert stack [n, rows, cols], quantised expert by expert.
             gname = name.removeprefix("stacked.")
             blocks = (raw or {}).get(name)
+            if gname.endswith(".bias"):  # [n, rows] of biases, float32 as llama.cpp keeps them
+                w.add_tensor(gname, np.ascontiguousarray(a))
+                continue
             if qtype == "F32":
                 w.add_tensor(gname, np.ascontiguousarray(a))
             elif blocks is None:
@@ -547,10 +620,15 @@ def _stack_experts(
     for name, a in tensors.items():
         parts = name.split(".", 3)
         found = expert_of(parts[3]) if len(parts) == 4 and parts[0] == "model" else None
+        kind = "weight"
+        if found is None and len(parts) == 4 and parts[3].endswith(".bias"):
+            # gpt-oss's expert biases: stacked as [n, rows] (never quantised).
+            found = expert_of(parts[3].removesuffix(".bias") + ".weight")
+            kind = "bias"
         if found is None:
             out[name] = a
             continue
-        key = f"stacked.blk.{parts[2]}.ffn_{found[1]}_exps.weight"
+        key = f"stacked.blk.{parts[2]}.ffn_{found[1]}_exps.{kind}"
         groups.setdefault(key, []).append((found[0], name))
     new_raw = dict(raw or {})
     for name in [n for n in out if n.endswith(("input_linear.weight", "output_linear.weight"))]:

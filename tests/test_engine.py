@@ -17,7 +17,9 @@ from rlx_lm import KvCache
 from rlx_lm.runners.llama import LlamaRunner, load_llama
 from rlx_lm.runners.llama_config import LLAMA_ARCHITECTURES
 
-ARCHS = list(LLAMA_ARCHITECTURES)
+# gpt-oss (GGUF only, pieces the numpy forward does not have) is checked against the float64
+# reference on its own: tests/test_gpt_oss.py.
+ARCHS = [a for a in LLAMA_ARCHITECTURES if a != "gpt-oss"]
 IDS = [1, 5, 7, 3, 9, 100, 2, 50, 4, 4, 4, 17]
 QTYPES = ["F32", "F16", "BF16", "Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q4_K", "Q6_K"]
 

@@ -21,7 +21,9 @@ from numpy_llama.weights import unpermute_rope_rows
 
 from rlx_lm.runners.llama_config import LLAMA_ARCHITECTURES
 
-ARCHS = list(LLAMA_ARCHITECTURES)
+# gpt-oss (GGUF only, pieces the numpy forward does not have) is checked against the float64
+# reference on its own: tests/test_gpt_oss.py.
+ARCHS = [a for a in LLAMA_ARCHITECTURES if a != "gpt-oss"]
 IDS = [1, 5, 7, 3, 9, 100, 2, 50, 4, 4, 4, 17]
 
 

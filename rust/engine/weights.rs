@@ -437,8 +437,16 @@ impl Weights {
                 v_bias: vector(&store, &p("attn_v.bias"), kvw, bias)?,
                 q_norm: vector(&store, &p("attn_q_norm.weight"), qn, qk)?,
                 k_norm: vector(&store, &p("attn_k_norm.weight"), kn, qk)?,
-                attn_post_norm: vector(&store, &p("post_attention_norm.weight"), h, post)?,
-                ffn_post_norm: vector(&store, &p("post_ffw_norm.weight"), h, post)?,
+                // Only where the variant has them: gpt-oss's file names its
+                // norm before the MLP `post_attention_norm`.
+                attn_post_norm: match post {
+                    true => vector(&store, &p("post_attention_norm.weight"), h, true)?,
+                    false => None,
+                },
+                ffn_post_norm: match post {
+                    true => vector(&store, &p("post_ffw_norm.weight"), h, true)?,
+                    false => None,
+                },
                 q,
                 k,
                 v,

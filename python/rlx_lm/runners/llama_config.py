@@ -46,6 +46,7 @@ LLAMA_ARCHITECTURES = (
     "olmoe",
     "exaone4",
     "ernie4_5",
+    "gpt-oss",
 )
 
 #: The Gemma generations (GeGLU, embeddings times sqrt(hidden), norms stored as ``w`` in GGUF
@@ -71,6 +72,7 @@ _HF_ARCH_ALIASES = {
     "OlmoeForCausalLM": "olmoe",
     "Exaone4ForCausalLM": "exaone4",
     "Ernie4_5ForCausalLM": "ernie4_5",
+    "GptOssForCausalLM": "gpt-oss",
 }
 # Hugging Face ``model_type`` spellings of our names (Mixtral is Mistral with experts, as
 # llama.cpp's converter writes it: architecture llama with expert tensors).
@@ -79,6 +81,7 @@ _HF_TYPE_ALIASES = {
     "qwen2_moe": "qwen2moe",
     "qwen3_moe": "qwen3moe",
     "mixtral": "mistral",
+    "gpt_oss": "gpt-oss",
 }
 #: Hugging Face ``model_type`` names the family answers to beyond its own.
 HF_MODEL_TYPES = tuple(_HF_TYPE_ALIASES)
@@ -104,7 +107,7 @@ _GEMMA_27B_LAYERS = {"gemma2": 46, "gemma3": 62}
 _FULL_ROPE_ARCHS = tuple(a for a in LLAMA_ARCHITECTURES if a not in ("phi3", *GEMMA_ARCHITECTURES))
 # Mixtures of experts: the architectures that are nothing else, and those whose GGUF may add
 # experts to a dense design (llama.cpp's converter writes Mixtral as llama with experts).
-_MOE_ARCHS = ("qwen2moe", "qwen3moe", "granitemoe", "olmoe")
+_MOE_ARCHS = ("qwen2moe", "qwen3moe", "granitemoe", "olmoe", "gpt-oss")
 _MAY_HAVE_EXPERTS = ("llama", "mistral", *_MOE_ARCHS)
 # Whether llama.cpp renormalises the picked experts' weights (its build_moe_ffn's norm_w):
 # Mixtral, Qwen3-MoE and Granite MoE do, Qwen2-MoE does not.
@@ -115,11 +118,18 @@ _NORM_EXPERT_WEIGHTS = {
     "qwen3moe": True,
     "granitemoe": True,
     "olmoe": False,
+    "gpt-oss": False,  # its weights are the softmax over the picked logits already
 }
 _GRANITE_ARCHS = ("granite", "granitemoe")
 #: The most experts a block may have (llama.cpp's LLAMA_MAX_EXPERTS).
 MAX_EXPERTS = 512
-_QKV_BIAS_ARCHS = ("qwen2", "qwen2moe")
+_QKV_BIAS_ARCHS = ("qwen2", "qwen2moe", "gpt-oss")
+# gpt-oss: every other layer (the even ones) windowed, llama.cpp's pattern of 2; biases on the
+# output projection, the router and the experts; a sink logit a head; its clamped gate.
+_GPT_OSS_WINDOW_PERIOD = 2
+# YaRN's defaults where a GGUF leaves them out (llama.cpp's yarn_beta_fast / yarn_beta_slow).
+_YARN_BETA_FAST = 32.0
+_YARN_BETA_SLOW = 1.0
 _QK_NORM_ARCHS = ("qwen3", "qwen3moe", "gemma3", "olmo2", "olmoe", "exaone4")
 # Norms after attention and the MLP only, none before (OLMo 2, EXAONE 4).
 _POST_NORM_ONLY_ARCHS = ("olmo2", "exaone4")
@@ -148,6 +158,13 @@ class RopeScaling:
     original_max_position: int = 8192
     freq_factors: tuple[float, ...] = ()
     long_factors: tuple[float, ...] = ()
+    beta_fast: float = _YARN_BETA_FAST
+    """YaRN: the pairs turning more than this many times over the original context keep
+    their frequency; those turning fewer than ``beta_slow`` times are divided by ``factor``;
+    the band between is blended."""
+    beta_slow: float = _YARN_BETA_SLOW
+    truncate: bool = True
+    """YaRN: round the band's ends outwards to whole pairs (llama.cpp always does)."""
 
 
 @dataclass(frozen=True)
@@ -213,6 +230,17 @@ class LlamaConfig:
     """Whether the picked experts' softmax weights are divided by their sum."""
     shared_expert_ff: int = 0
     """Width of the shared expert every token runs, gated by a sigmoid (Qwen2-MoE); 0: none."""
+    expert_gating: str = "softmax"
+    """How router logits become the picks' weights: ``"softmax"`` over all experts, or
+    ``"softmax_picked"``, the softmax of the picked (top) logits only (gpt-oss)."""
+    expert_biases: bool = False
+    """Biases on the router and on every expert's gate, up and down (gpt-oss)."""
+    o_bias: bool = False
+    """A bias on the attention's output projection (gpt-oss)."""
+    attn_sinks: bool = False
+    """A learned logit a query head that joins its softmax with a zero value (gpt-oss)."""
+    oai_glu: bool = False
+    """gpt-oss's gate: ``min(g, 7) * sigmoid(1.702 min(g, 7)) * (clamp(u, -7, 7) + 1)``."""
 
     def __post_init__(self) -> None:
         if self.arch not in LLAMA_ARCHITECTURES:
@@ -297,6 +325,10 @@ class LlamaConfig:
                 f"{self.arch} with a mixture of experts is not supported (experts run for "
                 f"{', '.join(_MAY_HAVE_EXPERTS)})"
             )
+        if self.expert_gating not in ("softmax", "softmax_picked"):
+            raise WeightFormatError(
+                f'expert_gating must be "softmax" or "softmax_picked", got {self.expert_gating!r}'
+            )
         if not 0 < self.n_experts <= MAX_EXPERTS:
             raise WeightFormatError(f"n_experts must be 1 to {MAX_EXPERTS}, got {self.n_experts}")
         if not 0 < self.n_experts_used <= self.n_experts:
@@ -373,6 +405,8 @@ class LlamaConfig:
                     f"rope_freqs has {factors.size} factors, expected {inv.size}"
                 )
             return inv / factors
+        if rs.kind == "yarn":
+            return _yarn_inv_freq(inv, d, self.rope_theta, rs)
         # llama3: long wavelengths divided by `factor`, short ones kept, the middle band blended.
         low_wavelen = rs.original_max_position / rs.low_freq_factor
         high_wavelen = rs.original_max_position / rs.high_freq_factor
@@ -425,6 +459,11 @@ class LlamaConfig:
             raise UnsupportedError(
                 f"{where}: architecture {arch or '<missing model_type>'!r} is not supported "
                 f"(supported: {', '.join(LLAMA_ARCHITECTURES)})"
+            )
+        if arch == "gpt-oss":
+            raise UnsupportedError(
+                f"{where}: gpt-oss runs from GGUF files (llama.cpp's conversion), not from its "
+                "Hugging Face checkpoints"
             )
         if "quantization" in cfg or "quantization_config" in cfg:
             raise UnsupportedError(
@@ -522,10 +561,19 @@ class LlamaConfig:
             )
         vocab = opt_int("vocab_size", 0) or vocab_fallback
         scaling = None
-        if str(get(f"{arch}.rope.scaling.type") or "none") == "linear":
-            scaling = RopeScaling("linear", factor=opt_float("rope.scaling.factor", 1.0) or 1.0)
-        n_layers = need("block_count")
         gemma: dict[str, Any] = {}
+        scaling_type = str(get(f"{arch}.rope.scaling.type") or "none")
+        if scaling_type == "linear":
+            scaling = RopeScaling("linear", factor=opt_float("rope.scaling.factor", 1.0) or 1.0)
+        elif scaling_type == "yarn":
+            scaling, gemma["rope_mscale"] = _gguf_yarn(opt_float, opt_int, where)
+        elif scaling_type not in ("none", "", "longrope"):
+            # (LongRoPE comes from its factor tensors, read where the file is opened.)
+            raise UnsupportedError(
+                f"{where}: {arch}.rope.scaling.type={scaling_type!r} is not supported "
+                "(none, linear, yarn, longrope)"
+            )
+        n_layers = need("block_count")
         if arch in GEMMA_ARCHITECTURES:
             gemma = {"embed_scale": math.sqrt(hidden), "gelu": True}
             scale = 1.0 / math.sqrt(head_dim)
@@ -568,6 +616,21 @@ class LlamaConfig:
             gemma["sliding_window"] = opt_int("attention.sliding_window", _EXAONE4_WINDOW)
             gemma["window_layers"] = _pattern_flags(4, n_layers)
             gemma["nope_layers"] = tuple(not w for w in gemma["window_layers"])
+        if arch == "gpt-oss":
+            window = opt_int("attention.sliding_window", 0)
+            if window <= 0:
+                raise WeightFormatError(
+                    f"{where}: GGUF header lacks {arch}.attention.sliding_window"
+                )
+            gemma.update(
+                sliding_window=window,
+                window_layers=_pattern_flags(_GPT_OSS_WINDOW_PERIOD, n_layers),
+                o_bias=True,
+                attn_sinks=True,
+                oai_glu=True,
+                expert_gating="softmax_picked",
+                expert_biases=True,
+            )
         if get(f"{arch}.attention.clamp_kqv") is not None:
             raise UnsupportedError(f"{where}: {arch}.attention.clamp_kqv is not supported")
         n_experts = opt_int("expert_count", 0)
@@ -896,6 +959,54 @@ def _hf_sliding_window(cfg: Mapping[str, Any], arch: str, where: str) -> int | N
             f"{where}: use_sliding_window (per-layer windows) is not supported for {arch}"
         )
     return None
+
+
+def _gguf_yarn(
+    opt_float: Callable[[str, float], float], opt_int: Callable[[str, int], int], where: str
+) -> tuple[RopeScaling, float]:
+    """YaRN from llama.cpp's keys, and the factor on RoPE's cos and sin it implies: the
+    attention factor (``rope.scaling.attn_factor``, default 1) times ``1 + 0.1 ln(factor)``,
+    as ggml's ``rope_yarn`` multiplies it."""
+    factor = opt_float("rope.scaling.factor", 0.0)
+    original = opt_int("rope.scaling.original_context_length", 0)
+    if not (math.isfinite(factor) and factor >= 1.0) or original <= 0:
+        raise WeightFormatError(
+            f"{where}: YaRN needs rope.scaling.factor >= 1 and "
+            f"rope.scaling.original_context_length (got {factor}, {original})"
+        )
+    scaling = RopeScaling(
+        "yarn",
+        factor=factor,
+        original_max_position=original,
+        beta_fast=opt_float("rope.scaling.yarn_beta_fast", _YARN_BETA_FAST),
+        beta_slow=opt_float("rope.scaling.yarn_beta_slow", _YARN_BETA_SLOW),
+    )
+    attn = opt_float("rope.scaling.attn_factor", 1.0)
+    return scaling, attn * (1.0 + 0.1 * math.log(factor))
+
+
+def _yarn_inv_freq(
+    inv: npt.NDArray[np.float64], dims: int, base: float, rs: RopeScaling
+) -> npt.NDArray[np.float64]:
+    """YaRN's frequencies (ggml's ``rope_yarn`` with ``ext_factor`` 1): pair ``i`` keeps its
+    frequency below the band of pairs ``[low, high]``, is divided by ``factor`` above it, and
+    blends linearly across it. ``low``/``high`` are the pairs that turn ``beta_fast`` /
+    ``beta_slow`` times over the original context."""
+
+    def corr(rotations: float) -> float:
+        return (
+            dims
+            * math.log(rs.original_max_position / (rotations * 2 * math.pi))
+            / (2 * math.log(base))
+        )
+
+    low, high = corr(rs.beta_fast), corr(rs.beta_slow)
+    if rs.truncate:
+        low, high = max(0.0, math.floor(low)), min(dims - 1.0, math.ceil(high))
+    y = (np.arange(inv.size, dtype=np.float64) - low) / max(0.001, high - low)
+    keep = 1.0 - np.clip(y, 0.0, 1.0)
+    out: npt.NDArray[np.float64] = inv / rs.factor * (1.0 - keep) + inv * keep
+    return out
 
 
 def _hf_rope_scaling(rs: Any, where: str, cfg: Mapping[str, Any], pairs: int) -> RopeScaling | None:

@@ -103,6 +103,11 @@ def engine_config(cfg: LlamaConfig, rope_style: str) -> dict[str, Any]:
         "expert_ff": cfg.expert_ff,
         "experts_norm": cfg.experts_norm,
         "shared_expert_ff": cfg.shared_expert_ff,
+        "expert_gating": cfg.expert_gating,
+        "expert_biases": cfg.expert_biases,
+        "o_bias": cfg.o_bias,
+        "attn_sinks": cfg.attn_sinks,
+        "oai_glu": cfg.oai_glu,
     }
 
 

@@ -60,6 +60,20 @@ _EOG_TEXTS = frozenset(
         "<|call|>",
     )
 )
+# OpenAI's harmony format (gpt-oss): ``<|end|>`` closes a message the model goes on from (its
+# reasoning, before the final answer); ``<|return|>`` and ``<|call|>`` end its turn. llama.cpp
+# drops ``<|end|>`` from the end-of-generation tokens of a vocabulary that has both of those.
+_HARMONY_EOG = ("<|return|>", "<|call|>")
+
+
+# Harmony's message markup, control tokens that llama.cpp renders in the output text anyway
+# (so that a reply's channels can be told apart: rlx_lm.reasoning).
+_HARMONY_MARKUP = frozenset(("<|start|>", "<|channel|>", "<|message|>", "<|constrain|>"))
+
+
+def _harmony(texts: Any) -> bool:
+    """Whether a vocabulary (token texts, ``in``-testable) is harmony's."""
+    return all(t in texts for t in _HARMONY_EOG)
 
 
 class Tokenizer:
@@ -231,7 +245,8 @@ class Tokenizer:
             )
             if t is not None
         ]
-        eots += [i for i, ty in enumerate(types) if ty == _CONTROL and tokens[i] in _EOG_TEXTS]
+        eog_texts = _EOG_TEXTS - {"<|end|>"} if _harmony(set(tokens)) else _EOG_TEXTS
+        eots += [i for i, ty in enumerate(types) if ty == _CONTROL and tokens[i] in eog_texts]
         add_bos = meta.get("tokenizer.ggml.add_bos_token")
         add_bos = default_bos if add_bos is None else bool(add_bos)
         if add_bos and bos is not None:
@@ -465,9 +480,15 @@ class Tokenizer:
         if not tail:
             return frozenset()
         best: tuple[int, int] | None = None
-        for tid, added in self._added_tokens().items():
+        added_tokens = self._added_tokens()
+        for tid, added in added_tokens.items():
             if added and tail.startswith(added) and (best is None or len(added) > best[0]):
                 best = (len(added), tid)
+        if best is not None and added_tokens[best[1]] == "<|end|>":
+            if _harmony(set(added_tokens.values())):
+                # A harmony template closes every message with <|end|>, the model's reasoning
+                # too: its turn ends at <|return|> or <|call|> (end-of-turn tokens already).
+                return frozenset()
         return frozenset() if best is None else frozenset((best[1],))
 
     def _added_tokens(self) -> dict[int, str]:
@@ -550,10 +571,13 @@ def _token_id(value: Any, token: Any, inner: Any) -> int | None:
 
 
 def _specials(tokens: Sequence[str], types: Sequence[int]) -> list[Any]:
+    """The control and user-defined tokens, matched whole; control tokens are left out of
+    decoded text, but for harmony's markup (which llama.cpp renders too)."""
     from tokenizers import AddedToken
 
+    shown = _HARMONY_MARKUP if _harmony(set(tokens)) else frozenset()
     return [
-        AddedToken(t, special=ty == _CONTROL, normalized=False)
+        AddedToken(t, special=ty == _CONTROL and t not in shown, normalized=False)
         for t, ty in zip(tokens, types, strict=False)
         if ty in (_CONTROL, _USER_DEFINED)
     ]

@@ -207,9 +207,7 @@ def make_tiny(
                     t[p + f"mlp.experts.{e}.{part}.bias"] = (
                         0.5 * rng.standard_normal(rows)
                     ).astype(np.float32)
-            t[p + "self_attn.o_proj.bias"] = (0.2 * rng.standard_normal(hidden)).astype(
-                np.float32
-            )
+            t[p + "self_attn.o_proj.bias"] = (0.2 * rng.standard_normal(hidden)).astype(np.float32)
             # Sinks near the scores, so that each takes a visible share of the softmax.
             t[p + "self_attn.sinks"] = rng.standard_normal(heads).astype(np.float32)
         else:

@@ -297,8 +297,9 @@ class _Scripted:
     def clear(self) -> None:
         self.cleared += 1
 
-    def send(self, text: str, *, on_text: Any = None) -> Any:
+    def send(self, text: str, *, on_text: Any = None, on_reasoning: Any = None) -> Any:
         self.sent.append(text)
+        on_reasoning("(thinking)")
         on_text(f"<{text}>")
         if text == self.interrupt_on:
             raise KeyboardInterrupt
@@ -331,6 +332,19 @@ def test_repl_ends_at_end_of_input_and_at_ctrl_c_on_the_prompt() -> None:
 
     code = run_repl(session, stdin=Interrupting(), out=io.StringIO(), err=io.StringIO())  # type: ignore[arg-type]
     assert code == 130
+
+
+def test_the_repl_shows_reasoning_dimmed_on_a_terminal_only() -> None:
+    class Terminal(io.StringIO):
+        def isatty(self) -> bool:
+            return True
+
+    out = Terminal()
+    run_repl(_Scripted(), stdin=io.StringIO("q\n"), out=out, err=io.StringIO())  # type: ignore[arg-type]
+    assert out.getvalue() == "\x1b[2m(thinking)\x1b[0m<q>\n"
+    piped = io.StringIO()
+    run_repl(_Scripted(), stdin=io.StringIO("q\n"), out=piped, err=io.StringIO())  # type: ignore[arg-type]
+    assert piped.getvalue() == "<q>\n", "the answer alone when the output is not a terminal"
 
 
 def test_a_reply_cut_by_ctrl_c_is_kept_and_the_chat_goes_on(

@@ -40,7 +40,8 @@ def test_engine_matches_the_reference_at_every_position_and_by_decode(
     path = write_gguf(qm, tmp_path / f"oss-{qtype}.gguf", qtype=qtype, raw=raw)
     want = reference_logits(qm.config, qm.tensors, IDS)
     runner = load_llama(path, max_seq=32)
-    assert runner.cfg.arch == "gpt-oss" and runner.dequantised_tensors == {}
+    assert runner.cfg.arch == "gpt-oss"
+    assert runner.dequantised_tensors == {}
     tol = 3e-5 * np.abs(want).max() + 1e-5
     got = np.stack([runner.predict_logits(IDS[: n + 1]) for n in range(len(IDS))])
     np.testing.assert_allclose(got, want, rtol=0, atol=tol)
@@ -87,16 +88,23 @@ def test_the_gguf_header_maps_to_the_config() -> None:
     )
     assert cfg.arch == "gpt-oss"
     assert (cfg.n_experts, cfg.n_experts_used, cfg.expert_ff) == (32, 4, 2880)
-    assert cfg.expert_gating == "softmax_picked" and cfg.expert_biases and not cfg.experts_norm
-    assert cfg.o_bias and cfg.attn_sinks and cfg.oai_glu and cfg.attention_bias
+    assert cfg.expert_gating == "softmax_picked"
+    assert cfg.expert_biases
+    assert not cfg.experts_norm
+    assert cfg.o_bias
+    assert cfg.attn_sinks
+    assert cfg.oai_glu
+    assert cfg.attention_bias
     assert cfg.sliding_window == 128
     assert cfg.window_layers == tuple(i % 2 == 0 for i in range(cfg.n_layers))
     assert cfg.rope_mscale == pytest.approx(1 + 0.1 * math.log(32))
     inv = cfg.inv_freq()
     plain = 1.0 / cfg.rope_theta ** (np.arange(0, cfg.head_dim, 2) / cfg.head_dim)
     # High frequencies kept, low ones divided by the factor, a blend between.
-    assert inv[0] == plain[0] and inv[-1] == pytest.approx(plain[-1] / 32)
-    assert np.all(inv <= plain) and np.all(inv >= plain / 32 * (1 - 1e-12))
+    assert inv[0] == plain[0]
+    assert inv[-1] == pytest.approx(plain[-1] / 32)
+    assert np.all(inv <= plain)
+    assert np.all(inv >= plain / 32 * (1 - 1e-12))
     with pytest.raises(WeightFormatError, match="sliding_window"):
         config_from_gguf_fields("gpt-oss", expert_count=4, expert_used_count=2)
 
@@ -110,11 +118,12 @@ def test_yarn_in_another_architecture_is_applied_not_ignored() -> None:
         "rope.scaling.original_context_length": 32768,
     }
     cfg = config_from_gguf_fields("qwen2", **keys)
-    assert cfg.rope_scaling is not None and cfg.rope_scaling.kind == "yarn"
+    assert cfg.rope_scaling is not None
+    assert cfg.rope_scaling.kind == "yarn"
     assert cfg.rope_mscale == pytest.approx(1 + 0.1 * math.log(4))
     with pytest.raises(WeightFormatError, match="YaRN"):
         config_from_gguf_fields("qwen2", **{"rope.scaling.type": "yarn"})
-    with pytest.raises(UnsupportedError, match="rope.scaling.type"):
+    with pytest.raises(UnsupportedError, match=r"rope\.scaling\.type"):
         config_from_gguf_fields("qwen2", **{"rope.scaling.type": "mystery"})
 
 

@@ -16,7 +16,7 @@ plain = st.text(alphabet=st.sampled_from(list("ab <>|/\nthink")), max_size=40)
 def _stream(parser: ThinkTags | Harmony, text: str, cuts: list[int]) -> tuple[str, str]:
     """``text`` fed in the pieces ``cuts`` gives, then finished."""
     at, reasoning, answer = 0, "", ""
-    for c in sorted({min(c, len(text)) for c in cuts}) + [len(text)]:
+    for c in [*sorted({min(c, len(text)) for c in cuts}), len(text)]:
         r, a = parser.feed(text[at:c])
         reasoning, answer, at = reasoning + r, answer + a, c
     r, a = parser.finish()
@@ -62,10 +62,7 @@ def test_a_prompt_that_opens_the_reasoning_and_a_reply_that_never_closes_it() ->
     assert split_reasoning(ThinkTags(), "Paris.") == ("", "Paris.")
 
 
-HARMONY = (
-    "<|channel|>analysis<|message|>{r}"
-    "<|start|>assistant<|channel|>final<|message|>{a}"
-)
+HARMONY = "<|channel|>analysis<|message|>{r}<|start|>assistant<|channel|>final<|message|>{a}"
 
 
 @settings(max_examples=300, deadline=None)

@@ -11,6 +11,11 @@ extend the previous rendering (it rewrites earlier turns, or a reply was cut at 
 string), the whole conversation is tokenized again and the cache reuses the longest prefix
 it still shares.
 
+A reasoning model's reply (think tags, gpt-oss's analysis channel: `rlx_lm.reasoning`) is
+split as it streams: the answer goes to ``on_text`` and into the conversation as the
+assistant's ``content``, the reasoning to ``on_reasoning`` and ``reasoning_content`` (which
+templates leave out of later turns), unless ``reasoning_format="none"``.
+
 A model without a chat template gets a plain transcript (``User: ...`` lines and a final
 ``Assistant:``), which stops at the next ``User:`` line.
 
@@ -29,6 +34,7 @@ from rlx_lm.chat_template import ChatTemplate
 from rlx_lm.errors import CapacityError, ChatTemplateError, InvalidOptionError
 from rlx_lm.generation import GenerationResult, stream
 from rlx_lm.prompt_cache import PromptCache
+from rlx_lm.reasoning import parser_for
 from rlx_lm.runner import LmCore
 from rlx_lm.sample_opts import SampleOpts
 from rlx_lm.tokenizer import Tokenizer
@@ -68,6 +74,9 @@ class ChatSession:
     """None: the model's template, or the plain transcript when it has none."""
     stop: Sequence[str] = ()
     cache_bytes: int = DEFAULT_CACHE_BYTES
+    reasoning_format: str = "auto"
+    """``"auto"``: a reasoning model's chain of thought is split from its answer; ``"none"``:
+    the reply is kept whole."""
     messages: list[dict[str, str]] = field(default_factory=list)
     last: GenerationResult | None = None
     """The result of the latest reply (tokens, reused_tokens, timings, stop reason)."""
@@ -107,8 +116,15 @@ class ChatSession:
             return [*self._history, *self.tokenizer.encode(tail, add_special_tokens=False)], text
         return render_conversation(self.tokenizer, turns, chat_template=template), text
 
-    def send(self, user: str, *, on_text: Callable[[str], None] | None = None) -> GenerationResult:
-        """Add ``user``'s message, generate the reply (streamed to ``on_text``), keep both.
+    def send(
+        self,
+        user: str,
+        *,
+        on_text: Callable[[str], None] | None = None,
+        on_reasoning: Callable[[str], None] | None = None,
+    ) -> GenerationResult:
+        """Add ``user``'s message, generate the reply (its answer streamed to ``on_text``,
+        its reasoning to ``on_reasoning``), keep both.
 
         A reply cut short (Ctrl-C: KeyboardInterrupt from ``on_text`` or the model) keeps
         what was generated, then the interrupt propagates.
@@ -135,18 +151,34 @@ class ChatSession:
             prompt_cache=self._cache,
         )
         pieces: list[str] = []
+        thoughts: list[str] = []
+        parser = parser_for(self.tokenizer, ids, self.reasoning_format)
+
+        def emit(reasoning: str, answer: str) -> None:
+            if reasoning:
+                thoughts.append(reasoning)
+                if on_reasoning is not None:
+                    on_reasoning(reasoning)
+            if answer:
+                pieces.append(answer)
+                if on_text is not None:
+                    on_text(answer)
+
         self.messages.append({"role": "user", "content": user})
         self._history = None
         try:
             for chunk in _chunks(gen):
                 if chunk:
-                    pieces.append(chunk)
-                    if on_text is not None:
-                        on_text(chunk)
+                    emit(*(parser.feed(chunk) if parser is not None else ("", chunk)))
+            if parser is not None:
+                emit(*parser.finish())
         finally:
             gen.close()
             reply = "".join(pieces)
-            self.messages.append({"role": "assistant", "content": reply})
+            message = {"role": "assistant", "content": reply}
+            if thoughts:
+                message["reasoning_content"] = "".join(thoughts)
+            self.messages.append(message)
             result = gen.result
             self.last = result
             if result.stop_reason in ("eos", "length", "context") and result.text == reply:
@@ -244,6 +276,7 @@ def run_repl(
 ) -> int:
     """The interactive loop of ``rlx-lm chat``; returns the exit status (0 at /exit or EOF)."""
     tty = stdin.isatty()
+    shows_reasoning = out.isatty()
     if tty:
         with contextlib.suppress(ImportError):
             import readline  # noqa: F401  (line editing and history for input())
@@ -277,8 +310,14 @@ def run_repl(
             out.write(piece)
             out.flush()
 
+        def think(piece: str) -> None:
+            # A terminal shows the reasoning dimmed before the answer; a pipe gets the answer.
+            if shows_reasoning:
+                out.write(f"\x1b[2m{piece}\x1b[0m")
+                out.flush()
+
         try:
-            result = session.send(text, on_text=show)
+            result = session.send(text, on_text=show, on_reasoning=think)
         except KeyboardInterrupt:
             out.write("\n")
             out.flush()

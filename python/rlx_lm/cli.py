@@ -460,6 +460,14 @@ def _chat_parser(sub: Any) -> None:
         "-v", "--verbose", action="store_true", help="Print token counts after each reply."
     )
     c.add_argument(
+        "--reasoning-format",
+        choices=("auto", "deepseek", "none"),
+        default="auto",
+        help="auto: a reasoning model's chain of thought (think tags, gpt-oss's analysis "
+        "channel) is told from its answer, shown dimmed on a terminal and left out of the "
+        "conversation's later turns; none: the reply is printed and kept whole.",
+    )
+    c.add_argument(
         "--packed",
         action=argparse.BooleanOptionalAction,
         default=None,
@@ -535,6 +543,7 @@ def _chat(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
         max_tokens=None if args.n_predict < 0 else args.n_predict,
         context=ctx,
         chat_template=template,
+        reasoning_format=args.reasoning_format,
     )
     if session.transcript:
         err.write("rlx-lm chat: the model has no chat template; using a plain transcript\n")
@@ -658,6 +667,14 @@ def _serve_parser(sub: Any) -> None:
         help="require this key on every route (Authorization: Bearer KEY), as "
         "llama-server and vLLM do; /health and /metrics stay open (default: the "
         "RLX_LM_API_KEY environment variable, else no key)",
+    )
+    s.add_argument(
+        "--reasoning-format",
+        choices=("auto", "deepseek", "none"),
+        default="auto",
+        help="auto (default; deepseek is the same): a reasoning model's chain of thought (think "
+        "tags, gpt-oss's analysis channel) goes to reasoning_content, as llama-server does; "
+        "none: it stays in content",
     )
     s.add_argument("--max-batch", type=int, default=16, help="sequences decoded together")
     s.add_argument("--max-queue", type=int, default=64, help="requests waiting beyond the batch")
@@ -810,6 +827,7 @@ def _server_settings(args: argparse.Namespace, stem: str) -> dict[str, Any]:
         "prompt_cache_bytes": args.prompt_cache_mb * 1024 * 1024,
         "shutdown_timeout": args.shutdown_timeout,
         "prefill_chunk": args.prefill_chunk,
+        "reasoning_format": args.reasoning_format,
         # the environment's key is read here, not as the flag's default: --help shows those
         "api_key": args.api_key if args.api_key is not None else _env_api_key(),
     }

@@ -30,14 +30,15 @@ __all__ = [
     "ReasoningFormat",
     "ReasoningParser",
     "ThinkTags",
+    "parser_for",
     "reasoning_parser",
     "split_reasoning",
 ]
 
-#: ``"auto"``: split the reasoning out when the model's vocabulary has a known shape;
-#: ``"none"``: leave the reply whole.
-ReasoningFormat = Literal["auto", "none"]
-REASONING_FORMATS: tuple[str, ...] = ("auto", "none")
+#: ``"auto"``: split the reasoning out when the model's vocabulary has a known shape
+#: (``"deepseek"``, llama-server's name for it, is the same); ``"none"``: leave the reply whole.
+ReasoningFormat = Literal["auto", "deepseek", "none"]
+REASONING_FORMATS: tuple[str, ...] = ("auto", "deepseek", "none")
 
 THINK_OPEN, THINK_CLOSE = "<think>", "</think>"
 _START, _CHANNEL, _MESSAGE = "<|start|>", "<|channel|>", "<|message|>"
@@ -81,7 +82,8 @@ class ThinkTags:
 
     def feed(self, text: str) -> tuple[str, str]:
         self._buf += text
-        reasoning, answer = [], []
+        reasoning: list[str] = []
+        answer: list[str] = []
         while self._buf:
             if self._state == "start":
                 body = self._buf.lstrip()
@@ -134,7 +136,8 @@ class Harmony:
 
     def feed(self, text: str) -> tuple[str, str]:
         self._buf += text
-        reasoning, answer = [], []
+        reasoning: list[str] = []
+        answer: list[str] = []
         while self._buf:
             if self._state == "header":
                 # Looked for within the limit only, so the outcome does not depend on how
@@ -187,7 +190,7 @@ def reasoning_parser(
     ``"none"`` or the model has neither shape."""
     if fmt == "none":
         return None
-    if fmt != "auto":
+    if fmt not in REASONING_FORMATS:
         raise ValueError(f"reasoning format must be one of {REASONING_FORMATS}, got {fmt!r}")
     words = set(vocabulary)
     if {_CHANNEL, _MESSAGE, "<|return|>"} <= words:
@@ -195,6 +198,29 @@ def reasoning_parser(
     if {THINK_OPEN, THINK_CLOSE} <= words:
         return ThinkTags(opened=prompt_tail.rstrip().endswith(THINK_OPEN))
     return None
+
+
+# Added tokens that mark a reasoning shape.
+_MARKERS = (_CHANNEL, _MESSAGE, "<|return|>", THINK_OPEN, THINK_CLOSE)
+
+
+def parser_for(
+    tokenizer: object, prompt: Sequence[int], fmt: str = "auto"
+) -> ReasoningParser | None:
+    """:func:`reasoning_parser` for a reply to ``prompt`` (token ids) from a model whose
+    tokenizer is ``tokenizer`` (an rlx_lm `Tokenizer`: its markers are looked up by text)."""
+    if fmt == "none":
+        return None
+    probe = getattr(getattr(tokenizer, "inner", None), "token_to_id", None)
+    if not callable(probe):
+        return reasoning_parser((), "", fmt)
+    present = [t for t in _MARKERS if probe(t) is not None]
+    tail = ""
+    if THINK_OPEN in present and prompt:
+        decode = getattr(tokenizer, "decode", None)
+        if callable(decode):
+            tail = str(decode(list(prompt[-8:]), skip_special_tokens=False))
+    return reasoning_parser(present, tail, fmt)
 
 
 def split_reasoning(parser: ReasoningParser | None, text: str) -> tuple[str, str]:

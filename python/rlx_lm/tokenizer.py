@@ -484,11 +484,14 @@ class Tokenizer:
         for tid, added in added_tokens.items():
             if added and tail.startswith(added) and (best is None or len(added) > best[0]):
                 best = (len(added), tid)
-        if best is not None and added_tokens[best[1]] == "<|end|>":
-            if _harmony(set(added_tokens.values())):
-                # A harmony template closes every message with <|end|>, the model's reasoning
-                # too: its turn ends at <|return|> or <|call|> (end-of-turn tokens already).
-                return frozenset()
+        if (
+            best is not None
+            and added_tokens[best[1]] == "<|end|>"
+            and _harmony(set(added_tokens.values()))
+        ):
+            # A harmony template closes every message with <|end|>, the model's reasoning
+            # too: its turn ends at <|return|> or <|call|> (end-of-turn tokens already).
+            return frozenset()
         return frozenset() if best is None else frozenset((best[1],))
 
     def _added_tokens(self) -> dict[int, str]:
@@ -570,17 +573,22 @@ def _token_id(value: Any, token: Any, inner: Any) -> int | None:
     return None
 
 
-def _specials(tokens: Sequence[str], types: Sequence[int]) -> list[Any]:
-    """The control and user-defined tokens, matched whole; control tokens are left out of
-    decoded text, but for harmony's markup (which llama.cpp renders too)."""
+def _add_specials(inner: Any, tokens: Sequence[str], types: Sequence[int]) -> None:
+    """Add the control and user-defined tokens to ``inner``, matched whole. As llama.cpp
+    decodes them: control tokens are left out of decoded text, but for harmony's markup;
+    user-defined ones (``<think>``, ``</think>`` in Qwen3's files) are text."""
     from tokenizers import AddedToken
 
     shown = _HARMONY_MARKUP if _harmony(set(tokens)) else frozenset()
-    return [
-        AddedToken(t, special=ty == _CONTROL and t not in shown, normalized=False)
-        for t, ty in zip(tokens, types, strict=False)
-        if ty in (_CONTROL, _USER_DEFINED)
-    ]
+    hidden, kept = [], []
+    for t, ty in zip(tokens, types, strict=False):
+        if ty == _CONTROL and t not in shown:
+            hidden.append(AddedToken(t, special=True, normalized=False))
+        elif ty in (_CONTROL, _USER_DEFINED):
+            kept.append(AddedToken(t, special=False, normalized=False))
+    # (add_special_tokens makes every token it adds special, so the kept ones go separately)
+    inner.add_special_tokens(hidden)
+    inner.add_tokens(kept)
 
 
 def _pre_spec(named: Any, override: str | None, path: str | Path) -> PreTokenizerSpec:
@@ -627,7 +635,7 @@ def _gpt2_tokenizer(
         inner.normalizer = normalizers.NFC()
     inner.pre_tokenizer = pre_tokenizer_for(spec)
     inner.decoder = decoders.ByteLevel()
-    inner.add_special_tokens(_specials(tokens, types))
+    _add_specials(inner, tokens, types)
     return inner
 
 
@@ -661,5 +669,5 @@ def _spm_tokenizer(
     inner.decoder = decoders.Sequence(
         [decoders.Replace("\u2581", " "), decoders.ByteFallback(), decoders.Fuse(), *strip]
     )
-    inner.add_special_tokens(_specials(tokens, types))
+    _add_specials(inner, tokens, types)
     return inner

@@ -42,6 +42,7 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 
 from rlx_lm.errors import CapacityError, InvalidOptionError
 from rlx_lm.generation import TokenLogprob
+from rlx_lm.reasoning import ReasoningParser, parser_for, split_reasoning
 from rlx_lm.runner import LmCore
 from rlx_lm.server import protocol as proto
 from rlx_lm.server.config import ServerConfig
@@ -407,6 +408,17 @@ class _App:
             stream.cancel()
             raise
 
+    def _parsers(self, kind: str, parsed: ParsedRequest) -> list[ReasoningParser | None]:
+        """Each choice's reasoning parser (chat only; see `ServerConfig.reasoning_format`)."""
+        n = parsed.requests[0].n
+        total = n * len(parsed.requests)
+        if kind != "chat":
+            return [None] * total
+        fmt = str(parsed.extra.get("reasoning_format") or self.config.reasoning_format)
+        return [
+            parser_for(self.tokenizer, parsed.requests[i // n].prompt, fmt) for i in range(total)
+        ]
+
     # ---------------------------------------------------------- non-streaming
 
     async def _collect(
@@ -439,16 +451,21 @@ class _App:
                 return _error(503, "the server shut down before the request finished")
             return _error(499, "the request was cancelled", type_="cancelled")
         usage = self._usage(parsed, stream, finishes)
+        parsers = self._parsers(kind, parsed)
         choices = []
         for i in range(total):
             f = finishes[i]
             assert f is not None
             reason = proto.finish_reason(f.reason)
             if kind == "chat":
+                reasoning, content = split_reasoning(parsers[i], texts[i])
+                message: dict[str, Any] = {"role": "assistant", "content": content}
+                if reasoning:
+                    message["reasoning_content"] = reasoning
                 choices.append(
                     {
                         "index": i,
-                        "message": {"role": "assistant", "content": texts[i]},
+                        "message": message,
                         "logprobs": (
                             {"content": proto.chat_logprobs(self.tokenizer, lps[i])}
                             if parsed.logprobs
@@ -523,6 +540,25 @@ class _App:
         offsets = [0] * total
         finishes: list[Finish | None] = [None] * total
         fast = not parsed.logprobs  # a text chunk is then the pre-rendered frame
+        parsers = self._parsers(kind, parsed)
+
+        def split(i: int, text: str, lps: tuple[TokenLogprob, ...], out: list[str]) -> None:
+            """A chat choice's new text through its reasoning parser, as frames: reasoning
+            first, then answer; the token logprobs ride on the first frame (or on one of
+            their own while a possible tag is held back)."""
+            parser = parsers[i]
+            assert parser is not None
+            reasoning, content = parser.feed(text) if text else ("", "")
+            if reasoning:
+                delta = {"reasoning_content": reasoning}
+                lp = {"content": proto.chat_logprobs(self.tokenizer, lps)} if lps else None
+                body = {"index": i, "delta": delta, "logprobs": lp, "finish_reason": None}
+                out.append(frames.frame([body]))
+                lps = ()
+            if content and fast:
+                out.append(frames.text(i, content))
+            elif content or lps:
+                out.append(frames.frame([choice(i, content, lps, None)]))
 
         def choice(
             i: int, text: str | None, lps: tuple[TokenLogprob, ...], reason: Any
@@ -573,7 +609,9 @@ class _App:
                 while True:
                     i = k * n + ev.index
                     if isinstance(ev, Chunk):
-                        if ev.text and fast:
+                        if parsers[i] is not None:
+                            split(i, ev.text, ev.logprobs, out)
+                        elif ev.text and fast:
                             out.append(frames.text(i, ev.text))
                         elif ev.text or ev.logprobs:
                             out.append(frames.frame([choice(i, ev.text, ev.logprobs, None)]))
@@ -585,6 +623,17 @@ class _App:
                             error = ev
                             stream.cancel()
                         else:
+                            parser = parsers[i]
+                            if parser is not None:
+                                # What the parser held back (a tag that never came).
+                                reasoning, content = parser.finish()
+                                if reasoning:
+                                    delta = {"reasoning_content": reasoning}
+                                    body = {"index": i, "delta": delta, "logprobs": None}
+                                    body["finish_reason"] = None
+                                    out.append(frames.frame([body]))
+                                if content:
+                                    out.append(frames.frame([choice(i, content, (), None)]))
                             reason = proto.finish_reason(ev.reason)
                             out.append(frames.frame([choice(i, None, (), reason)]))
                     if not left or queue.empty():

@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from rlx_lm.errors import InvalidOptionError
+from rlx_lm.reasoning import REASONING_FORMATS
 
 __all__ = ["ServerConfig"]
 
@@ -41,6 +42,10 @@ class ServerConfig:
       prefill (a chunked prefill gives the same logits, bit for bit). With nothing
       running the prompt is prefilled whole. 0 turns chunking off. Needs a runner with
       sessions (the cached pair); others prefill whole.
+    * ``reasoning_format``: ``"auto"`` answers a reasoning model's chain of thought (think
+      tags, gpt-oss's analysis channel) as ``reasoning_content`` beside ``content``, as
+      llama-server does by default; ``"none"`` leaves it in ``content``. A chat request's
+      ``reasoning_format`` overrides it.
     * ``api_key``: when set, every route wants it as ``Authorization: Bearer KEY`` (or
       ``X-Api-Key: KEY``) and answers 401 without it, as ``llama-server --api-key`` does;
       ``/health`` and ``/metrics`` stay open.
@@ -59,6 +64,7 @@ class ServerConfig:
     retry_after: int = 1
     shutdown_timeout: float = 10.0
     prefill_chunk: int = 128
+    reasoning_format: str = "auto"
     api_key: str | None = field(default=None, repr=False)
 
     def __post_init__(self) -> None:
@@ -84,6 +90,11 @@ class ServerConfig:
         ):
             raise InvalidOptionError(
                 "api_key: must be a non-empty string of printable ASCII without spaces"
+            )
+        if self.reasoning_format not in REASONING_FORMATS:
+            raise InvalidOptionError(
+                f"reasoning_format: must be one of {', '.join(REASONING_FORMATS)}, "
+                f"got {self.reasoning_format!r}"
             )
         if not self.shutdown_timeout >= 0:
             raise InvalidOptionError(

@@ -43,7 +43,9 @@ Generation: ``max_tokens`` / ``max_completion_tokens`` / ``n_predict``, ``n``, `
 (false skips the prefix-cache lookup). Chat also takes ``messages``, ``tools`` (handed
 to the chat template; calls are not parsed out of the text), ``tool_choice``
 (``"none"``/``"auto"``), ``response_format`` (``{"type": "text"}`` only),
-``chat_template_kwargs`` and ``add_generation_prompt``. Completions takes ``prompt`` (a
+``chat_template_kwargs``, ``add_generation_prompt`` and ``reasoning_format`` (``"auto"``,
+``"deepseek"`` or ``"none"``: whether a reasoning model's chain of thought comes back as
+``reasoning_content``). Completions takes ``prompt`` (a
 string, a token list, or a list of either), ``echo`` (false only), ``suffix`` (null
 only) and ``best_of`` (equal to ``n`` only).
 """
@@ -60,6 +62,7 @@ from typing import Any
 from rlx_lm import _core
 from rlx_lm.errors import InvalidOptionError
 from rlx_lm.generation import TokenLogprob
+from rlx_lm.reasoning import REASONING_FORMATS
 from rlx_lm.sample_opts import DRY_DEFAULT_BREAKERS, SampleOpts
 from rlx_lm.server.scheduler import GenerationRequest
 from rlx_lm.tokenizer import Tokenizer
@@ -144,6 +147,7 @@ CHAT_FIELDS = _COMMON | {
     "response_format",
     "chat_template_kwargs",
     "add_generation_prompt",
+    "reasoning_format",
 }
 COMPLETION_FIELDS = _COMMON | {"prompt", "logprobs", "echo", "suffix", "best_of"}
 
@@ -658,6 +662,14 @@ def parse_chat(body: Any, tokenizer: Tokenizer, limits: Limits) -> ParsedRequest
         add_generation_prompt=_bool(body, "add_generation_prompt", True),
         template_kwargs=tk,
     )
+    fmt = body.get("reasoning_format")
+    if fmt is not None:
+        if fmt not in REASONING_FORMATS:
+            raise ProtocolError(
+                f"reasoning_format: must be one of {', '.join(REASONING_FORMATS)}, got {fmt!r}",
+                "reasoning_format",
+            )
+        parsed.extra["reasoning_format"] = fmt
     parsed.requests = [GenerationRequest(prompt=tuple(prompt), **kw)]
     parsed.logprobs = logprobs
     return parsed

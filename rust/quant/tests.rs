@@ -1594,14 +1594,20 @@ fn simd_name_is_the_build_that_runs() {
     }
 }
 
-/// MXFP4 rows whose block exponents are drawn from `es`, codes kept where
-/// every weight `2^(e-128) * code` is finite in float32 (`|code|` at most
-/// 1, 3 and 6 for e = 255, 254 and 253; 12 below).
-fn mxfp4_rows(rows: usize, cols: usize, es: &[u8], rng: &mut Rng) -> Vec<u8> {
+/// MXFP4 rows whose block `c` of row `r` has the exponent `e_of(r, c)`,
+/// codes kept where every weight `2^(e-128) * code` is finite in float32
+/// (`|code|` at most 1, 3 and 6 for e = 255, 254 and 253; 12 below).
+fn mxfp4_rows(
+    rows: usize,
+    cols: usize,
+    rng: &mut Rng,
+    e_of: impl Fn(usize, usize, &mut Rng) -> u8,
+) -> Vec<u8> {
     use super::unpack::MXFP4_VALUES;
     let mut raw = random_rows(QuantType::MXFP4, rows, cols, rng);
-    for blk in raw.chunks_exact_mut(17) {
-        let e = es[rng.next() as usize % es.len()];
+    let blocks = cols / 32;
+    for (i, blk) in raw.chunks_exact_mut(17).enumerate() {
+        let e = e_of(i / blocks, i % blocks, rng);
         blk[0] = e;
         let max = match e {
             255 => 1,
@@ -1622,106 +1628,116 @@ fn mxfp4_rows(rows: usize, cols: usize, es: &[u8], rng: &mut Rng) -> Vec<u8> {
     raw
 }
 
-/// MXFP4 at the ends of its exponent range (e = 0 and 1 subnormal scales,
-/// e = 255 the largest), alone and mixed, with activations scaled to keep
-/// the products in float32's range: in every build the exact mode is within
-/// the float32 bound of the float64 product over gguf's weights, the q8
-/// mode within it of the product with the quantised activations, and a
-/// row's bits (both modes, every build; the VNNI and AVX2 block totals
-/// against the portable build's) are the same alone and in any batch.
-/// Fails if an exponent decodes to the wrong power of two, a subnormal
-/// scale is flushed, or a kernel reads the scale as a float16.
+/// MXFP4 over its whole exponent range (e = 0 and 1 subnormal scales, e =
+/// 255 the largest), with activations scaled to keep the products in
+/// float32's range: rows of one exponent each, every byte 0..=127 (x times
+/// 2^100) and 128..=255 (x times 2^-40), so each result depends on its
+/// exponent's decoding, and rows mixing the extremes. In every build the
+/// exact mode is within the float32 bound of the float64 product over
+/// gguf's weights, the q8 mode within it of the product with the quantised
+/// activations, and a row's bits (both modes, every build; the VNNI and
+/// AVX2 block totals against the portable build's) are the same alone and
+/// in any batch. Fails if an exponent decodes to the wrong power of two, a
+/// subnormal scale is flushed, or a kernel reads the scale as a float16.
 #[test]
-fn mxfp4_extreme_exponents_in_every_build_and_both_modes() {
+fn mxfp4_every_exponent_in_every_build_and_both_modes() {
     let qtype = QuantType::MXFP4;
     let mut rng = Rng(57);
-    let regimes: [(&[u8], f32); 4] = [
-        (&[0, 1, 2, 3], 2f32.powi(100)),
-        (&[125, 126, 127, 128, 129, 130], 1.0),
-        (&[250, 251, 252, 253, 254, 255], 2f32.powi(-40)),
-        (&[0, 1, 127, 128, 254, 255], 2f32.powi(-40)),
-    ];
-    for (es, scale) in regimes {
-        for (rows, cols) in [(1, 32), (7, 96), (19, 224)] {
-            let raw = mxfp4_rows(rows, cols, es, &mut rng);
-            let n = 9;
-            let x: Vec<f32> = (0..n * cols).map(|_| rng.unit() * scale).collect();
-            for build in builds() {
-                check_matmul_on(build, qtype, &raw, rows, cols, &x);
-                check_matmul_on(build, qtype, &raw, rows, cols, &x[..cols]);
-                check_q8_on(build, qtype, &raw, rows, cols, &x);
-                check_q8_on(build, qtype, &raw, rows, cols, &x[..cols]);
-                // Each activation row alone, then batches of 2..=9.
-                for q8 in [false, true] {
-                    let go = |xs: &[f32], out: &mut [f32]| {
-                        if q8 {
-                            q8::matmul_with(build, false, qtype, &raw, rows, cols, xs, out)
-                        } else {
-                            matmul_with(build, false, qtype, &raw, rows, cols, xs, out)
-                        }
-                        .unwrap()
-                    };
-                    let mut alone = vec![f32::NAN; n * rows];
-                    for t in 0..n {
-                        go(
-                            &x[t * cols..(t + 1) * cols],
-                            &mut alone[t * rows..(t + 1) * rows],
-                        );
+    let extremes = [0u8, 1, 2, 127, 128, 253, 254, 255];
+    let mut cases = Vec::new();
+    for (base, scale) in [(0u8, 2f32.powi(100)), (128, 2f32.powi(-40))] {
+        // One exponent a row (the last band of the batch kernels partial).
+        let raw = mxfp4_rows(128, 64, &mut rng, |r, _, _| base + r as u8);
+        cases.push((raw, 128, 64, scale));
+        for (rows, cols) in [(1, 32), (19, 96)] {
+            let raw = mxfp4_rows(rows, cols, &mut rng, |_, _, rng| base + (rng.byte() % 128));
+            cases.push((raw, rows, cols, scale));
+        }
+    }
+    for (rows, cols) in [(7, 96), (19, 224)] {
+        let raw = mxfp4_rows(rows, cols, &mut rng, |_, _, rng| {
+            extremes[rng.next() as usize % extremes.len()]
+        });
+        cases.push((raw, rows, cols, 2f32.powi(-40)));
+    }
+    for (raw, rows, cols, scale) in cases {
+        let n = 9;
+        let x: Vec<f32> = (0..n * cols).map(|_| rng.unit() * scale).collect();
+        for build in builds() {
+            check_matmul_on(build, qtype, &raw, rows, cols, &x);
+            check_matmul_on(build, qtype, &raw, rows, cols, &x[..cols]);
+            check_q8_on(build, qtype, &raw, rows, cols, &x);
+            check_q8_on(build, qtype, &raw, rows, cols, &x[..cols]);
+            // Each activation row alone, then batches of 2..=9.
+            for q8 in [false, true] {
+                let go = |xs: &[f32], out: &mut [f32]| {
+                    if q8 {
+                        q8::matmul_with(build, false, qtype, &raw, rows, cols, xs, out)
+                    } else {
+                        matmul_with(build, false, qtype, &raw, rows, cols, xs, out)
                     }
-                    for b in 2..=n {
-                        let mut got = vec![f32::NAN; b * rows];
-                        go(&x[..b * cols], &mut got);
-                        for (i, (g, a)) in got.iter().zip(&alone).enumerate() {
-                            assert_eq!(
-                                g.to_bits(),
-                                a.to_bits(),
-                                "{build:?} q8={q8} e in {es:?} {rows}x{cols} b={b} element {i}"
-                            );
-                        }
+                    .unwrap()
+                };
+                let mut alone = vec![f32::NAN; n * rows];
+                for t in 0..n {
+                    go(
+                        &x[t * cols..(t + 1) * cols],
+                        &mut alone[t * rows..(t + 1) * rows],
+                    );
+                }
+                for b in 2..=n {
+                    let mut got = vec![f32::NAN; b * rows];
+                    go(&x[..b * cols], &mut got);
+                    for (i, (g, a)) in got.iter().zip(&alone).enumerate() {
+                        assert_eq!(
+                            g.to_bits(),
+                            a.to_bits(),
+                            "{build:?} q8={q8} {rows}x{cols} b={b} element {i}"
+                        );
                     }
                 }
             }
-            #[cfg(target_arch = "x86_64")]
-            if has_avx2() {
-                // The fast mode's AVX2 and VNNI block totals: the portable bits.
-                for b in [1, 2, 3, 4, 5, 8, 9] {
-                    let xs = &x[..b * cols];
-                    let mut want = vec![f32::NAN; b * rows];
-                    q8::matmul_with(
-                        Build::Portable,
+        }
+        #[cfg(target_arch = "x86_64")]
+        if has_avx2() {
+            // The fast mode's AVX2 and VNNI block totals: the portable bits.
+            for b in [1, 2, 3, 4, 5, 8, 9] {
+                let xs = &x[..b * cols];
+                let mut want = vec![f32::NAN; b * rows];
+                q8::matmul_with(
+                    Build::Portable,
+                    false,
+                    qtype,
+                    &raw,
+                    rows,
+                    cols,
+                    xs,
+                    &mut want,
+                )
+                .unwrap();
+                for vnni in [false, true] {
+                    if vnni && !q8::has_vnni() {
+                        continue;
+                    }
+                    let mut got = vec![f32::NAN; b * rows];
+                    q8::matmul_with_vnni(
+                        Build::Avx2,
+                        vnni,
                         false,
                         qtype,
                         &raw,
                         rows,
                         cols,
                         xs,
-                        &mut want,
+                        &mut got,
                     )
                     .unwrap();
-                    for vnni in [false, true] {
-                        if vnni && !q8::has_vnni() {
-                            continue;
-                        }
-                        let mut got = vec![f32::NAN; b * rows];
-                        q8::matmul_with_vnni(
-                            Build::Avx2,
-                            vnni,
-                            false,
-                            qtype,
-                            &raw,
-                            rows,
-                            cols,
-                            xs,
-                            &mut got,
-                        )
-                        .unwrap();
-                        for (i, (g, w)) in got.iter().zip(&want).enumerate() {
-                            assert_eq!(
-                                g.to_bits(),
-                                w.to_bits(),
-                                "vnni={vnni} e in {es:?} {rows}x{cols} b={b} element {i}"
-                            );
-                        }
+                    for (i, (g, w)) in got.iter().zip(&want).enumerate() {
+                        assert_eq!(
+                            g.to_bits(),
+                            w.to_bits(),
+                            "vnni={vnni} {rows}x{cols} b={b} element {i}"
+                        );
                     }
                 }
             }

@@ -1744,3 +1744,52 @@ fn mxfp4_every_exponent_in_every_build_and_both_modes() {
         }
     }
 }
+
+/// MXFP4 against IQ4_NL (the same layout but for the scale byte) on one
+/// shape, both modes, one and eight activation rows, the two formats
+/// alternated round by round (one thread, CPU time, best of the rounds):
+/// `QS=2880x2880 cargo test --release -q --lib mxfp4_probe -- --ignored
+/// --nocapture` (gpt-oss-20b's expert width by default).
+#[test]
+#[ignore = "a speed probe, not a test"]
+fn mxfp4_probe() {
+    let (rows, cols) = std::env::var("QS")
+        .ok()
+        .map(|s| {
+            let (r, c) = s.split_once('x').expect("QS=ROWSxCOLS");
+            (r.parse().unwrap(), c.parse().unwrap())
+        })
+        .unwrap_or((2880, 2880));
+    let mut rng = Rng(1);
+    let formats = [QuantType::MXFP4, QuantType::IQ4NL];
+    let raws: Vec<Vec<u8>> = formats
+        .iter()
+        .map(|&t| random_rows(t, rows, cols, &mut rng))
+        .collect();
+    println!("{:?} build, {rows} x {cols}", best_build());
+    for q8 in [false, true] {
+        for n in [1usize, 8] {
+            let x: Vec<f32> = (0..n * cols).map(|_| rng.unit()).collect();
+            let mut out = vec![0.0f32; n * rows];
+            let mut best = [f64::MAX; 2];
+            for _ in 0..30 {
+                for (i, (&qtype, raw)) in formats.iter().zip(&raws).enumerate() {
+                    let t = CpuClock::now();
+                    if q8 {
+                        q8::matmul_parallel(false, qtype, raw, rows, cols, &x, &mut out).unwrap();
+                    } else {
+                        matmul_serial(qtype, raw, rows, cols, &x, &mut out).unwrap();
+                    }
+                    best[i] = best[i].min(t.elapsed().as_secs_f64());
+                }
+            }
+            let mode = if q8 { "q8" } else { "exact" };
+            println!(
+                "{mode:5} n={n}: MXFP4 {:7.1} us  IQ4_NL {:7.1} us  ({:.2}x)",
+                best[0] * 1e6,
+                best[1] * 1e6,
+                best[1] / best[0]
+            );
+        }
+    }
+}

@@ -13,6 +13,7 @@ import platform
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import gguf
 import numpy as np
@@ -31,6 +32,25 @@ from rlx_lm.errors import (
 )
 
 T = gguf.GGMLQuantizationType
+
+
+def _mxfp4_missing() -> str | None:
+    """Why this gguf cannot be MXFP4's reference (None: it can). gguf-py learnt MXFP4 (ggml
+    type 39, gpt-oss's expert weights) after 0.11, the lowest version CI tests."""
+    qt = getattr(T, "MXFP4", None)
+    if qt is None:
+        return "this gguf has no MXFP4 type (GGMLQuantizationType.MXFP4)"
+    try:
+        dequantize(np.zeros((1, 17), np.uint8), qt)
+        quantize(np.zeros((1, 32), np.float32), qt)
+    except (NotImplementedError, KeyError, ValueError) as e:
+        return f"gguf.quants cannot (de)quantize MXFP4 here ({type(e).__name__}: {e})"
+    return None
+
+
+#: Why the MXFP4 cases are skipped (an old gguf), or None.
+MXFP4_MISSING = _mxfp4_missing()
+
 QTYPES = [
     T.F32,
     T.F16,
@@ -47,7 +67,18 @@ QTYPES = [
     T.Q6_K,
     T.IQ4_NL,
     T.IQ4_XS,
+    *([] if MXFP4_MISSING else [T.MXFP4]),
 ]
+
+
+def params(qtypes: list[T]) -> list[Any]:
+    """``qtypes`` for ``pytest.mark.parametrize``, with MXFP4 as a skipped case (and why)
+    when this gguf cannot check it."""
+    cases: list[Any] = [pytest.param(t, id=t.name) for t in qtypes]
+    if MXFP4_MISSING:
+        cases.append(pytest.param(None, id="MXFP4", marks=pytest.mark.skip(reason=MXFP4_MISSING)))
+    return cases
+
 
 #: Byte offsets of each block's float16 scales (d, dmin, m).
 HALVES = {
@@ -74,6 +105,11 @@ def random_blocks(qtype: T, rows: int, cols: int, seed: int = 0) -> np.ndarray:
         return (w.view(np.uint32) >> 16).astype(np.uint16).view(np.uint8).reshape(rows, -1)
     raw = rng.integers(0, 256, (rows, cols // values * size), dtype=np.uint8)
     blocks = raw.reshape(rows, -1, size)
+    if qtype == getattr(T, "MXFP4", None):
+        # Any byte is a block; E8M0 exponents of scales 2^-16 .. 2^-3 keep products finite
+        # (test_mxfp4_rows_are_gguf_rows_for_every_byte takes every exponent).
+        blocks[:, :, 0] = rng.integers(112, 126, blocks.shape[:2], dtype=np.uint8)
+        return raw
     for at in HALVES.get(qtype, (0,)):
         h = rng.uniform(-0.02, 0.02, blocks.shape[:2]).astype(np.float16)
         blocks[:, :, at : at + 2] = h.view(np.uint8).reshape(*blocks.shape[:2], 2)
@@ -132,7 +168,7 @@ def assert_within_f32_accumulation(
     assert (err <= tol).all(), f"worst error {err.max()} over bound {tol[err > tol].min()}"
 
 
-@pytest.mark.parametrize("qtype", QTYPES, ids=lambda t: t.name)
+@pytest.mark.parametrize("qtype", params(QTYPES))
 def test_rows_are_gguf_dequantised_rows_exactly(qtype: T) -> None:
     for cols in columns(qtype):
         raw = random_blocks(qtype, 40, cols, seed=cols)
@@ -142,7 +178,7 @@ def test_rows_are_gguf_dequantised_rows_exactly(qtype: T) -> None:
         np.testing.assert_array_equal(got.view(np.uint32), want[ids].view(np.uint32))
 
 
-@pytest.mark.parametrize("qtype", QTYPES, ids=lambda t: t.name)
+@pytest.mark.parametrize("qtype", params(QTYPES))
 def test_matmul_is_x_times_the_dequantised_weight(qtype: T) -> None:
     # 700 rows x 1024 columns takes the threaded path as well.
     shapes = [(rows, cols) for cols in columns(qtype) for rows in (1, 13)]
@@ -158,7 +194,7 @@ def test_matmul_is_x_times_the_dequantised_weight(qtype: T) -> None:
             assert_within_f32_accumulation(got, x, w, off, qtype)
 
 
-@pytest.mark.parametrize("qtype", QTYPES, ids=lambda t: t.name)
+@pytest.mark.parametrize("qtype", params(QTYPES))
 def test_every_batch_of_1_to_9_rows_is_exact_and_row_for_row_the_single_row_bits(
     qtype: T,
 ) -> None:
@@ -205,9 +241,72 @@ def test_one_row_is_bit_identical_whatever_the_batch_and_threads(
     np.testing.assert_array_equal(again[-1].view(np.uint32), batch[t].view(np.uint32))
 
 
+needs_mxfp4 = pytest.mark.skipif(MXFP4_MISSING is not None, reason=MXFP4_MISSING or "")
+
+
+def mxfp4_over_every_exponent(seed: int) -> np.ndarray:
+    """256 MXFP4 rows of 64 values, row ``r``'s blocks of exponent ``r`` (any codes below
+    e = 253; codes 0 and +-1 from there, so every weight is finite in float32)."""
+    raw = np.random.default_rng(seed).integers(0, 256, (256, 2 * 17), dtype=np.uint8)
+    blocks = raw.reshape(256, 2, 17)
+    blocks[:, :, 0] = np.arange(256, dtype=np.uint8)[:, None]
+    blocks[253:, :, 1:] &= 0x99  # nibbles 0, 1, 8, 9: codes 0, 1, 0, -1
+    return raw
+
+
+@needs_mxfp4
+def test_mxfp4_rows_are_gguf_rows_for_every_byte() -> None:
+    """Any 17 bytes are an MXFP4 block: every exponent (subnormal scales at e = 0, 1; weights
+    past float32's range infinite, as gguf makes them) and every code, bit for bit."""
+    raw = np.random.default_rng(3).integers(0, 256, (256, 3 * 17), dtype=np.uint8)
+    raw.reshape(256, 3, 17)[:, 0, 0] = np.arange(256, dtype=np.uint8)
+    with np.errstate(over="ignore"):  # gguf's own overflow to infinity
+        want = gguf_weight(raw, T.MXFP4, 256, 96)
+    assert np.isinf(want).any()
+    assert (want[:2] != 0).any()
+    got = quant_rows(raw, int(T.MXFP4), 96, np.arange(256, dtype=np.int64))
+    np.testing.assert_array_equal(got.view(np.uint32), want.view(np.uint32))
+
+
+@needs_mxfp4
+def test_mxfp4_over_every_exponent_is_x_times_the_dequantised_weight() -> None:
+    """Rows of one exponent each, 0..255, with activations scaled so their products stay in
+    float32's range (2^100 for e < 128, 2^-40 above): each row's result depends on its
+    scale's decoding, and must be within the float32 bound, alone and in a batch."""
+    raw = mxfp4_over_every_exponent(seed=4)
+    for rows, scale in ((slice(0, 128), 2.0**100), (slice(128, 256), 2.0**-40)):
+        part = np.ascontiguousarray(raw[rows])
+        w = gguf_weight(part, T.MXFP4, 128, 64)
+        assert np.isfinite(w).all()
+        x = (np.random.default_rng(5).standard_normal((5, 64)) * scale).astype(np.float32)
+        got = quant_matmul(part, int(T.MXFP4), 64, x)
+        assert_within_f32_accumulation(got, x, w, np.zeros_like(w), T.MXFP4)
+        one = quant_matmul(part, int(T.MXFP4), 64, x[2:3].copy())
+        np.testing.assert_array_equal(one[0].view(np.uint32), got[2].view(np.uint32))
+
+
+@needs_mxfp4
+def test_inspect_reports_mxfp4_as_multiplied_in_place(tmp_path: Path) -> None:
+    import rlx_lm
+
+    path = tmp_path / "mx.gguf"
+    writer = gguf.GGUFWriter(str(path), "llama")
+    raw = random_blocks(T.MXFP4, 4, 64)
+    writer.add_tensor("blk.0.ffn_down_exps.weight", raw, raw_shape=raw.shape, raw_dtype=T.MXFP4)
+    writer.add_tensor("output_norm.weight", np.ones(64, np.float32))
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    report = rlx_lm.inspect(path)
+    assert report.dtypes.get("MXFP4") == 1, report.dtypes
+    assert "dequantised at load" not in report.details, report.details
+
+
 def test_quantised_by_gguf_round_trips_through_the_kernels() -> None:
     w = np.random.default_rng(1).standard_normal((16, 256)).astype(np.float32)
-    for qtype in (T.Q4_0, T.Q4_1, T.Q5_0, T.Q5_1, T.Q8_0, T.BF16, T.F16):
+    mxfp4 = [] if MXFP4_MISSING else [T.MXFP4]
+    for qtype in (T.Q4_0, T.Q4_1, T.Q5_0, T.Q5_1, T.Q8_0, T.BF16, T.F16, *mxfp4):
         raw = np.ascontiguousarray(quantize(w, qtype)).view(np.uint8)
         got = quant_rows(raw, int(qtype), 256, np.arange(16, dtype=np.int64))
         np.testing.assert_array_equal(got, gguf_weight(raw, qtype, 16, 256))
@@ -360,9 +459,14 @@ def test_the_cores_quant_type_table_is_ggmls() -> None:
     """Quant ids and block geometry are defined once, in the core (rust/quant/format.rs),
     and exported; they must be the gguf package's (llama.cpp's) numbers."""
     from rlx_lm._core import QUANT_TYPES, engine_kernel_types
+    from rlx_lm._headers import GGML_TYPES
 
     assert QUANT_TYPES, "the core exports its formats"
+    known = {int(t) for t in T}
     for name, (ggml_id, values, size) in QUANT_TYPES.items():
+        assert GGML_TYPES[ggml_id] == (name, values, size), name
+        if ggml_id not in known:
+            continue  # newer than this gguf (MXFP4 before gguf-py learnt it)
         qt = T(ggml_id)
         assert qt.name == name
         assert gguf.GGML_QUANT_SIZES[qt] == (values, size), name

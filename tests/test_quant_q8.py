@@ -1,7 +1,7 @@
 """The fast mode's kernels (``quant_matmul(..., activations="q8")``) against numpy.
 
 The reference quantises the activations exactly as ggml's ``quantize_row_q8_0_ref`` (blocks of
-32, for Q4_0/Q4_1/Q5_x/Q8_0/IQ4_NL weights) and ``quantize_row_q8_K_ref`` (blocks of 256, for
+32, for Q4_0/Q4_1/Q5_x/Q8_0/IQ4_NL/MXFP4 weights) and ``quantize_row_q8_K_ref`` (blocks of 256, for
 the K-quants and IQ4_XS) do, keeping the block scales in float32, then multiplies the
 dequantised activations by gguf's dequantised weights in float64. The integer kernels must
 agree to float32 rounding on random blocks and odd shapes, and give a row the same bits
@@ -20,6 +20,9 @@ from test_quant import (
     assert_within_f32_accumulation,
     columns,
     gguf_weight,
+    mxfp4_over_every_exponent,
+    needs_mxfp4,
+    params,
     random_blocks,
     weight_offsets,
 )
@@ -65,7 +68,7 @@ def dequantised_activations(x: np.ndarray, qtype: T) -> np.ndarray:
     return quantize_q8_k(x) if act_block(qtype) == 256 else quantize_q8_0(x)
 
 
-@pytest.mark.parametrize("qtype", BLOCK_TYPES, ids=lambda t: t.name)
+@pytest.mark.parametrize("qtype", params(BLOCK_TYPES))
 def test_q8_matmul_is_the_quantised_activations_times_the_dequantised_weight(qtype: T) -> None:
     shapes = [(rows, cols) for cols in columns(qtype) for rows in (1, 13)]
     shapes.append((700, 1024))  # the threaded path
@@ -81,6 +84,23 @@ def test_q8_matmul_is_the_quantised_activations_times_the_dequantised_weight(qty
             assert got.shape == (n, rows)
             xq = dequantised_activations(x, qtype)
             assert_within_f32_accumulation(got, xq, w, off, qtype)
+
+
+@needs_mxfp4
+def test_q8_mxfp4_over_every_exponent_is_the_quantised_activations_times_the_weight() -> None:
+    """llama.cpp's ``vec_dot_mxfp4_q8_0`` (an int dot of codes and int8 activations a block,
+    times ``d_w * d_a``) for rows of every exponent 0..255 (subnormal scales at e = 0, 1),
+    activations scaled to keep the products in float32's range, alone and in a batch."""
+    raw = mxfp4_over_every_exponent(seed=6)
+    for rows, scale in ((slice(0, 128), 2.0**100), (slice(128, 256), 2.0**-40)):
+        part = np.ascontiguousarray(raw[rows])
+        w = gguf_weight(part, T.MXFP4, 128, 64)
+        x = (np.random.default_rng(7).standard_normal((5, 64)) * scale).astype(np.float32)
+        got = quant_matmul(part, int(T.MXFP4), 64, x, activations="q8")
+        xq = dequantised_activations(x, T.MXFP4)
+        assert_within_f32_accumulation(got, xq, w, np.zeros_like(w), T.MXFP4)
+        one = quant_matmul(part, int(T.MXFP4), 64, x[4:5].copy(), activations="q8")
+        np.testing.assert_array_equal(one[0].view(np.uint32), got[4].view(np.uint32))
 
 
 def test_an_all_zero_block_quantises_to_zero() -> None:
@@ -135,7 +155,7 @@ def test_q8_rows_are_bit_identical_whatever_the_batch_and_threads(
     np.testing.assert_array_equal(alone[0].view(np.uint32), batch[t].view(np.uint32))
 
 
-@pytest.mark.parametrize("qtype", BLOCK_TYPES, ids=lambda t: t.name)
+@pytest.mark.parametrize("qtype", params(BLOCK_TYPES))
 def test_every_batch_of_1_to_9_rows_gives_each_row_its_single_row_bits(qtype: T) -> None:
     """Every kernel this CPU runs (one row, two rows, the multi-row tiles; on AVX-512 VNNI
     machines the ``vpdpbusd`` ones) gives a row the bits it has alone, whole and partial tiles

@@ -85,7 +85,7 @@ def quant_matmul(
 ) -> npt.NDArray[np.float32]:
     """``x @ W.T`` for ``W`` stored as GGUF blocks (``raw`` is ``[rows, row_bytes]``).
 
-    F32, F16, BF16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q2_K..Q6_K, IQ4_NL and IQ4_XS;
+    F32, F16, BF16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q2_K..Q6_K, IQ4_NL, IQ4_XS and MXFP4;
     ``threads`` runs it on a pool of that many threads (1: on the calling thread;
     default: the process's shared pool). ``activations="q8"`` quantises ``x`` to 8 bits first
     (Q8_0 blocks of 32, Q8_K blocks of 256 for the K-quants and IQ4_XS) and uses integer

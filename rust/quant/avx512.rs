@@ -1,5 +1,5 @@
 //! The AVX-512 build's kernels for the 32-value-block formats (Q8_0, Q4_0,
-//! Q4_1, Q5_0, Q5_1, IQ4_NL) and for Q3_K, Q4_K, Q5_K and IQ4_XS (their
+//! Q4_1, Q5_0, Q5_1, IQ4_NL, MXFP4) and for Q3_K, Q4_K, Q5_K and IQ4_XS (their
 //! 256-value blocks decoded 64 values at a time, [`Steps`]): sixteen float
 //! lanes, in **this build's own order**, shared by its one-row kernel
 //! ([`rows`]) and its batched tiles ([`weights_tile`], [`blocks_tile`],
@@ -29,7 +29,7 @@
 //! sixteen-entry float table reads only the low four bits of each index,
 //! so a low nibble is one `vpermps` of the zero-extended byte, a high
 //! nibble a shift and one `vpermps` (the table holds `code - bias`, or
-//! IQ4_NL's code book, times the block's scale); Q5's fifth bits are a
+//! IQ4_NL's or MXFP4's code book, times the block's scale); Q5's fifth bits are a
 //! masked add of `16 * d`, the mask
 //! read straight from the block. Against the AVX2 kernel's eight lanes
 //! (mask, bias, sign extension, conversion, four-deep chains) the
@@ -57,6 +57,7 @@ pub(crate) fn covers(qtype: QuantType) -> bool {
             | QuantType::Q5_0
             | QuantType::Q5_1
             | QuantType::IQ4NL
+            | QuantType::MXFP4
             | QuantType::Q3K
             | QuantType::Q4K
             | QuantType::Q5K
@@ -141,6 +142,14 @@ unsafe fn splat_half(p: *const u8) -> __m512 {
     unsafe { _mm512_cvtph_ps(_mm256_set1_epi16(p.cast::<i16>().read_unaligned())) }
 }
 
+/// MXFP4's scale `2^(e - 128)` of the E8M0 byte at `p` in all sixteen
+/// lanes: broadcast from `unpack.rs`'s table (the same float).
+#[inline(always)]
+unsafe fn splat_e8m0(p: *const u8) -> __m512 {
+    // SAFETY: 1 readable byte at p; AVX-512 F present (caller).
+    unsafe { _mm512_set1_ps(super::unpack::E8M0_HALF[usize::from(*p)]) }
+}
+
 /// `code - bias` for the sixteen nibble values.
 const fn biased(bias: i32) -> [f32; 16] {
     let mut t = [0.0f32; 16];
@@ -152,12 +161,12 @@ const fn biased(bias: i32) -> [f32; 16] {
     t
 }
 
-/// IQ4_NL's code book as floats.
-const fn book() -> [f32; 16] {
+/// A code book (IQ4_NL's, MXFP4's) as floats.
+const fn book(values: &[i8; 16]) -> [f32; 16] {
     let mut t = [0.0f32; 16];
     let mut i = 0;
     while i < 16 {
-        t[i] = super::unpack::IQ4_VALUES[i] as f32;
+        t[i] = values[i] as f32;
         i += 1;
     }
     t
@@ -166,7 +175,8 @@ const fn book() -> [f32; 16] {
 static MINUS_8: [f32; 16] = biased(8);
 static MINUS_16: [f32; 16] = biased(16);
 static PLAIN: [f32; 16] = biased(0);
-static IQ4: [f32; 16] = book();
+static IQ4: [f32; 16] = book(&super::unpack::IQ4_VALUES);
+static MXFP4: [f32; 16] = book(&super::unpack::MXFP4_VALUES);
 /// `code - 4` for the eight Q3_K codes, twice (an index's bit 3 is not read).
 static MINUS_4_TWICE: [f32; 16] = {
     let mut t = [0.0f32; 16];
@@ -342,6 +352,23 @@ impl Block for Iq4Nl {
     }
 }
 
+/// IQ4_NL's layout with MXFP4's book, the scale an E8M0 byte first
+/// (weights `2^(e-128) * code`: exact in float32 unless beyond its range).
+struct Mxfp4;
+impl Block for Mxfp4 {
+    const BYTES: usize = 17;
+    #[inline(always)]
+    unsafe fn chunks(b: *const u8) -> [__m512; 2] {
+        // SAFETY: forwarded; nibbles after `e` index the code book.
+        unsafe { nibbles(b.add(1), &MXFP4) }
+    }
+    #[inline(always)]
+    unsafe fn weights(b: *const u8) -> [__m512; 2] {
+        // SAFETY: forwarded.
+        unsafe { nibbles_times(b.add(1), &MXFP4, splat_e8m0(b)) }
+    }
+}
+
 /// Rows `lo..hi` of `job` (one activation row, a format [`covers`] takes)
 /// into `out[lo..hi]`: each block's codes decoded into registers where
 /// they lie, passes of four rows (four accumulator chains in flight; Q8_0
@@ -363,6 +390,7 @@ pub(crate) unsafe fn rows(job: &Job<'_>, lo: usize, hi: usize, out: *mut f32) {
             QuantType::Q5_0 => go::<Q5_0, 4, 8>(job, lo, hi, out),
             QuantType::Q5_1 => go::<Q5_1, 4, 8>(job, lo, hi, out),
             QuantType::IQ4NL => go::<Iq4Nl, 4, 8>(job, lo, hi, out),
+            QuantType::MXFP4 => go::<Mxfp4, 4, 8>(job, lo, hi, out),
             QuantType::Q4K => steps::<Q4k, 4, 4>(job, lo, hi, out),
             QuantType::IQ4XS => steps::<Iq4Xs, 4, 4>(job, lo, hi, out),
             QuantType::Q3K => steps::<Q3k, 4, 4>(job, lo, hi, out),
@@ -820,6 +848,7 @@ pub(crate) unsafe fn weights_as_floats(qtype: QuantType, raw: &[u8], w: *mut f32
             QuantType::Q5_0 => each::<Q5_0>(raw, w),
             QuantType::Q5_1 => each::<Q5_1>(raw, w),
             QuantType::IQ4NL => each::<Iq4Nl>(raw, w),
+            QuantType::MXFP4 => each::<Mxfp4>(raw, w),
             QuantType::Q4K => each_super::<Q4k>(raw, w),
             QuantType::IQ4XS => each_super::<Iq4Xs>(raw, w),
             QuantType::Q3K => each_super::<Q3k>(raw, w),
@@ -999,6 +1028,7 @@ pub(crate) unsafe fn blocks_tile(
             QuantType::Q5_0 => each::<Q5_0>(a.0, a.1, a.2, a.3, a.4, a.5),
             QuantType::Q5_1 => each::<Q5_1>(a.0, a.1, a.2, a.3, a.4, a.5),
             QuantType::IQ4NL => each::<Iq4Nl>(a.0, a.1, a.2, a.3, a.4, a.5),
+            QuantType::MXFP4 => each::<Mxfp4>(a.0, a.1, a.2, a.3, a.4, a.5),
             other => unreachable!("{} has no fused tile", other.name()),
         }
     }

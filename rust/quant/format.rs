@@ -24,10 +24,11 @@ pub enum QuantType {
     Q6K,
     IQ4NL,
     IQ4XS,
+    MXFP4,
 }
 
 /// Every supported format, in ggml id order.
-pub const ALL: [QuantType; 15] = [
+pub const ALL: [QuantType; 16] = [
     QuantType::F32,
     QuantType::F16,
     QuantType::Q4_0,
@@ -43,6 +44,7 @@ pub const ALL: [QuantType; 15] = [
     QuantType::IQ4NL,
     QuantType::IQ4XS,
     QuantType::BF16,
+    QuantType::MXFP4,
 ];
 
 impl QuantType {
@@ -80,6 +82,7 @@ impl QuantType {
             QuantType::IQ4NL => 20,
             QuantType::IQ4XS => 23,
             QuantType::BF16 => 30,
+            QuantType::MXFP4 => 39,
         }
     }
 
@@ -101,6 +104,7 @@ impl QuantType {
             QuantType::Q6K => "Q6_K",
             QuantType::IQ4NL => "IQ4_NL",
             QuantType::IQ4XS => "IQ4_XS",
+            QuantType::MXFP4 => "MXFP4",
         }
     }
 
@@ -113,7 +117,8 @@ impl QuantType {
             | QuantType::Q5_0
             | QuantType::Q5_1
             | QuantType::Q8_0
-            | QuantType::IQ4NL => 32,
+            | QuantType::IQ4NL
+            | QuantType::MXFP4 => 32,
             QuantType::Q2K
             | QuantType::Q3K
             | QuantType::Q4K
@@ -128,6 +133,7 @@ impl QuantType {
         match self {
             QuantType::F32 => 4,
             QuantType::F16 | QuantType::BF16 => 2,
+            QuantType::MXFP4 => 17,
             QuantType::Q4_0 | QuantType::IQ4NL => 18,
             QuantType::Q4_1 => 20,
             QuantType::Q5_0 => 22,
@@ -190,7 +196,7 @@ mod tests {
         for t in ALL {
             assert_eq!(QuantType::from_ggml(t.ggml_id()), Ok(t));
         }
-        for id in [4, 5, 9, 15, 16, 24, 99] {
+        for id in [4, 5, 9, 15, 16, 24, 38, 40, 99] {
             let err = QuantType::from_ggml(id).unwrap_err().to_string();
             assert!(err.contains(&format!("ggml type {id}")), "{err}");
         }
@@ -200,6 +206,8 @@ mod tests {
     fn row_bytes_needs_whole_blocks() {
         assert_eq!(QuantType::Q8_0.row_bytes(64), Ok(68));
         assert_eq!(QuantType::F16.row_bytes(7), Ok(14));
+        assert_eq!(QuantType::MXFP4.row_bytes(2880), Ok(90 * 17));
+        assert_eq!(QuantType::from_ggml(39), Ok(QuantType::MXFP4));
         assert!(QuantType::Q4K.row_bytes(100).is_err());
         assert!(QuantType::Q4_0.row_bytes(0).is_err());
         assert!(QuantType::F32.row_bytes(usize::MAX).is_err());

@@ -425,7 +425,7 @@ unsafe fn float_tile<S: Lanes, const R: usize, const N: usize, const KIND: u8>(
 }
 
 /// One activation row of the 32-value-block formats (Q8_0, Q4_0, Q4_1,
-/// Q5_0, Q5_1, IQ4_NL) on AVX2, with each block's codes decoded into
+/// Q5_0, Q5_1, IQ4_NL, MXFP4) on AVX2, with each block's codes decoded into
 /// registers where they lie: no scratch, no unpacking pass.
 ///
 /// **The same bits as [`run_rows`].** Each output is computed by the same
@@ -475,7 +475,12 @@ pub(crate) mod row1 {
     pub(crate) fn covers(qtype: QuantType) -> bool {
         matches!(
             qtype,
-            QuantType::Q8_0 | QuantType::Q4_0 | QuantType::Q4_1 | QuantType::IQ4NL | QuantType::Q4K
+            QuantType::Q8_0
+                | QuantType::Q4_0
+                | QuantType::Q4_1
+                | QuantType::IQ4NL
+                | QuantType::MXFP4
+                | QuantType::Q4K
         )
     }
 
@@ -529,7 +534,15 @@ pub(crate) mod row1 {
         }
         // SAFETY: forwarded.
         unsafe {
-            each!(Q8_0 => Q8_0, Q4_0 => Q4_0, Q4_1 => Q4_1, Q5_0 => Q5_0, Q5_1 => Q5_1, IQ4NL => Iq4Nl)
+            each!(
+                Q8_0 => Q8_0,
+                Q4_0 => Q4_0,
+                Q4_1 => Q4_1,
+                Q5_0 => Q5_0,
+                Q5_1 => Q5_1,
+                IQ4NL => Iq4Nl,
+                MXFP4 => Mxfp4
+            )
         }
     }
 
@@ -823,6 +836,7 @@ pub(crate) mod row1 {
                 QuantType::Q5_0 => each::<Blocks<Q5_0>>(nt, raw, (x, k), sub, out, out_stride),
                 QuantType::Q5_1 => each::<Blocks<Q5_1>>(nt, raw, (x, k), sub, out, out_stride),
                 QuantType::IQ4NL => each::<Blocks<Iq4Nl>>(nt, raw, (x, k), sub, out, out_stride),
+                QuantType::MXFP4 => each::<Blocks<Mxfp4>>(nt, raw, (x, k), sub, out, out_stride),
                 other => unreachable!("{} has no fused AVX2 tile", other.name()),
             }
         }
@@ -1162,6 +1176,27 @@ pub(crate) mod row1 {
                 let (l, h) = nibbles(b.add(2));
                 (_mm_shuffle_epi8(t, l), _mm_shuffle_epi8(t, h))
             }
+        }
+    }
+
+    /// IQ4_NL's layout with MXFP4's book and its E8M0 byte `e` for `d`.
+    struct Mxfp4;
+    impl Block for Mxfp4 {
+        const BYTES: usize = 17;
+        #[inline(always)]
+        unsafe fn codes(b: *const u8) -> (__m128i, __m128i) {
+            // SAFETY: forwarded; nibbles after `e` index the code book.
+            unsafe {
+                let t = _mm_loadu_si128(crate::quant::unpack::MXFP4_VALUES.as_ptr().cast());
+                let (l, h) = nibbles(b.add(1));
+                (_mm_shuffle_epi8(t, l), _mm_shuffle_epi8(t, h))
+            }
+        }
+        /// `2^(e - 128)` broadcast from the table (`unpack.rs`'s scale).
+        #[inline(always)]
+        unsafe fn splat_scale(b: *const u8) -> __m256 {
+            // SAFETY: forwarded; `e` is the block's first byte.
+            unsafe { _mm256_broadcast_ss(&crate::quant::unpack::E8M0_HALF[usize::from(*b)]) }
         }
     }
 }

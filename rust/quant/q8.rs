@@ -4,7 +4,8 @@
 //! Each activation row is cut into blocks and every block stored as int8
 //! codes `q` and one float32 scale `d` (value `d * q`):
 //!
-//! - **Q8_0** blocks of 32 (weights Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, IQ4_NL):
+//! - **Q8_0** blocks of 32 (weights Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, IQ4_NL,
+//!   MXFP4):
 //!   `d = max|x| / 127`, `q = round(x / d)` (halves away from zero), as
 //!   ggml's `quantize_row_q8_0_ref`;
 //! - **Q8_K** blocks of 256 (the K-quants and IQ4_XS): `m` the value of
@@ -37,7 +38,7 @@
 //!   rows), so 64 byte products cost one `vpdpbusd` and a quarter of a
 //!   float operation; one row totals 16 rows' lanes with a tree of shuffles.
 //! - **AVX2 without VNNI**, the 32-value-block formats Q8_0, Q4_0, Q4_1,
-//!   Q5_0, Q5_1 and IQ4_NL: `totals` (`vpmaddubsw` on a band of eight
+//!   Q5_0, Q5_1, IQ4_NL and MXFP4: `totals` (`vpmaddubsw` on a band of eight
 //!   weight rows decoded into 32-bit lanes, quarters of the activation block
 //!   broadcast), the portable bits too.
 //! - **AVX2 without VNNI**, the K-quants and IQ4_XS: `ktotals`, each
@@ -1056,6 +1057,9 @@ mod x86 {
         /// (below 32), the code being `stored - BIAS`.
         const SIGNED: bool = false;
         const BIAS: i8 = 0;
+        /// Whether the scale is an E8M0 byte first (MXFP4: `2^(e - 128)`,
+        /// [`e8m0_8`]) rather than a float16 `d` first.
+        const E8M0: bool = false;
         /// The 32 codes as stored (see [`Block::SIGNED`]).
         ///
         /// # Safety
@@ -1149,6 +1153,42 @@ mod x86 {
         }
     }
 
+    impl Block for Mxfp4 {
+        const BYTES: usize = 17;
+        const SIGNED: bool = true;
+        const E8M0: bool = true;
+        #[inline(always)]
+        unsafe fn stored(b: *const u8) -> __m256i {
+            // SAFETY: forwarded; nibbles after `e`.
+            unsafe {
+                let t = _mm256_broadcastsi128_si256(_mm_loadu_si128(
+                    super::super::unpack::MXFP4_VALUES.as_ptr().cast(),
+                ));
+                _mm256_shuffle_epi8(t, nibbles(b.add(1)))
+            }
+        }
+    }
+
+    /// MXFP4's scales `2^(e - 128)` of the E8M0 bytes in the low byte of
+    /// each 32-bit lane of `v` (the other bytes ignored): `unpack.rs`'s
+    /// `e8m0_half` eight lanes at a time, the same floats (`(e - 1) << 23`
+    /// from e = 2, the subnormal `0x00200000 << e` below).
+    ///
+    /// # Safety
+    /// AVX2 present.
+    #[inline(always)]
+    pub(super) unsafe fn e8m0_8(v: __m256i) -> __m256 {
+        // SAFETY: AVX2 present (caller).
+        unsafe {
+            let e = _mm256_and_si256(v, _mm256_set1_epi32(0xff));
+            let one = _mm256_set1_epi32(1);
+            let normal = _mm256_slli_epi32::<23>(_mm256_sub_epi32(e, one));
+            let tiny = _mm256_sllv_epi32(_mm256_set1_epi32(0x0020_0000), e);
+            let big = _mm256_cmpgt_epi32(e, one);
+            _mm256_castsi256_ps(_mm256_blendv_epi8(tiny, normal, big))
+        }
+    }
+
     /// The formats' markers.
     pub(super) struct Q8_0;
     pub(super) struct Q4_0;
@@ -1156,4 +1196,5 @@ mod x86 {
     pub(super) struct Q5_0;
     pub(super) struct Q5_1;
     pub(super) struct Iq4Nl;
+    pub(super) struct Mxfp4;
 }

@@ -18,12 +18,21 @@
 //! | Q5_1 | 32 / 24 | `d`, `m`, u32 of fifth bits, 16 B of nibbles | `d * q + m` |
 //! | Q8_0 | 32 / 34 | `d`, 32 int8 | `d * q` |
 //! | IQ4_NL | 32 / 18 | `d`, 16 B of nibbles indexing a 16-entry table | `d * T[q]` |
+//! | MXFP4 | 32 / 17 | E8M0 byte `e`, 16 B of nibbles indexing twice the E2M1 values | `2^(e-128) * T[q]` |
 //! | Q2_K | 256 / 84 | 16 B of 4-bit scale / 4-bit min, 64 B of 2-bit q, `d`, `dmin` | `d*sc * q - dmin*m` (16 values a group) |
 //! | Q3_K | 256 / 110 | 32 B high bits, 64 B of 2-bit q, 12 B of 6-bit scales, `d` | `d*(sc-32) * (q - 4*!h)` (16) |
 //! | Q4_K | 256 / 144 | `d`, `dmin`, 12 B of 6-bit scales and mins, 128 B of nibbles | `d*sc * q - dmin*m` (32) |
 //! | Q5_K | 256 / 176 | `d`, `dmin`, 12 B scales and mins, 32 B fifth bits, 128 B nibbles | `d*sc * q - dmin*m` (32) |
 //! | Q6_K | 256 / 210 | 128 B low nibbles, 64 B of 2-bit highs, 16 int8 scales, `d` | `d*sc * (q - 32)` (16) |
 //! | IQ4_XS | 256 / 136 | `d`, u16 high scale bits, 4 B low scale bits, 128 B nibbles | `d*(sc-32) * T[q]` (32) |
+//!
+//! MXFP4 (ggml's `block_mxfp4`, gpt-oss's expert weights) is IQ4_NL's layout
+//! with a one-byte scale: `e` is an E8M0 exponent and the scale is ggml's
+//! `GGML_E8M0_TO_FP32_HALF(e)` = `2^(e - 128)` (the float32 with bits
+//! `0x00200000 << e` for `e < 2`, subnormals, else `(e - 1) << 23`; gguf-py's
+//! `e8m0_to_fp32_half`), the codes twice the E2M1 values (so whole numbers).
+//! Every `e` is valid; `2^(e-128) * T[q]` exceeds float32 for `e >= 253` and
+//! large codes, and is then infinite, as gguf computes it too.
 
 use super::format::QuantType;
 use super::simd::{Lanes, Portable};
@@ -33,6 +42,34 @@ use crate::kv::f16_to_f32;
 pub(crate) const IQ4_VALUES: [i8; 16] = [
     -127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113,
 ];
+
+/// MXFP4's code book: twice the FP4 (E2M1) values, so the scale is half
+/// the E8M0 one (`GGML_E8M0_TO_FP32_HALF`); index 8 is E2M1's negative zero.
+pub(crate) const MXFP4_VALUES: [i8; 16] = [0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12];
+
+/// MXFP4's block scale from its E8M0 byte: `2^(e - 128)`, ggml's
+/// `GGML_E8M0_TO_FP32_HALF(e)` bit for bit (subnormal for `e` 0 and 1).
+#[inline(always)]
+pub(crate) const fn e8m0_half(e: u8) -> f32 {
+    let bits = if e < 2 {
+        0x0020_0000u32 << e
+    } else {
+        (e as u32 - 1) << 23
+    };
+    f32::from_bits(bits)
+}
+
+/// [`e8m0_half`] of every byte: a scale is one load (the SIMD kernels
+/// broadcast it from here).
+pub(crate) static E8M0_HALF: [f32; 256] = {
+    let mut t = [0.0f32; 256];
+    let mut e = 0;
+    while e < 256 {
+        t[e] = e8m0_half(e as u8);
+        e += 1;
+    }
+    t
+};
 
 /// The float16 at `b[at..at + 2]`, converted by the build `S` (F16C on x86).
 #[inline(always)]
@@ -83,6 +120,7 @@ pub(crate) fn unpack_row<S: Lanes>(
         QuantType::Q5_1 => block_loop!(raw, codes, scale, offset, 24, 32, 1, q5_1::<S>),
         QuantType::Q8_0 => blocks::<S, 34, 32, 1>(raw, codes, scale, offset, q8_0::<S>),
         QuantType::IQ4NL => blocks::<S, 18, 32, 1>(raw, codes, scale, offset, iq4_nl::<S>),
+        QuantType::MXFP4 => blocks::<S, 17, 32, 1>(raw, codes, scale, offset, mxfp4::<S>),
         QuantType::Q2K => blocks::<S, 84, 256, 16>(raw, codes, scale, offset, q2_k::<S>),
         QuantType::Q3K => block_loop!(raw, codes, scale, offset, 110, 256, 16, q3_k::<S>),
         QuantType::Q4K => blocks::<S, 144, 256, 8>(raw, codes, scale, offset, q4_k::<S>),
@@ -126,6 +164,9 @@ pub(crate) fn scales_only<S: Lanes>(
         QuantType::Q4_0 | QuantType::IQ4NL => {
             each::<18, 1>(raw, scale, offset, |b, s, _| s[0] = half::<S>(b, 0))
         }
+        QuantType::MXFP4 => each::<17, 1>(raw, scale, offset, |b, s, _| {
+            s[0] = E8M0_HALF[usize::from(b[0])]
+        }),
         QuantType::Q5_0 => each::<22, 1>(raw, scale, offset, |b, s, _| s[0] = half::<S>(b, 0)),
         QuantType::Q8_0 => each::<34, 1>(raw, scale, offset, |b, s, _| s[0] = half::<S>(b, 0)),
         QuantType::Q4_1 => each::<20, 1>(raw, scale, offset, |b, s, o| {
@@ -242,6 +283,13 @@ fn iq4_nl<S: Lanes>(b: &[u8; 18], codes: &mut [i8; 32], scale: &mut [f32; 1], _:
     scale[0] = half::<S>(b, 0);
     // SAFETY: `S` is usable here (caller).
     *codes = unsafe { S::lookup16(&IQ4_VALUES, &S::nibbles16(part(b, 2))) };
+}
+
+#[inline(always)]
+fn mxfp4<S: Lanes>(b: &[u8; 17], codes: &mut [i8; 32], scale: &mut [f32; 1], _: &mut [f32; 1]) {
+    scale[0] = E8M0_HALF[usize::from(b[0])];
+    // SAFETY: `S` is usable here (caller).
+    *codes = unsafe { S::lookup16(&MXFP4_VALUES, &S::nibbles16(part(b, 1))) };
 }
 
 #[inline(always)]

@@ -1,5 +1,5 @@
 //! The VNNI kernels of every quantised format: the 32-value-block ones
-//! (Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, IQ4_NL), and the K-quants and IQ4_XS read
+//! (Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, IQ4_NL, MXFP4), and the K-quants and IQ4_XS read
 //! as eight blocks of 32 a 256-value block ([`Q2k`], [`Q3k`], [`Q4k`],
 //! [`Q5k`], [`Q6k`], [`Iq4Xs`]; Q2_K's, Q3_K's and Q6_K's totalled by
 //! halves, their groups of 16):
@@ -54,6 +54,7 @@ pub(super) fn covers(qtype: QuantType) -> bool {
             | QuantType::Q5_0
             | QuantType::Q5_1
             | QuantType::IQ4NL
+            | QuantType::MXFP4
             | QuantType::Q2K
             | QuantType::Q3K
             | QuantType::Q4K
@@ -119,6 +120,7 @@ unsafe fn few<const N: usize>(job: &Job<'_>, t: usize, lo: usize, hi: usize, out
             QuantType::Q5_0 => row1_of::<x86::Q5_0, N>(job, t, lo, hi, out),
             QuantType::Q5_1 => row1_of::<x86::Q5_1, N>(job, t, lo, hi, out),
             QuantType::IQ4NL => row1_of::<x86::Iq4Nl, N>(job, t, lo, hi, out),
+            QuantType::MXFP4 => row1_of::<x86::Mxfp4, N>(job, t, lo, hi, out),
             QuantType::Q2K => row1_of::<Q2k, N>(job, t, lo, hi, out),
             QuantType::Q3K => row1_of::<Q3k, N>(job, t, lo, hi, out),
             QuantType::Q4K => row1_of::<Q4k, N>(job, t, lo, hi, out),
@@ -127,6 +129,29 @@ unsafe fn few<const N: usize>(job: &Job<'_>, t: usize, lo: usize, hi: usize, out
             QuantType::IQ4XS => row1_of::<Iq4Xs, N>(job, t, lo, hi, out),
             other => unreachable!("{} has no block-total kernel", other.name()),
         }
+    }
+}
+
+/// The 16 rows' block scales from their blocks' first four bytes (a lane
+/// each): the float16 `d` in the low half, or MXFP4's `2^(e - 128)` of the
+/// low byte (`unpack.rs`'s floats: `(e - 1) << 23` from e = 2, the
+/// subnormal `0x00200000 << e` below).
+///
+/// # Safety
+/// AVX-512 F and F16C present.
+#[inline(always)]
+unsafe fn head_scales<L: Block>(head: __m512i) -> __m512 {
+    // SAFETY: AVX-512 F and F16C present (caller).
+    unsafe {
+        if !L::E8M0 {
+            return _mm512_cvtph_ps(_mm512_cvtepi32_epi16(head));
+        }
+        let e = _mm512_and_si512(head, _mm512_set1_epi32(0xff));
+        let one = _mm512_set1_epi32(1);
+        let normal = _mm512_slli_epi32::<23>(_mm512_sub_epi32(e, one));
+        let tiny = _mm512_sllv_epi32(_mm512_set1_epi32(0x0020_0000), e);
+        let big = _mm512_cmpgt_epu32_mask(e, one);
+        _mm512_castsi512_ps(_mm512_mask_blend_epi32(big, tiny, normal))
     }
 }
 
@@ -305,7 +330,7 @@ unsafe fn row1_of<L: Pairs, const N: usize>(
                     continue;
                 }
                 // Each block's first four bytes: its float16 scale (and a
-                // Q4_1 / Q5_1 offset above it).
+                // Q4_1 / Q5_1 offset above it), or MXFP4's `e`.
                 let head = if L::UNPACKED {
                     _mm512_setzero_si512()
                 } else {
@@ -314,7 +339,7 @@ unsafe fn row1_of<L: Pairs, const N: usize>(
                 let scale = if L::UNPACKED {
                     _mm512_loadu_ps(kscales.as_ptr().add(c * 16))
                 } else {
-                    _mm512_cvtph_ps(_mm512_cvtepi32_epi16(head))
+                    head_scales::<L>(head)
                 };
                 let o = if !L::OFFSET {
                     _mm512_setzero_ps()
@@ -370,6 +395,7 @@ pub(super) unsafe fn rows(job: &Job<'_>, lo: usize, hi: usize, out: *mut f32, s:
             QuantType::Q5_0 => rows_of::<x86::Q5_0>(job, lo, hi, out, s),
             QuantType::Q5_1 => rows_of::<x86::Q5_1>(job, lo, hi, out, s),
             QuantType::IQ4NL => rows_of::<x86::Iq4Nl>(job, lo, hi, out, s),
+            QuantType::MXFP4 => rows_of::<x86::Mxfp4>(job, lo, hi, out, s),
             QuantType::Q2K => rows_of::<Q2k>(job, lo, hi, out, s),
             QuantType::Q3K => rows_of::<Q3k>(job, lo, hi, out, s),
             QuantType::Q4K => rows_of::<Q4k>(job, lo, hi, out, s),
@@ -514,7 +540,7 @@ unsafe fn rows_of<L: Pairs>(job: &Job<'_>, lo: usize, hi: usize, out: *mut f32, 
                     continue;
                 }
                 let head = _mm512_i32gather_epi32::<1>(at, row(0).add(c * L::BYTES).cast());
-                let scale = _mm512_cvtph_ps(_mm512_cvtepi32_epi16(head));
+                let scale = head_scales::<L>(head);
                 _mm512_storeu_ps(s.sband.as_mut_ptr().add(c * 16), scale);
                 if offsets {
                     let m = _mm512_cvtph_ps(_mm512_cvtepi32_epi16(_mm512_srli_epi32::<16>(head)));
@@ -1021,6 +1047,20 @@ impl Pairs for x86::Q4_1 {
     unsafe fn pair(a: *const u8, b: *const u8) -> (__m256i, __m256i) {
         // SAFETY: forwarded; nibbles after `d`, `m`.
         unsafe { nibble_pair(a, b, 4) }
+    }
+}
+impl Pairs for x86::Mxfp4 {
+    #[inline(always)]
+    unsafe fn pair(a: *const u8, b: *const u8) -> (__m256i, __m256i) {
+        // SAFETY: forwarded; nibbles after `e` index the book, + 128.
+        unsafe {
+            let t = _mm256_broadcastsi128_si256(_mm_loadu_si128(
+                crate::quant::unpack::MXFP4_VALUES.as_ptr().cast(),
+            ));
+            let t = _mm256_xor_si256(t, _mm256_set1_epi8(-128));
+            let (lo, hi) = nibble_pair(a, b, 1);
+            (_mm256_shuffle_epi8(t, lo), _mm256_shuffle_epi8(t, hi))
+        }
     }
 }
 impl Pairs for x86::Iq4Nl {

@@ -130,16 +130,18 @@ unsafe fn half(p: *const u8) -> f32 {
     }
 }
 
-/// The float16 at `p` in all sixteen lanes, exactly: a broadcast load
-/// (`vpbroadcastw`), which writes its whole register. [`half`]'s eight-byte
-/// load is narrowed by LLVM to two bytes when only its first lane is used,
-/// and then inserted (`vpinsrw`) into the register the block before wrote:
-/// the scaled weights of every block waited on the previous block's
-/// (Q4_0's batched decoding at 0.6x).
+/// The float16 at `p` in all sixteen lanes, exactly: broadcast from
+/// `unpack.rs`'s table of every float16 (the same float as F16C gives).
+/// Converting it in registers (`vpbroadcastw` + `vcvtph2ps`, a whole
+/// register written so no block waits on the one before) cost the one-row
+/// kernels about a quarter of their time against MXFP4's table lookup.
 #[inline(always)]
 unsafe fn splat_half(p: *const u8) -> __m512 {
     // SAFETY: 2 readable bytes at p; AVX-512 F present (caller).
-    unsafe { _mm512_cvtph_ps(_mm256_set1_epi16(p.cast::<i16>().read_unaligned())) }
+    unsafe {
+        let h = p.cast::<u16>().read_unaligned();
+        _mm512_set1_ps(*super::unpack::F16_TABLE.get_unchecked(usize::from(h)))
+    }
 }
 
 /// MXFP4's scale `2^(e - 128)` of the E8M0 byte at `p` in all sixteen

@@ -1793,3 +1793,24 @@ fn mxfp4_probe() {
         }
     }
 }
+
+#[test]
+fn the_float16_table_is_f16cs_conversion_of_every_value() {
+    for h in 0..=u16::MAX {
+        let t = crate::quant::unpack::F16_TABLE[usize::from(h)];
+        let plain = crate::kv::f16_to_f32(h);
+        assert!(
+            t.to_bits() == plain.to_bits() || (t.is_nan() && plain.is_nan()),
+            "{h:#06x}: table {t:e} vs {plain:e}"
+        );
+        #[cfg(target_arch = "x86_64")]
+        if std::arch::is_x86_feature_detected!("f16c") {
+            // SAFETY: F16C detected.
+            let f16c = unsafe {
+                use std::arch::x86_64::*;
+                _mm_cvtss_f32(_mm_cvtph_ps(_mm_set1_epi16(h as i16)))
+            };
+            assert_eq!(t.to_bits(), f16c.to_bits(), "{h:#06x}");
+        }
+    }
+}

@@ -1,26 +1,22 @@
 """Reasoning replies end to end: gpt-oss's harmony format (its own chat template, its
 end-of-turn tokens, its channels told apart) and think tags, through `ChatSession` and through
-the OpenAI-compatible server (``reasoning_content``, streamed and whole)."""
+the OpenAI-compatible server (``reasoning_content``, streamed and whole: in
+tests/test_server.py, with the other tests that drive it through the openai client)."""
 
 from __future__ import annotations
 
-import json
 from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-import httpx
 import numpy as np
-import openai
 import pytest
 from model_factory import make_tiny, write_gguf
 from tokenizer_factory import bpe_gguf_fields, train_bpe
 
 from rlx_lm.chat import ChatSession
 from rlx_lm.errors import ChatTemplateError
-from rlx_lm.server import ServerConfig, create_app
 from rlx_lm.tokenizer import Tokenizer
-from tests.server_harness import live_server
 
 TEMPLATES = Path(__file__).parent / "data" / "chat_templates"
 TRAINED = train_bpe()
@@ -139,42 +135,3 @@ def test_a_chat_keeps_the_answer_and_sets_the_reasoning_apart(harmony: Tokenizer
 
 
 THINK = "{% for m in messages %}{{ m.role }}: {{ m.content }}\n{% endfor %}assistant: <think>"
-
-
-def test_the_server_answers_reasoning_content_whole_and_streamed(tmp_path: Path) -> None:
-    tok = Tokenizer.load(_gguf(tmp_path, ["<think>", "</think>"], [4, 4], THINK))
-    # The template opens the reasoning; the reply closes it and answers, then EOS.
-    script = [*_ids(tok, "Two and two.</think>\n\nFour"), *sorted(tok.eos_ids)]
-    runner = Scripted(tok.vocab_size, script)
-    runner.start = len(tok.apply_chat_template([{"role": "user", "content": "2+2?"}]))
-    app = create_app(runner, tok, config=ServerConfig(model_name="thinker", max_batch=2))
-    with live_server(app) as server:
-        client = openai.OpenAI(base_url=f"{server.url}/v1", api_key="x", max_retries=0)
-        msgs: Any = [{"role": "user", "content": "2+2?"}]
-        r = client.chat.completions.create(model="thinker", messages=msgs, max_tokens=30)
-        m = r.choices[0].message
-        assert (m.content, getattr(m, "reasoning_content", None)) == ("Four", "Two and two.")
-        assert r.choices[0].finish_reason == "stop"
-        reasoning, content = "", ""
-        for chunk in client.chat.completions.create(
-            model="thinker", messages=msgs, max_tokens=30, stream=True
-        ):
-            if chunk.choices:
-                delta = chunk.choices[0].delta
-                reasoning += getattr(delta, "reasoning_content", None) or ""
-                content += delta.content or ""
-        assert (reasoning, content) == ("Two and two.", "Four")
-        # Per request: the reply whole, as the model wrote it.
-        raw = httpx.post(
-            f"{server.url}/v1/chat/completions",
-            json={"messages": msgs, "max_tokens": 30, "reasoning_format": "none"},
-            timeout=30,
-        ).json()["choices"][0]["message"]
-        assert raw == {"role": "assistant", "content": "Two and two.</think>\n\nFour"}
-        bad = httpx.post(
-            f"{server.url}/v1/chat/completions",
-            json={"messages": msgs, "reasoning_format": "sometimes"},
-            timeout=30,
-        )
-        assert bad.status_code == 400
-        assert json.loads(bad.text)["error"]["param"] == "reasoning_format"

@@ -9,6 +9,7 @@ import math
 import threading
 import time
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -858,3 +859,46 @@ def test_tokenize_and_detokenize_take_llama_server_and_vllm_shapes(
             assert r.status_code == 400, body
             assert r.json()["error"]["param"] == param, body
         assert raw.post("/tokenize", content=b"{not json").status_code == 400
+
+
+def test_the_server_answers_reasoning_content_whole_and_streamed(tmp_path: Path) -> None:
+    from test_reasoning_chat import THINK, Scripted, _gguf, _ids
+
+    from rlx_lm.tokenizer import Tokenizer
+
+    tok = Tokenizer.load(_gguf(tmp_path, ["<think>", "</think>"], [4, 4], THINK))
+    # The template opens the reasoning; the reply closes it and answers, then EOS.
+    script = [*_ids(tok, "Two and two.</think>\n\nFour"), *sorted(tok.eos_ids)]
+    runner = Scripted(tok.vocab_size, script)
+    runner.start = len(tok.apply_chat_template([{"role": "user", "content": "2+2?"}]))
+    app = create_app(runner, tok, config=ServerConfig(model_name="thinker", max_batch=2))
+    with live_server(app) as server:
+        client = openai.OpenAI(base_url=f"{server.url}/v1", api_key="x", max_retries=0)
+        msgs: Any = [{"role": "user", "content": "2+2?"}]
+        r = client.chat.completions.create(model="thinker", messages=msgs, max_tokens=30)
+        m = r.choices[0].message
+        assert (m.content, getattr(m, "reasoning_content", None)) == ("Four", "Two and two.")
+        assert r.choices[0].finish_reason == "stop"
+        reasoning, content = "", ""
+        for chunk in client.chat.completions.create(
+            model="thinker", messages=msgs, max_tokens=30, stream=True
+        ):
+            if chunk.choices:
+                delta = chunk.choices[0].delta
+                reasoning += getattr(delta, "reasoning_content", None) or ""
+                content += delta.content or ""
+        assert (reasoning, content) == ("Two and two.", "Four")
+        # Per request: the reply whole, as the model wrote it.
+        raw = httpx.post(
+            f"{server.url}/v1/chat/completions",
+            json={"messages": msgs, "max_tokens": 30, "reasoning_format": "none"},
+            timeout=30,
+        ).json()["choices"][0]["message"]
+        assert raw == {"role": "assistant", "content": "Two and two.</think>\n\nFour"}
+        bad = httpx.post(
+            f"{server.url}/v1/chat/completions",
+            json={"messages": msgs, "reasoning_format": "sometimes"},
+            timeout=30,
+        )
+        assert bad.status_code == 400
+        assert json.loads(bad.text)["error"]["param"] == "reasoning_format"

@@ -459,13 +459,10 @@ def _chat_parser(sub: Any) -> None:
     c.add_argument(
         "-v", "--verbose", action="store_true", help="Print token counts after each reply."
     )
-    c.add_argument(
-        "--reasoning-format",
-        choices=("auto", "deepseek", "none"),
-        default="auto",
-        help="auto: a reasoning model's chain of thought (think tags, gpt-oss's analysis "
-        "channel) is told from its answer, shown dimmed on a terminal and left out of the "
-        "conversation's later turns; none: the reply is printed and kept whole.",
+    _add_reasoning_arg(
+        c,
+        "shown dimmed on a terminal and left out of the conversation's later turns; none: "
+        "the reply is printed and kept whole.",
     )
     c.add_argument(
         "--packed",
@@ -483,6 +480,18 @@ def _chat_parser(sub: Any) -> None:
     )
     _add_cache_type_args(c)
     _add_sampler_args(c)
+
+
+def _add_reasoning_arg(parser: Any, what: str) -> None:
+    """``--reasoning-format`` (llama-server's flag): ``auto`` (and its ``deepseek``) tells a
+    reasoning model's chain of thought from its answer; ``what`` says where it goes."""
+    parser.add_argument(
+        "--reasoning-format",
+        choices=("auto", "deepseek", "none"),
+        default="auto",
+        help="auto (default; deepseek is the same): a reasoning model's chain of thought (think "
+        f"tags, gpt-oss's analysis channel) is told from its answer and {what}",
+    )
 
 
 def _chat_template_for(args: argparse.Namespace, tokenizer: Any, *, repl: bool) -> Any:
@@ -668,13 +677,8 @@ def _serve_parser(sub: Any) -> None:
         "llama-server and vLLM do; /health and /metrics stay open (default: the "
         "RLX_LM_API_KEY environment variable, else no key)",
     )
-    s.add_argument(
-        "--reasoning-format",
-        choices=("auto", "deepseek", "none"),
-        default="auto",
-        help="auto (default; deepseek is the same): a reasoning model's chain of thought (think "
-        "tags, gpt-oss's analysis channel) goes to reasoning_content, as llama-server does; "
-        "none: it stays in content",
+    _add_reasoning_arg(
+        s, "answered as reasoning_content, as llama-server does; none: it stays in content."
     )
     s.add_argument("--max-batch", type=int, default=16, help="sequences decoded together")
     s.add_argument("--max-queue", type=int, default=64, help="requests waiting beyond the batch")

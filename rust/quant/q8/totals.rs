@@ -183,19 +183,28 @@ impl Quads for x86::Q5_1 {
     const RUN: usize = 4;
 }
 
+/// [`nibble_pair`] of blocks whose nibbles (from byte `at`) index a
+/// signed code book (IQ4_NL's, MXFP4's), looked up into int8 codes.
+///
+/// # Safety
+/// As [`nibble_pair`]; AVX2 present.
+#[inline(always)]
+unsafe fn book_pair(a: *const u8, e: *const u8, at: usize, book: &[i8; 16]) -> (__m256i, __m256i) {
+    // SAFETY: forwarded; 16 readable bytes in `book`.
+    unsafe {
+        let t = _mm256_broadcastsi128_si256(_mm_loadu_si128(book.as_ptr().cast()));
+        let (l, h) = nibble_pair(a, e, at);
+        (_mm256_shuffle_epi8(t, l), _mm256_shuffle_epi8(t, h))
+    }
+}
+
 impl Quads for x86::Iq4Nl {
     const RUN: usize = 1;
     const FEW: usize = 4;
     #[inline(always)]
     unsafe fn pair(a: *const u8, e: *const u8) -> (__m256i, __m256i) {
-        // SAFETY: forwarded; nibbles after `d`, looked up in the table.
-        unsafe {
-            let t = _mm256_broadcastsi128_si256(_mm_loadu_si128(
-                crate::quant::unpack::IQ4_VALUES.as_ptr().cast(),
-            ));
-            let (l, h) = nibble_pair(a, e, 2);
-            (_mm256_shuffle_epi8(t, l), _mm256_shuffle_epi8(t, h))
-        }
+        // SAFETY: forwarded; nibbles after `d`.
+        unsafe { book_pair(a, e, 2, &crate::quant::unpack::IQ4_VALUES) }
     }
 }
 
@@ -206,14 +215,8 @@ impl Quads for x86::Mxfp4 {
     const FEW: usize = 4;
     #[inline(always)]
     unsafe fn pair(a: *const u8, e: *const u8) -> (__m256i, __m256i) {
-        // SAFETY: forwarded; nibbles after `e`, looked up in the book.
-        unsafe {
-            let t = _mm256_broadcastsi128_si256(_mm_loadu_si128(
-                crate::quant::unpack::MXFP4_VALUES.as_ptr().cast(),
-            ));
-            let (l, h) = nibble_pair(a, e, 1);
-            (_mm256_shuffle_epi8(t, l), _mm256_shuffle_epi8(t, h))
-        }
+        // SAFETY: forwarded; nibbles after `e`.
+        unsafe { book_pair(a, e, 1, &crate::quant::unpack::MXFP4_VALUES) }
     }
 }
 

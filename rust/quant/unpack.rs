@@ -73,6 +73,7 @@ pub(crate) static E8M0_HALF: [f32; 256] = {
 
 /// The float32 bits of float16 `h`, as F16C's `vcvtph2ps` gives them
 /// (exact; a signalling NaN comes back quiet).
+#[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
 const fn f16_bits(h: u16) -> u32 {
     let sign = ((h as u32) & 0x8000) << 16;
     let exp = ((h >> 10) & 0x1f) as u32;
@@ -99,6 +100,7 @@ const fn f16_bits(h: u16) -> u32 {
 /// Every float16's float32 value, by its bits: a block's scale is one load
 /// (the AVX-512 one-row kernels broadcast it from here; converting it with
 /// `vcvtph2ps` a block was about a quarter of their time).
+#[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
 pub(crate) static F16_TABLE: [f32; 65536] = {
     let mut t = [0.0f32; 65536];
     let mut h = 0;

@@ -64,8 +64,9 @@ def test_bad_geometry_in_config_is_refused() -> None:
     qwen = make_tiny("qwen2").config | {"use_sliding_window": True, "sliding_window": 8}
     with pytest.raises(UnsupportedError, match="use_sliding_window"):
         LlamaConfig.from_hf(qwen)
-    with pytest.raises(UnsupportedError, match="yarn"):
-        LlamaConfig.from_hf(base | {"rope_scaling": {"rope_type": "yarn", "factor": 4.0}})
+    # (YaRN is supported: tests/test_yarn.py.) Dynamic NTK is not.
+    with pytest.raises(UnsupportedError, match="dynamic"):
+        LlamaConfig.from_hf(base | {"rope_scaling": {"rope_type": "dynamic", "factor": 4.0}})
 
 
 def test_llama3_rope_scaling_follows_its_three_bands() -> None:

@@ -492,6 +492,11 @@ class LlamaConfig:
             raise UnsupportedError(f"{where}: ERNIE 4.5 with use_bias is not supported")
         if cfg.get("clip_qkv") is not None:
             raise UnsupportedError(f"{where}: clip_qkv (q/k/v clamped) is not supported")
+        scaling = _hf_rope_scaling(
+            cfg.get("rope_scaling"), where, cfg, (rope_dims or int(head_dim)) // 2
+        )
+        if scaling is not None and scaling.kind == "yarn":
+            gemma["rope_mscale"] = _hf_yarn_mscale(cfg["rope_scaling"], scaling.factor, where)
         return cls(
             arch=arch,
             vocab_size=need("vocab_size"),
@@ -508,9 +513,7 @@ class LlamaConfig:
             attention_bias=bool(cfg.get("attention_bias", arch in _QKV_BIAS_ARCHS)),
             qk_norm=arch in _QK_NORM_ARCHS,
             qk_norm_full=arch in _QK_NORM_FULL_ARCHS,
-            rope_scaling=_hf_rope_scaling(
-                cfg.get("rope_scaling"), where, cfg, (rope_dims or int(head_dim)) // 2
-            ),
+            rope_scaling=scaling,
             sliding_window=window,
             rope_dims=rope_dims,
             **gemma,
@@ -869,6 +872,23 @@ def longrope_scaling(
     )
 
 
+def _hf_yarn_mscale(rs: Mapping[str, Any], factor: float, where: str) -> float:
+    """The factor on cos and sin of Hugging Face's YaRN: ``attention_factor``, by default
+    ``0.1 ln(factor) + 1`` (what llama.cpp multiplies); DeepSeek's ``mscale`` over
+    ``mscale_all_dim`` is refused."""
+    if rs.get("mscale") and rs.get("mscale_all_dim"):
+        raise UnsupportedError(
+            f"{where}: rope_scaling.mscale with mscale_all_dim (DeepSeek's YaRN) is not supported"
+        )
+    attention = rs.get("attention_factor")
+    if attention is None:
+        return 0.1 * math.log(factor) + 1.0 if factor > 1 else 1.0
+    value = float(attention)
+    if not (math.isfinite(value) and value > 0):
+        raise WeightFormatError(f"{where}: rope_scaling.attention_factor must be positive")
+    return value
+
+
 def _hf_longrope(
     rs: Mapping[str, Any], where: str, cfg: Mapping[str, Any], pairs: int
 ) -> RopeScaling:
@@ -1019,6 +1039,24 @@ def _hf_rope_scaling(rs: Any, where: str, cfg: Mapping[str, Any], pairs: int) ->
         return _hf_longrope(rs, where, cfg, pairs)
     if kind == "linear":
         return RopeScaling("linear", factor=float(rs["factor"]))
+    if kind == "yarn":
+        # As llama.cpp's converter reads it (its GGUF keys): the factor given, over the
+        # original context (else the config's max_position_embeddings, as Hugging Face's).
+        original = rs.get("original_max_position_embeddings") or cfg.get("max_position_embeddings")
+        factor = float(rs.get("factor") or 0.0)
+        if not (isinstance(original, int) and original > 0 and factor >= 1.0):
+            raise WeightFormatError(
+                f"{where}: YaRN needs rope_scaling.factor >= 1 and "
+                f"original_max_position_embeddings (got {factor}, {original})"
+            )
+        return RopeScaling(
+            "yarn",
+            factor=factor,
+            original_max_position=original,
+            beta_fast=float(rs.get("beta_fast", _YARN_BETA_FAST)),
+            beta_slow=float(rs.get("beta_slow", _YARN_BETA_SLOW)),
+            truncate=bool(rs.get("truncate", True)),
+        )
     if kind == "llama3":
         return RopeScaling(
             "llama3",

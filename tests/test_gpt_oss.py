@@ -107,6 +107,15 @@ def test_the_gguf_header_maps_to_the_config() -> None:
     assert np.all(inv >= plain / 32 * (1 - 1e-12))
     with pytest.raises(WeightFormatError, match="sliding_window"):
         config_from_gguf_fields("gpt-oss", expert_count=4, expert_used_count=2)
+    # llama.cpp's routing keys: the one each architecture routes by, or none, is accepted.
+    oss = {"attention.sliding_window": 128}
+    keys = {"expert_count": 4, "expert_used_count": 2}
+    assert config_from_gguf_fields("gpt-oss", expert_gating_func=3, **keys, **oss).n_experts == 4
+    assert config_from_gguf_fields("qwen3moe", expert_gating_func=1, **keys).n_experts == 4
+    with pytest.raises(UnsupportedError, match="expert_gating_func=2"):
+        config_from_gguf_fields("qwen3moe", expert_gating_func=2, **keys)
+    with pytest.raises(UnsupportedError, match="expert_weights_scale"):
+        config_from_gguf_fields("qwen3moe", expert_weights_scale=2.5, **keys)
 
 
 def test_yarn_in_another_architecture_is_applied_not_ignored() -> None:

@@ -84,6 +84,21 @@ def test_harmony_ends_a_turn_at_return_and_call_not_at_end(harmony: Tokenizer) -
     assert harmony.decode(ids) == REPLY.replace("<|end|>", "").replace("<|return|>", "")
 
 
+def test_user_defined_tokens_are_text_and_control_tokens_are_not(tmp_path: Path) -> None:
+    """As llama.cpp decodes a GGUF's added tokens: ``<think>`` (user-defined in Qwen3's files)
+    is text, a control token (``<|im_end|>``) is not; both are matched whole in encoding."""
+    tok = Tokenizer.load(
+        _gguf(tmp_path, ["<think>", "</think>", "<|im_end|>"], [4, 4, 3], "{{ messages }}")
+    )
+    text = "<think>hmm</think>ok<|im_end|>"
+    ids = _ids(tok, text)
+    assert [tok.inner.token_to_id(t) for t in ("<think>", "</think>", "<|im_end|>")] == [
+        i for i in ids if i >= len(TRAINED.get_vocab())
+    ]
+    assert tok.decode(ids) == "<think>hmm</think>ok"
+    assert tok.decode(ids, skip_special_tokens=False) == text
+
+
 def test_the_gpt_oss_template_renders_openais_documented_prompt(harmony: Tokenizer) -> None:
     msgs = [
         {"role": "system", "content": "Always respond in riddles"},

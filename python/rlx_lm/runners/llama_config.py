@@ -121,6 +121,9 @@ _NORM_EXPERT_WEIGHTS = {
     "gpt-oss": False,  # its weights are the softmax over the picked logits already
 }
 _GRANITE_ARCHS = ("granite", "granitemoe")
+# llama.cpp's expert gating functions (LLAMA_EXPERT_GATING_FUNC_TYPE_*): softmax over all
+# experts, and softmax over the picked ones' logits (gpt-oss); 2 is DeepSeek V3's sigmoid.
+_GATING_FUNC = {"softmax": 1, "softmax_picked": 3}
 #: The most experts a block may have (llama.cpp's LLAMA_MAX_EXPERTS).
 MAX_EXPERTS = 512
 _QKV_BIAS_ARCHS = ("qwen2", "qwen2moe", "gpt-oss")
@@ -650,6 +653,17 @@ class LlamaConfig:
             gemma["n_experts_used"] = need("expert_used_count")
             gemma["expert_ff"] = opt_int("expert_feed_forward_length", 0) or dense_ff
             gemma["experts_norm"] = _NORM_EXPERT_WEIGHTS[arch]
+            # llama.cpp's routing keys, for architectures that read them (DeepSeek's, ...):
+            # what ours route by is fixed, so a header that says otherwise is refused.
+            gating = opt_int("expert_gating_func", 0)
+            fixed = _GATING_FUNC["softmax_picked" if arch == "gpt-oss" else "softmax"]
+            if gating not in (0, fixed):
+                raise UnsupportedError(
+                    f"{where}: {arch}.expert_gating_func={gating} is not supported ({arch} "
+                    f"routes by llama.cpp's gating function {fixed})"
+                )
+            if opt_float("expert_weights_scale", 1.0) not in (0.0, 1.0):
+                raise UnsupportedError(f"{where}: {arch}.expert_weights_scale is not supported")
             if arch == "qwen2moe":
                 gemma["shared_expert_ff"] = opt_int("expert_shared_feed_forward_length", 0) or (
                     dense_ff

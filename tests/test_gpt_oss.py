@@ -139,3 +139,21 @@ def test_yarn_in_another_architecture_is_applied_not_ignored() -> None:
 def test_hugging_face_checkpoints_are_refused_by_name() -> None:
     with pytest.raises(UnsupportedError, match="gpt-oss runs from GGUF"):
         LlamaConfig.from_hf({"model_type": "gpt_oss"})
+
+
+@pytest.mark.parametrize(
+    ("dropped", "named"),
+    [
+        ("model.layers.1.self_attn.sinks", "blk.1.attn_sinks.weight"),
+        ("model.layers.0.self_attn.o_proj.bias", "blk.0.attn_output.bias"),
+        ("model.layers.2.mlp.router.bias", "blk.2.ffn_gate_inp.bias"),
+    ],
+)
+def test_a_file_without_one_of_its_pieces_is_refused_naming_it(
+    tmp_path: Path, dropped: str, named: str
+) -> None:
+    m = _tiny()
+    del m.tensors[dropped]
+    path = write_gguf(m, tmp_path / "short.gguf")
+    with pytest.raises(WeightFormatError, match=named.replace(".", r"\.")):
+        load_llama(path, max_seq=16)

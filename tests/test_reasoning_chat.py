@@ -122,6 +122,25 @@ def test_the_gpt_oss_template_renders_openais_documented_prompt(harmony: Tokeniz
         harmony.apply_chat_template([*bad, {"role": "user", "content": "y"}], tokenize=False)
 
 
+def test_a_requests_reasoning_effort_reaches_the_template(harmony: Tokenizer) -> None:
+    from rlx_lm.server.protocol import Limits, ProtocolError, parse_chat
+
+    limits = Limits("m", harmony.vocab_size, 64, 1, 5)
+    body: dict[str, Any] = {"messages": [{"role": "user", "content": "hi"}]}
+
+    def prompt(**extra: Any) -> str:
+        parsed = parse_chat(body | extra, harmony, limits)
+        return harmony.decode(list(parsed.requests[0].prompt), skip_special_tokens=False)
+
+    assert "Reasoning: medium" in prompt(), "the template's default"
+    assert "Reasoning: high" in prompt(reasoning_effort="high")
+    # chat_template_kwargs, the more specific, wins.
+    kw = {"reasoning_effort": "low"}
+    assert "Reasoning: low" in prompt(reasoning_effort="high", chat_template_kwargs=kw)
+    with pytest.raises(ProtocolError, match="reasoning_effort"):
+        prompt(reasoning_effort="extreme")
+
+
 def test_a_chat_keeps_the_answer_and_sets_the_reasoning_apart(harmony: Tokenizer) -> None:
     runner = Scripted(harmony.vocab_size, _ids(harmony, REPLY))
     chat = ChatSession(runner, harmony, max_tokens=64)

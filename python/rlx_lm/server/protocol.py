@@ -43,7 +43,8 @@ Generation: ``max_tokens`` / ``max_completion_tokens`` / ``n_predict``, ``n``, `
 (false skips the prefix-cache lookup). Chat also takes ``messages``, ``tools`` (handed
 to the chat template; calls are not parsed out of the text), ``tool_choice``
 (``"none"``/``"auto"``), ``response_format`` (``{"type": "text"}`` only),
-``chat_template_kwargs``, ``add_generation_prompt`` and ``reasoning_format`` (``"auto"``,
+``chat_template_kwargs``, ``add_generation_prompt``, ``reasoning_effort`` (OpenAI's values,
+handed to the chat template: gpt-oss's reads it) and ``reasoning_format`` (``"auto"``,
 ``"deepseek"`` or ``"none"``: whether a reasoning model's chain of thought comes back as
 ``reasoning_content``). Completions takes ``prompt`` (a
 string, a token list, or a list of either), ``echo`` (false only), ``suffix`` (null
@@ -148,7 +149,11 @@ CHAT_FIELDS = _COMMON | {
     "chat_template_kwargs",
     "add_generation_prompt",
     "reasoning_format",
+    "reasoning_effort",
 }
+# OpenAI's reasoning_effort values; the chat template gets it as `reasoning_effort` (gpt-oss's
+# takes low, medium, high), as vLLM and llama-server pass it.
+REASONING_EFFORTS = ("none", "minimal", "low", "medium", "high")
 COMPLETION_FIELDS = _COMMON | {"prompt", "logprobs", "echo", "suffix", "best_of"}
 
 
@@ -655,6 +660,14 @@ def parse_chat(body: Any, tokenizer: Tokenizer, limits: Limits) -> ParsedRequest
     tk = body.get("chat_template_kwargs")
     if tk is not None and not isinstance(tk, Mapping):
         raise ProtocolError("chat_template_kwargs: must be an object", "chat_template_kwargs")
+    effort = body.get("reasoning_effort")
+    if effort is not None:
+        if effort not in REASONING_EFFORTS:
+            raise ProtocolError(
+                f"reasoning_effort: must be one of {', '.join(REASONING_EFFORTS)}, got {effort!r}",
+                "reasoning_effort",
+            )
+        tk = {"reasoning_effort": effort, **(tk or {})}
     prompt = render_chat(
         tokenizer,
         messages,

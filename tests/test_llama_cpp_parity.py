@@ -60,19 +60,37 @@ def test_llama_cpp_and_this_runner_agree_on_logits(
     if arch == "gemma3":
         m.config["sliding_window_pattern"] = 6  # llama.cpp's, so no key is written
     path = write_gguf(m, tmp_path / f"{arch}.gguf", qtype=qtype, tokenizer=spm_gguf_fields())
+    _agree_at_every_position(path, PROMPT, tol)
+
+
+def _agree_at_every_position(path: Path, prompt: list[int], tol: float) -> None:
+    """llama.cpp's logits and ours at every position of ``prompt`` within ``tol`` of their
+    range, and their greedy token ours too, up to a near-tie inside the tolerance (Granite's
+    logits, divided by its logit scale, span little; Q8_0 activations move them)."""
     llm = llama_cpp.Llama(
         model_path=str(path), n_ctx=64, n_threads=1, logits_all=True, verbose=False
     )
-    llm.eval(PROMPT)
+    llm.eval(prompt)
     runner = load_llama(path)
-    for n in range(1, len(PROMPT) + 1):
+    for n in range(1, len(prompt) + 1):
         theirs = np.asarray(llm.scores[n - 1], dtype=np.float64)
-        ours = runner.predict_logits(PROMPT[:n]).astype(np.float64)
+        ours = runner.predict_logits(prompt[:n]).astype(np.float64)
         atol = tol * np.abs(theirs).max()
         np.testing.assert_allclose(ours, theirs, rtol=0, atol=atol)
-        # Their greedy token is ours too, up to a near-tie inside the tolerance (Granite's
-        # logits, divided by its logit scale, span little; Q8_0 activations move them).
         assert ours[int(np.argmax(theirs))] >= ours.max() - atol
+
+
+def test_llama_cpp_and_this_runner_agree_on_yarn(tmp_path: Path) -> None:
+    # YaRN in a dense model (a Qwen3 conversion's keys): factor 4 over 8 original positions,
+    # so every position past the eighth is beyond it.
+    m = make_tiny("qwen3", seed=31, vocab=len(TOKENS), tie=True, hidden=64, theta=500.0)
+    m.config["rope_scaling"] = {
+        "rope_type": "yarn",
+        "factor": 4.0,
+        "original_max_position_embeddings": 8,
+    }
+    path = write_gguf(m, tmp_path / "yarn.gguf", tokenizer=spm_gguf_fields())
+    _agree_at_every_position(path, [*PROMPT, 20, 33, 44, 55], 2e-3)
 
 
 @pytest.mark.parametrize("n_ctx", [256, 512])

@@ -1,6 +1,7 @@
 """YaRN RoPE scaling in a dense architecture (Qwen3 with Hugging Face's ``rope_scaling`` of
 type yarn, and llama.cpp's GGUF keys for it): both formats of one model against the float64
-reference (which follows Hugging Face's ``_compute_yarn_parameters``), and against llama.cpp."""
+reference (which follows Hugging Face's ``_compute_yarn_parameters``); against llama.cpp in
+tests/test_llama_cpp_parity.py."""
 
 from __future__ import annotations
 
@@ -50,26 +51,3 @@ def test_the_hugging_face_fields_and_their_defaults() -> None:
         LlamaConfig.from_hf(cfg | {"rope_scaling": deepseek})
     with pytest.raises(WeightFormatError, match="YaRN"):
         LlamaConfig.from_hf(cfg | {"rope_scaling": {"rope_type": "yarn", "factor": 0.5}})
-
-
-def test_llama_cpp_agrees_on_a_yarn_gguf(tmp_path: Path) -> None:
-    llama_cpp = pytest.importorskip("llama_cpp")
-    from model_factory import write_gguf
-    from tokenizer_factory import spm_gguf_fields, spm_vocab
-
-    from rlx_lm.runners.llama import load_llama
-
-    tokens, _, _ = spm_vocab()
-    m = make_tiny("qwen3", seed=31, vocab=len(tokens), tie=True, hidden=64, theta=500.0)
-    m.config["rope_scaling"] = dict(YARN)
-    path = write_gguf(m, tmp_path / "q.gguf", tokenizer=spm_gguf_fields())
-    prompt = [1, 17, 42, 8, 99, 5, 61, 300, 12, 7, 20, 33, 44, 55]
-    llm = llama_cpp.Llama(
-        model_path=str(path), n_ctx=64, n_threads=1, logits_all=True, verbose=False
-    )
-    llm.eval(prompt)
-    runner = load_llama(path)
-    for n in range(1, len(prompt) + 1):
-        theirs = np.asarray(llm.scores[n - 1], dtype=np.float64)
-        ours = runner.predict_logits(prompt[:n]).astype(np.float64)
-        np.testing.assert_allclose(ours, theirs, rtol=0, atol=2e-3 * np.abs(theirs).max())

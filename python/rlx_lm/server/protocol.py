@@ -203,6 +203,14 @@ def _present(body: Mapping[str, Any], name: str) -> bool:
     return body.get(name) is not None
 
 
+def _one_of(body: Mapping[str, Any], name: str, values: Sequence[str]) -> str | None:
+    """``body[name]`` when it is one of ``values``, None when absent; else a 400 naming it."""
+    v = body.get(name)
+    if v is not None and v not in values:
+        raise ProtocolError(f"{name}: must be one of {', '.join(values)}, got {v!r}", name)
+    return None if v is None else str(v)
+
+
 def _bool(body: Mapping[str, Any], name: str, default: bool) -> bool:
     v = body.get(name)
     if v is None:
@@ -660,13 +668,8 @@ def parse_chat(body: Any, tokenizer: Tokenizer, limits: Limits) -> ParsedRequest
     tk = body.get("chat_template_kwargs")
     if tk is not None and not isinstance(tk, Mapping):
         raise ProtocolError("chat_template_kwargs: must be an object", "chat_template_kwargs")
-    effort = body.get("reasoning_effort")
+    effort = _one_of(body, "reasoning_effort", REASONING_EFFORTS)
     if effort is not None:
-        if effort not in REASONING_EFFORTS:
-            raise ProtocolError(
-                f"reasoning_effort: must be one of {', '.join(REASONING_EFFORTS)}, got {effort!r}",
-                "reasoning_effort",
-            )
         tk = {"reasoning_effort": effort, **(tk or {})}
     prompt = render_chat(
         tokenizer,
@@ -675,13 +678,8 @@ def parse_chat(body: Any, tokenizer: Tokenizer, limits: Limits) -> ParsedRequest
         add_generation_prompt=_bool(body, "add_generation_prompt", True),
         template_kwargs=tk,
     )
-    fmt = body.get("reasoning_format")
+    fmt = _one_of(body, "reasoning_format", REASONING_FORMATS)
     if fmt is not None:
-        if fmt not in REASONING_FORMATS:
-            raise ProtocolError(
-                f"reasoning_format: must be one of {', '.join(REASONING_FORMATS)}, got {fmt!r}",
-                "reasoning_format",
-            )
         parsed.extra["reasoning_format"] = fmt
     parsed.requests = [GenerationRequest(prompt=tuple(prompt), **kw)]
     parsed.logprobs = logprobs

@@ -62,6 +62,12 @@ pub(crate) fn glu_in_place(act: Act, gate: &mut [f32], up: &[f32]) {
 /// `len` values at each pointer; `out` may be `gate`, else overlaps neither.
 unsafe fn run(act: Act, gate: *const f32, up: *const f32, out: *mut f32, len: usize) {
     if act == Act::Oai {
+        #[cfg(target_arch = "x86_64")]
+        if crate::engine::attention::avx2() {
+            // SAFETY: AVX2 and FMA were detected; forwarded.
+            unsafe { x86::oai_glu(gate, up, out, len) };
+            return;
+        }
         for i in 0..len {
             // SAFETY: forwarded.
             unsafe { *out.add(i) = oai(*gate.add(i), *up.add(i)) };
@@ -144,7 +150,7 @@ pub(crate) fn exp(x: f32) -> f32 {
 
 #[cfg(target_arch = "x86_64")]
 mod x86 {
-    use super::{gelu, silu, G0, G1, HIGH, LN2_HI, LN2_LO, LOW, P};
+    use super::{gelu, silu, G0, G1, HIGH, LN2_HI, LN2_LO, LOW, OAI_ALPHA, OAI_LIMIT, P};
     use std::arch::x86_64::*;
 
     /// [`super::exp`], eight lanes.
@@ -173,6 +179,32 @@ mod x86 {
             let e = _mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127));
             let y = _mm256_mul_ps(y, _mm256_castsi256_ps(_mm256_slli_epi32::<23>(e)));
             _mm256_blendv_ps(y, _mm256_set1_ps(f32::INFINITY), over)
+        }
+    }
+
+    /// gpt-oss's gate ([`super::oai`]), eight lanes, its operations in
+    /// its order: `minps(7, g)` and `maxps(-7, minps(7, u))` keep a NaN as
+    /// the scalar comparisons and `clamp` do.
+    ///
+    /// # Safety
+    /// AVX2 and FMA present; as [`super::run`].
+    #[target_feature(enable = "avx2,fma")]
+    pub(super) unsafe fn oai_glu(gate: *const f32, up: *const f32, out: *mut f32, len: usize) {
+        let whole = len / 8 * 8;
+        // SAFETY (whole body): `len` values at each pointer; each chunk is
+        // loaded before it is stored.
+        unsafe {
+            let (limit, floor) = (_mm256_set1_ps(OAI_LIMIT), _mm256_set1_ps(-OAI_LIMIT));
+            let (slope, one) = (_mm256_set1_ps(-OAI_ALPHA), _mm256_set1_ps(1.0));
+            for at in (0..whole).step_by(8) {
+                let x = _mm256_min_ps(limit, _mm256_loadu_ps(gate.add(at)));
+                let y = _mm256_max_ps(floor, _mm256_min_ps(limit, _mm256_loadu_ps(up.add(at))));
+                let s = _mm256_div_ps(x, _mm256_add_ps(one, exp(_mm256_mul_ps(slope, x))));
+                _mm256_storeu_ps(out.add(at), _mm256_mul_ps(s, _mm256_add_ps(y, one)));
+            }
+            for i in whole..len {
+                *out.add(i) = super::oai(*gate.add(i), *up.add(i));
+            }
         }
     }
 
@@ -296,6 +328,22 @@ mod tests {
         let mut got = g.clone();
         glu_in_place(Act::Oai, &mut got, &up);
         assert_eq!(got, want);
+    }
+
+    #[test]
+    fn the_oai_gate_has_one_value_at_a_times_bits_in_every_build() {
+        let mut g = values();
+        g.extend([f32::NAN, 7.0, -7.0, 6.999_999, 7.000_001]);
+        let up: Vec<f32> = (0..g.len()).map(|i| g[(i * 7919) % g.len()]).collect();
+        let mut got = g.clone();
+        glu_in_place(Act::Oai, &mut got, &up);
+        for ((&g, &u), &o) in g.iter().zip(&up).zip(&got) {
+            let want = oai(g, u);
+            assert!(
+                o.to_bits() == want.to_bits() || (o.is_nan() && want.is_nan()),
+                "oai({g}, {u}): {o} vs one at a time {want}"
+            );
+        }
     }
 
     #[test]

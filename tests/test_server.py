@@ -902,3 +902,146 @@ def test_the_server_answers_reasoning_content_whole_and_streamed(tmp_path: Path)
         )
         assert bad.status_code == 400
         assert json.loads(bad.text)["error"]["param"] == "reasoning_format"
+
+
+def _weather_tool() -> Any:
+    return [
+        {
+            "type": "function",
+            "function": {
+                "name": "get_weather",
+                "description": "The weather in a city",
+                "parameters": {
+                    "type": "object",
+                    "properties": {"city": {"type": "string"}},
+                    "required": ["city"],
+                },
+            },
+        }
+    ]
+
+
+def test_the_server_answers_tool_calls_whole_and_streamed(tmp_path: Path) -> None:
+    """A Qwen 2.5 model (its own template) that calls a tool: ``message.tool_calls`` and
+    ``finish_reason: tool_calls`` through the openai client, whole and streamed; the call sent
+    back with its result renders; without ``tools`` the reply is text as written."""
+    from test_reasoning_chat import TEMPLATES, Scripted, _gguf, _ids
+
+    from rlx_lm.tokenizer import Tokenizer
+
+    template = (TEMPLATES / "qwen2.5.jinja").read_text(encoding="utf-8")
+    added = ["<|im_start|>", "<|im_end|>", "<tool_call>", "</tool_call>"]
+    tok = Tokenizer.load(_gguf(tmp_path, added, [3, 3, 4, 4], template))
+    call = '{"name": "get_weather", "arguments": {"city": "Paris"}}'
+    reply = f"I will look.<tool_call>\n{call}\n</tool_call>"
+    script = [*_ids(tok, reply), tok.inner.token_to_id("<|im_end|>")]
+    runner = Scripted(tok.vocab_size, script)
+    msgs: Any = [{"role": "user", "content": "Weather in Paris?"}]
+    runner.start = len(tok.apply_chat_template(msgs, tools=_weather_tool()))
+    app = create_app(runner, tok, config=ServerConfig(model_name="qwen", max_batch=2))
+    with live_server(app) as server:
+        client = openai.OpenAI(base_url=f"{server.url}/v1", api_key="x", max_retries=0)
+        r = client.chat.completions.create(
+            model="qwen", messages=msgs, tools=_weather_tool(), max_tokens=200
+        )
+        m = r.choices[0].message
+        assert r.choices[0].finish_reason == "tool_calls"
+        assert m.content == "I will look."
+        assert m.tool_calls is not None
+        assert len(m.tool_calls) == 1
+        fn = m.tool_calls[0].function  # type: ignore[union-attr]
+        assert (fn.name, json.loads(fn.arguments)) == ("get_weather", {"city": "Paris"})
+        assert m.tool_calls[0].id.startswith("call_")
+        # Streamed: the text as deltas, the call whole in one delta with its index.
+        content, pieces, reasons = "", [], []
+        for chunk in client.chat.completions.create(
+            model="qwen", messages=msgs, tools=_weather_tool(), max_tokens=200, stream=True
+        ):
+            if chunk.choices:
+                delta = chunk.choices[0].delta
+                content += delta.content or ""
+                pieces += delta.tool_calls or []
+                reasons.append(chunk.choices[0].finish_reason)
+        assert content == "I will look."
+        assert [(p.index, p.function.name) for p in pieces] == [(0, "get_weather")]  # type: ignore[union-attr]
+        assert json.loads(pieces[0].function.arguments) == {"city": "Paris"}  # type: ignore[union-attr, arg-type]
+        assert reasons[-1] == "tool_calls"
+        # Without tools the reply is not parsed; with tool_choice "none" neither (both
+        # prompts leave the tools out).
+        runner.start = len(tok.apply_chat_template(msgs))
+        for extra in ({}, {"tools": _weather_tool(), "tool_choice": "none"}):
+            plain = httpx.post(
+                f"{server.url}/v1/chat/completions",
+                json={"messages": msgs, "max_tokens": 200, **extra},
+                timeout=30,
+            ).json()["choices"][0]
+            assert plain["message"] == {"role": "assistant", "content": reply}, extra
+            assert plain["finish_reason"] == "stop"
+        # The call and its result sent back: the template renders them.
+        back = [
+            *msgs,
+            m.model_dump(exclude_none=True),
+            {"role": "tool", "tool_call_id": m.tool_calls[0].id, "content": "18 C"},
+        ]
+        again = client.chat.completions.create(
+            model="qwen", messages=back, tools=_weather_tool(), max_tokens=5
+        )
+        assert again.choices[0].finish_reason in ("length", "stop", "tool_calls")
+        forced = httpx.post(
+            f"{server.url}/v1/chat/completions",
+            json={"messages": msgs, "tools": _weather_tool(), "tool_choice": "required"},
+            timeout=30,
+        )
+        assert forced.status_code == 400
+        assert forced.json()["error"]["param"] == "tool_choice"
+
+
+def test_the_server_answers_gpt_oss_calls_beside_its_reasoning(tmp_path: Path) -> None:
+    """gpt-oss's harmony reply (its own template): the analysis channel is reasoning, the
+    message to ``functions.get_weather`` is the call, and ``<|call|>`` ends the turn."""
+    from test_reasoning_chat import HARMONY, TEMPLATES, Scripted, _gguf, _ids
+
+    from rlx_lm.tokenizer import Tokenizer
+
+    template = (TEMPLATES / "gpt-oss.jinja").read_text(encoding="utf-8")
+    tok = Tokenizer.load(_gguf(tmp_path, HARMONY, [3] * len(HARMONY), template))
+    reply = (
+        "<|channel|>analysis<|message|>Need the weather tool.<|end|>"
+        "<|start|>assistant<|channel|>commentary to=functions.get_weather <|constrain|>json"
+        '<|message|>{"city":"Paris"}<|call|>'
+    )
+    runner = Scripted(tok.vocab_size, _ids(tok, reply))
+    msgs: Any = [{"role": "user", "content": "Weather in Paris?"}]
+    runner.start = len(tok.apply_chat_template(msgs, tools=_weather_tool()))
+    app = create_app(runner, tok, config=ServerConfig(model_name="oss", max_batch=2))
+    with live_server(app) as server:
+        client = openai.OpenAI(base_url=f"{server.url}/v1", api_key="x", max_retries=0)
+        body = httpx.post(
+            f"{server.url}/v1/chat/completions",
+            json={"messages": msgs, "tools": _weather_tool(), "max_tokens": 300},
+            timeout=30,
+        ).json()
+        choice = body["choices"][0]
+        message = choice["message"]
+        assert choice["finish_reason"] == "tool_calls"
+        assert message["reasoning_content"] == "Need the weather tool."
+        assert message["content"] is None
+        assert [
+            (c["function"]["name"], json.loads(c["function"]["arguments"]))
+            for c in message["tool_calls"]
+        ] == [("get_weather", {"city": "Paris"})]
+        reasoning, names, reasons = "", [], []
+        for chunk in client.chat.completions.create(
+            model="oss", messages=msgs, tools=_weather_tool(), max_tokens=300, stream=True
+        ):
+            if chunk.choices:
+                delta = chunk.choices[0].delta
+                reasoning += getattr(delta, "reasoning_content", None) or ""
+                assert not delta.content
+                names += [t.function.name for t in delta.tool_calls or []]  # type: ignore[union-attr]
+                reasons.append(chunk.choices[0].finish_reason)
+        assert (reasoning, names, reasons[-1]) == (
+            "Need the weather tool.",
+            ["get_weather"],
+            "tool_calls",
+        )

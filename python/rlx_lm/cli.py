@@ -680,6 +680,14 @@ def _serve_parser(sub: Any) -> None:
     _add_reasoning_arg(
         s, "answered as reasoning_content, as llama-server does; none: it stays in content."
     )
+    s.add_argument(
+        "--tool-call-format",
+        choices=("auto", "none", "hermes", "mistral", "llama3", "harmony"),
+        default="auto",
+        help="how tool calls are read out of replies to requests with tools, answered as "
+        "message.tool_calls: auto (default) picks it from the chat template; none leaves them "
+        "in content",
+    )
     s.add_argument("--max-batch", type=int, default=16, help="sequences decoded together")
     s.add_argument("--max-queue", type=int, default=64, help="requests waiting beyond the batch")
     s.add_argument("--max-tokens", type=int, default=4096, help="largest max_tokens accepted")
@@ -832,6 +840,7 @@ def _server_settings(args: argparse.Namespace, stem: str) -> dict[str, Any]:
         "shutdown_timeout": args.shutdown_timeout,
         "prefill_chunk": args.prefill_chunk,
         "reasoning_format": args.reasoning_format,
+        "tool_call_format": args.tool_call_format,
         # the environment's key is read here, not as the flag's default: --help shows those
         "api_key": args.api_key if args.api_key is not None else _env_api_key(),
     }

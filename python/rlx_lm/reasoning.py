@@ -67,6 +67,26 @@ def _held(text: str, tag: str) -> int:
     return 0
 
 
+def _until(buf: str, tag: str) -> tuple[str, str, bool]:
+    """``buf`` cut at the first ``tag``: (what comes before, what comes after, True); with no
+    ``tag``, (what can go on now, the tail that may start one, False)."""
+    at = buf.find(tag)
+    if at >= 0:
+        return buf[:at], buf[at + len(tag) :], True
+    keep = _held(buf, tag)
+    return buf[: len(buf) - keep], buf[len(buf) - keep :], False
+
+
+def _header_end(buf: str) -> int | None:
+    """Where the harmony header ``buf`` opens with ends (its ``<|message|>``'s index); -1 while
+    one may still come; None when none will (none within the limit, so the outcome does not
+    depend on how the text was cut)."""
+    at = buf.find(_MESSAGE, 0, _HEADER_LIMIT + len(_MESSAGE))
+    if at < 0 and len(buf) >= _HEADER_LIMIT + len(_MESSAGE):
+        return None
+    return at
+
+
 class ThinkTags:
     """``<think>reasoning</think>answer``; ``opened``: the prompt ended inside ``<think>``.
 
@@ -95,14 +115,10 @@ class ThinkTags:
                 else:
                     self._state = "answer"
             elif self._state == "reasoning":
-                at = self._buf.find(THINK_CLOSE)
-                if at < 0:
-                    keep = _held(self._buf, THINK_CLOSE)
-                    reasoning.append(self._buf[: len(self._buf) - keep])
-                    self._buf = self._buf[len(self._buf) - keep :]
+                before, self._buf, closed = _until(self._buf, THINK_CLOSE)
+                reasoning.append(before)
+                if not closed:
                     break
-                reasoning.append(self._buf[:at])
-                self._buf = self._buf[at + len(THINK_CLOSE) :]
                 self._state, self._trim = "answer", True
             else:
                 if self._trim:
@@ -140,27 +156,21 @@ class Harmony:
         answer: list[str] = []
         while self._buf:
             if self._state == "header":
-                # Looked for within the limit only, so the outcome does not depend on how
-                # the text was cut.
-                at = self._buf.find(_MESSAGE, 0, _HEADER_LIMIT + len(_MESSAGE))
-                if at < 0:
-                    if len(self._buf) < _HEADER_LIMIT + len(_MESSAGE):
-                        break
+                at = _header_end(self._buf)
+                if at is None:
                     self._channel, self._state = "", "body"  # no header after all
                     continue
+                if at < 0:
+                    break
                 header, self._buf = self._buf[:at], self._buf[at + len(_MESSAGE) :]
                 self._channel = _channel_of(header)
                 self._state = "body"
             else:
                 out = reasoning if self._channel == "analysis" else answer
-                at = self._buf.find(_START)
-                if at < 0:
-                    keep = _held(self._buf, _START)
-                    out.append(self._buf[: len(self._buf) - keep])
-                    self._buf = self._buf[len(self._buf) - keep :]
+                before, self._buf, ended = _until(self._buf, _START)
+                out.append(before)
+                if not ended:
                     break
-                out.append(self._buf[:at])
-                self._buf = self._buf[at + len(_START) :]
                 self._state = "header"
         return "".join(reasoning), "".join(answer)
 

@@ -71,6 +71,11 @@ _HARMONY_EOG = ("<|return|>", "<|call|>")
 _HARMONY_MARKUP = frozenset(("<|start|>", "<|channel|>", "<|message|>", "<|constrain|>"))
 
 
+# Mistral's tool-call markup, control tokens llama-server keeps in a reply to a request with
+# tools (its "preserved tokens"): rendered so that rlx_lm.tool_calls can find the calls.
+_TOOL_MARKUP = frozenset(("[TOOL_CALLS]", "[ARGS]", "[CALL_ID]"))
+
+
 def _harmony(texts: Any) -> bool:
     """Whether a vocabulary (token texts, ``in``-testable) is harmony's."""
     return all(t in texts for t in _HARMONY_EOG)
@@ -575,11 +580,12 @@ def _token_id(value: Any, token: Any, inner: Any) -> int | None:
 
 def _add_specials(inner: Any, tokens: Sequence[str], types: Sequence[int]) -> None:
     """Add the control and user-defined tokens to ``inner``, matched whole. As llama.cpp
-    decodes them: control tokens are left out of decoded text, but for harmony's markup;
-    user-defined ones (``<think>``, ``</think>`` in Qwen3's files) are text."""
+    decodes them: control tokens are left out of decoded text, but for harmony's markup and
+    Mistral's tool-call markup; user-defined ones (``<think>``, ``</think>`` in Qwen3's files)
+    are text."""
     from tokenizers import AddedToken
 
-    shown = _HARMONY_MARKUP if _harmony(set(tokens)) else frozenset()
+    shown = (_HARMONY_MARKUP if _harmony(set(tokens)) else frozenset()) | _TOOL_MARKUP
     hidden, kept = [], []
     for t, ty in zip(tokens, types, strict=False):
         if ty == _CONTROL and t not in shown:

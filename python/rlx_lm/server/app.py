@@ -42,7 +42,7 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 
 from rlx_lm.errors import CapacityError, InvalidOptionError
 from rlx_lm.generation import TokenLogprob
-from rlx_lm.reasoning import ReasoningParser, parser_for, split_reasoning
+from rlx_lm.reasoning import ReasoningParser, parser_for
 from rlx_lm.runner import LmCore
 from rlx_lm.server import protocol as proto
 from rlx_lm.server.config import ServerConfig
@@ -57,6 +57,7 @@ from rlx_lm.server.scheduler import (
     ShuttingDownError,
 )
 from rlx_lm.tokenizer import Tokenizer
+from rlx_lm.tool_calls import ToolCall, ToolCallParser, tool_call_format, tool_call_parser
 
 __all__ = ["create_app"]
 
@@ -256,6 +257,55 @@ class _Frames:
         return f"{self._open}{choice}]{self._close}}}\n\n"
 
 
+class _Reply:
+    """A chat choice's reply through its parsers, as (reasoning, content, calls) pieces: the
+    tool calls are read out of the reasoning parser's answer (a call thought about is not
+    made), but harmony's out of the raw reply, whose message headers name the recipient."""
+
+    def __init__(
+        self, reasoning: ReasoningParser | None, tools: ToolCallParser | None, tools_first: bool
+    ) -> None:
+        self.reasoning, self.tools, self.tools_first = reasoning, tools, tools_first
+        self.calls = 0  # calls handed out so far (a stream's tool_calls indices)
+
+    def _think(self, text: str, last: bool) -> tuple[str, str]:
+        if self.reasoning is None:
+            return "", text
+        r, a = self.reasoning.feed(text) if text else ("", "")
+        if last:
+            r2, a2 = self.reasoning.finish()
+            r, a = r + r2, a + a2
+        return r, a
+
+    def _call(self, text: str, last: bool) -> tuple[str, list[ToolCall]]:
+        if self.tools is None:
+            return text, []
+        t, c = self.tools.feed(text) if text else ("", [])
+        if last:
+            t2, c2 = self.tools.finish()
+            t, c = t + t2, c + c2
+        return t, c
+
+    def feed(self, text: str, last: bool = False) -> tuple[str, str, list[ToolCall]]:
+        """The reasoning, content and calls ``text`` completes (``last``: and the rest)."""
+        if self.tools_first:
+            t, calls = self._call(text, last)
+            r, a = self._think(t, last)
+        else:
+            r, a = self._think(text, last)
+            a, calls = self._call(a, last)
+        self.calls += len(calls)
+        return r, a, calls
+
+    def finish(self) -> tuple[str, str, list[ToolCall]]:
+        return self.feed("", last=True)
+
+
+def _reason(reason: str | None, calls: int) -> str | None:
+    """OpenAI's finish reason: a reply that stopped after making calls ended in them."""
+    return "tool_calls" if calls and reason == "stop" else reason
+
+
 class _App:
     def __init__(
         self, runner: LmCore, tokenizer: Tokenizer, config: ServerConfig, scheduler: BatchScheduler
@@ -276,6 +326,17 @@ class _App:
             max_n=min(config.max_n, config.max_batch),
             max_top_logprobs=config.max_top_logprobs,
         )
+        self.tool_format = self._tool_format(config.tool_call_format)
+
+    def _tool_format(self, fmt: str) -> str | None:
+        """The format tool calls are read in (see `ServerConfig.tool_call_format`)."""
+        if fmt != "auto":
+            return None if fmt == "none" else fmt
+        template = getattr(self.tokenizer, "chat_template", None)
+        probe = getattr(getattr(self.tokenizer, "inner", None), "token_to_id", None)
+        markup = ("<|channel|>", "<|message|>", "<|call|>")
+        words = [t for t in markup if callable(probe) and probe(t) is not None]
+        return tool_call_format(getattr(template, "source", None), words)
 
     def _outbox(self) -> _Outbox:
         """The outbox of the running loop, flushed by the scheduler after each hand-out."""
@@ -408,16 +469,22 @@ class _App:
             stream.cancel()
             raise
 
-    def _parsers(self, kind: str, parsed: ParsedRequest) -> list[ReasoningParser | None]:
-        """Each choice's reasoning parser (chat only; see `ServerConfig.reasoning_format`)."""
+    def _parsers(self, kind: str, parsed: ParsedRequest) -> list[_Reply | None]:
+        """Each choice's reply parsers (chat only): reasoning (`ServerConfig.reasoning_format`)
+        and, for a request with tools, tool calls (`ServerConfig.tool_call_format`)."""
         n = parsed.requests[0].n
         total = n * len(parsed.requests)
         if kind != "chat":
             return [None] * total
         fmt = str(parsed.extra.get("reasoning_format") or self.config.reasoning_format)
-        return [
-            parser_for(self.tokenizer, parsed.requests[i // n].prompt, fmt) for i in range(total)
-        ]
+        tools = self.tool_format if parsed.extra.get("tools") else None
+        out: list[_Reply | None] = []
+        for i in range(total):
+            reasoning = parser_for(self.tokenizer, parsed.requests[i // n].prompt, fmt)
+            calls = None if tools is None else tool_call_parser(tools)
+            both = reasoning is not None or calls is not None
+            out.append(_Reply(reasoning, calls, tools == "harmony") if both else None)
+        return out
 
     # ---------------------------------------------------------- non-streaming
 
@@ -458,10 +525,18 @@ class _App:
             assert f is not None
             reason = proto.finish_reason(f.reason)
             if kind == "chat":
-                reasoning, content = split_reasoning(parsers[i], texts[i])
+                reply = parsers[i]
+                reasoning, content, calls = (
+                    ("", texts[i], []) if reply is None else reply.feed(texts[i], last=True)
+                )
                 message: dict[str, Any] = {"role": "assistant", "content": content}
                 if reasoning:
                     message["reasoning_content"] = reasoning
+                if calls:
+                    # OpenAI's shape: no text beside the calls is null content.
+                    message["content"] = content if content.strip() else None
+                    message["tool_calls"] = [c.to_openai() for c in calls]
+                    reason = _reason(reason, len(calls))
                 choices.append(
                     {
                         "index": i,
@@ -548,7 +623,7 @@ class _App:
             their own while a possible tag is held back)."""
             parser = parsers[i]
             assert parser is not None
-            reasoning, content = parser.feed(text) if text else ("", "")
+            reasoning, content, calls = parser.feed(text) if text else ("", "", [])
             if reasoning:
                 delta = {"reasoning_content": reasoning}
                 lp = {"content": proto.chat_logprobs(self.tokenizer, lps)} if lps else None
@@ -559,6 +634,15 @@ class _App:
                 out.append(frames.text(i, content))
             elif content or lps:
                 out.append(frames.frame([choice(i, content, lps, None)]))
+            tool_frames(i, calls, parser.calls, out)
+
+        def tool_frames(i: int, calls: list[ToolCall], made: int, out: list[str]) -> None:
+            """Each call whole in one delta (``made``: the calls so far, these the last)."""
+            first = made - len(calls)
+            for j, call in enumerate(calls):
+                delta = {"tool_calls": [call.to_openai(first + j)]}
+                body = {"index": i, "delta": delta, "logprobs": None, "finish_reason": None}
+                out.append(frames.frame([body]))
 
         def choice(
             i: int, text: str | None, lps: tuple[TokenLogprob, ...], reason: Any
@@ -626,7 +710,7 @@ class _App:
                             parser = parsers[i]
                             if parser is not None:
                                 # What the parser held back (a tag that never came).
-                                reasoning, content = parser.finish()
+                                reasoning, content, calls = parser.finish()
                                 if reasoning:
                                     delta = {"reasoning_content": reasoning}
                                     body = {"index": i, "delta": delta, "logprobs": None}
@@ -634,7 +718,10 @@ class _App:
                                     out.append(frames.frame([body]))
                                 if content:
                                     out.append(frames.frame([choice(i, content, (), None)]))
+                                tool_frames(i, calls, parser.calls, out)
                             reason = proto.finish_reason(ev.reason)
+                            if parser is not None:
+                                reason = _reason(reason, parser.calls)
                             out.append(frames.frame([choice(i, None, (), reason)]))
                     if not left or queue.empty():
                         break

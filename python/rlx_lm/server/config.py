@@ -6,6 +6,7 @@ from dataclasses import dataclass, field
 
 from rlx_lm.errors import InvalidOptionError
 from rlx_lm.reasoning import REASONING_FORMATS
+from rlx_lm.tool_calls import TOOL_CALL_FORMATS
 
 __all__ = ["ServerConfig"]
 
@@ -46,6 +47,11 @@ class ServerConfig:
       tags, gpt-oss's analysis channel) as ``reasoning_content`` beside ``content``, as
       llama-server does by default; ``"none"`` leaves it in ``content``. A chat request's
       ``reasoning_format`` overrides it.
+    * ``tool_call_format``: how the model's tool calls are read out of its replies to
+      requests with ``tools`` (answered as ``message.tool_calls``, ``finish_reason``
+      ``"tool_calls"``): ``"auto"`` picks the format from the chat template and vocabulary
+      (`rlx_lm.tool_calls.tool_call_format`), a format's name forces it, ``"none"`` leaves
+      calls in ``content``.
     * ``api_key``: when set, every route wants it as ``Authorization: Bearer KEY`` (or
       ``X-Api-Key: KEY``) and answers 401 without it, as ``llama-server --api-key`` does;
       ``/health`` and ``/metrics`` stay open.
@@ -65,6 +71,7 @@ class ServerConfig:
     shutdown_timeout: float = 10.0
     prefill_chunk: int = 128
     reasoning_format: str = "auto"
+    tool_call_format: str = "auto"
     api_key: str | None = field(default=None, repr=False)
 
     def __post_init__(self) -> None:
@@ -95,6 +102,11 @@ class ServerConfig:
             raise InvalidOptionError(
                 f"reasoning_format: must be one of {', '.join(REASONING_FORMATS)}, "
                 f"got {self.reasoning_format!r}"
+            )
+        if self.tool_call_format not in ("auto", "none", *TOOL_CALL_FORMATS):
+            raise InvalidOptionError(
+                f"tool_call_format: must be auto, none or one of {', '.join(TOOL_CALL_FORMATS)}, "
+                f"got {self.tool_call_format!r}"
             )
         if not self.shutdown_timeout >= 0:
             raise InvalidOptionError(

@@ -41,7 +41,8 @@ Generation: ``max_tokens`` / ``max_completion_tokens`` / ``n_predict``, ``n``, `
 (a string or up to 16), ``stop_token_ids``, ``ignore_eos``, ``logprobs`` and
 ``top_logprobs``, ``stream`` and ``stream_options.include_usage``, ``cache_prompt``
 (false skips the prefix-cache lookup). Chat also takes ``messages``, ``tools`` (handed
-to the chat template; calls are not parsed out of the text), ``tool_choice``
+to the chat template; the model's calls come back as ``tool_calls``: rlx_lm.tool_calls),
+``tool_choice``
 (``"none"``/``"auto"``), ``response_format`` (``{"type": "text"}`` only),
 ``chat_template_kwargs``, ``add_generation_prompt``, ``reasoning_effort`` (OpenAI's values,
 handed to the chat template: gpt-oss's reads it) and ``reasoning_format`` (``"auto"``,
@@ -53,6 +54,7 @@ only) and ``best_of`` (equal to ``n`` only).
 
 from __future__ import annotations
 
+import json
 import math
 import time
 import uuid
@@ -588,7 +590,32 @@ def _messages(value: Any) -> list[dict[str, Any]]:
             raise ProtocolError(f"{where}.{extra[0]}: unknown message field", f"{where}.{extra[0]}")
         msg["role"] = "system" if role == "developer" else role
         msg["content"] = content
+        if "tool_calls" in msg:
+            msg["tool_calls"] = _tool_calls(msg["tool_calls"], f"{where}.tool_calls")
         out.append(msg)
+    return out
+
+
+def _tool_calls(value: Any, where: str) -> list[Any]:
+    """An assistant message's ``tool_calls`` for the template: OpenAI sends each call's
+    ``arguments`` as JSON text, templates read them as an object (Qwen's, gpt-oss's
+    ``arguments | tojson``), so text that is a JSON object is decoded, as vLLM does."""
+    if not isinstance(value, list):
+        raise ProtocolError(f"{where}: must be a list", where)
+    out: list[Any] = []
+    for j, call in enumerate(value):
+        if not isinstance(call, Mapping):
+            raise ProtocolError(f"{where}[{j}]: must be an object", f"{where}[{j}]")
+        call = dict(call)
+        fn = call.get("function")
+        if isinstance(fn, Mapping) and isinstance(fn.get("arguments"), str):
+            try:
+                args = json.loads(fn["arguments"])
+            except ValueError:
+                args = None
+            if isinstance(args, dict):
+                call["function"] = {**fn, "arguments": args}
+        out.append(call)
     return out
 
 
@@ -655,7 +682,8 @@ def parse_chat(body: Any, tokenizer: Tokenizer, limits: Limits) -> ParsedRequest
     choice = body.get("tool_choice")
     if choice is not None and choice not in ("none", "auto"):
         raise ProtocolError(
-            "tool_choice: only 'none' and 'auto' are supported (calls are not parsed)",
+            "tool_choice: only 'none' and 'auto' are supported (a call cannot be forced: "
+            "there is no constrained decoding)",
             "tool_choice",
         )
     if choice == "none":
@@ -681,6 +709,8 @@ def parse_chat(body: Any, tokenizer: Tokenizer, limits: Limits) -> ParsedRequest
     fmt = _one_of(body, "reasoning_format", REASONING_FORMATS)
     if fmt is not None:
         parsed.extra["reasoning_format"] = fmt
+    if tools:
+        parsed.extra["tools"] = True
     parsed.requests = [GenerationRequest(prompt=tuple(prompt), **kw)]
     parsed.logprobs = logprobs
     return parsed

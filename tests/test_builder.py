@@ -297,6 +297,7 @@ def test_every_setting_is_a_constructor_keyword_validated_by_its_setter(tmp_path
         "kv_dtype": "float16",
         "threads": 2,
         "activations": "q8",
+        "use_mmap": False,
     }
     built = LmRunnerBuilder(**kw)  # type: ignore[arg-type]
     chained = LmRunnerBuilder()

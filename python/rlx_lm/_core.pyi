@@ -351,6 +351,7 @@ class Engine:
         owned: list[tuple[str, list[int], npt.NDArray[np.float32]]],
         threads: int,
         activations: str = "exact",
+        use_mmap: bool | None = None,
     ) -> Self: ...
     def forward(
         self, cache: KvCache, ids: npt.NDArray[np.int64], all_logits: bool = False
@@ -370,5 +371,9 @@ class Engine:
     def threads(self) -> int: ...
     @property
     def activations(self) -> str: ...
+    @property
+    def residency(self) -> str:
+        """``"mapped"`` or ``"copied"`` (into the process's memory, in huge pages)."""
+        ...
     @property
     def mapped_bytes(self) -> int: ...

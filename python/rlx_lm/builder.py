@@ -126,6 +126,7 @@ class _Fields:
     kv_dtype: KvDtype = "float32"
     threads: int | None = None
     activations: Activations = "exact"
+    use_mmap: bool | None = None
 
 
 class LmRunnerBuilder:
@@ -135,7 +136,8 @@ class LmRunnerBuilder:
     streaming on, greedy sampling, format detected from the weights, packed
     loading automatic (GGUF of 256 MiB or more), ``Q4_K_M`` preferred when
     a directory holds several GGUF files, a float32 KV cache, as many
-    compute threads as the process may use cores, and exact float32 activations.
+    compute threads as the process may use cores, exact float32 activations, and the
+    weights copied into memory or mapped as the machine allows (``use_mmap`` None).
     """
 
     __slots__ = ("_f",)
@@ -156,6 +158,7 @@ class LmRunnerBuilder:
         kv_dtype: KvDtype | _Unset = _UNSET,
         threads: int | _Unset | None = _UNSET,
         activations: Activations | _Unset = _UNSET,
+        use_mmap: bool | _Unset | None = _UNSET,
     ) -> None:
         """A builder with the defaults, changed by each keyword given (validated by its setter)."""
         self._f = _Fields()
@@ -173,6 +176,7 @@ class LmRunnerBuilder:
             "kv_dtype": kv_dtype,
             "threads": threads,
             "activations": activations,
+            "use_mmap": use_mmap,
         }
         b: LmRunnerBuilder = self
         for name, value in given.items():
@@ -405,6 +409,22 @@ class LmRunnerBuilder:
             raise InvalidOptionError(f'activations must be "exact" or "q8", got {mode!r}')
         return self._with(activations=mode)
 
+    @overload
+    def use_mmap(self, /) -> bool | None: ...
+    @overload
+    def use_mmap(self, on: bool | None, /) -> LmRunnerBuilder: ...
+    def use_mmap(self, on: bool | _Unset | None = _UNSET, /) -> bool | LmRunnerBuilder | None:
+        """Whether the weight files stay memory-mapped (True, llama.cpp's default) or are
+        copied at load into the process's memory in huge pages (False: faster decode on
+        large models, the load copies the whole file: about 0.2 s a GiB). None (default):
+        copied when the OS has transparent huge pages and the files take at most 1 GiB and
+        half the memory available, else mapped. The runner's ``residency`` says which."""
+        if on is _UNSET:
+            return self._f.use_mmap
+        if on is not None and not isinstance(on, bool):
+            raise InvalidOptionError(f"use_mmap must be True, False or None, got {on!r}")
+        return self._with(use_mmap=on)
+
     # -- resolution and build ----------------------------------------------------------
 
     def resolved_format(self) -> WeightFormat:
@@ -485,6 +505,13 @@ class LmRunnerBuilder:
                 f"packed_weights: the {family!r} runner does not report loading its weights "
                 f"{'packed' if packed else 'dequantised'} (runner.packed); leave the setting "
                 f"at None"
+            )
+        mmap = self._f.use_mmap
+        want = {True: "mapped", False: "copied"}.get(mmap) if mmap is not None else None
+        if want is not None and getattr(runner, "residency", None) != want:
+            raise UnsupportedError(
+                f"use_mmap: the {family!r} runner does not report holding its weights {want} "
+                f"(runner.residency); leave the setting at None"
             )
         opts = self._f.sample
         if not opts.is_greedy() and getattr(runner, "sample_opts", None) != opts:

@@ -158,6 +158,18 @@ class _Progress:
             self.shown = False
 
 
+def _add_mmap_arg(parser: Any) -> None:
+    """``--mmap`` / ``--no-mmap`` (llama.cpp's flags): how the weight files are held."""
+    parser.add_argument(
+        "--mmap",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="Keep the weight files memory-mapped (--mmap) or copy them into memory in huge "
+        "pages at load (--no-mmap: faster decode, about 0.2 s of load a GiB); unset, they are "
+        "copied when the OS has transparent huge pages and they take at most 1 GiB.",
+    )
+
+
 def _add_cache_type_args(parser: Any) -> None:
     """llama.cpp's ``-ctk``/``-ctv``: how the KV cache stores keys and values."""
     for flag, short in (("--cache-type-k", "-ctk"), ("--cache-type-v", "-ctv")):
@@ -296,6 +308,7 @@ def _parser() -> argparse.ArgumentParser:
         "float32 at load (--no-packed: 4 bytes a weight, float32 kernels).",
     )
     _add_cache_type_args(g)
+    _add_mmap_arg(g)
     _add_chat_args(g)
     _add_sampler_args(g)
 
@@ -479,6 +492,7 @@ def _chat_parser(sub: Any) -> None:
         "does, integer dot products (faster, logits slightly less exact).",
     )
     _add_cache_type_args(c)
+    _add_mmap_arg(c)
     _add_sampler_args(c)
 
 
@@ -723,6 +737,7 @@ def _serve_parser(sub: Any) -> None:
         help="exact: float32 activations (default); q8: 8-bit, integer dot products (faster)",
     )
     _add_cache_type_args(s)
+    _add_mmap_arg(s)
     s.add_argument(
         "--ray",
         action="store_true",
@@ -810,8 +825,8 @@ def _serve(args: argparse.Namespace) -> int:
 
 def _engine_settings(args: argparse.Namespace) -> dict[str, Any]:
     """`LmRunnerBuilder` settings from the engine flags given (``--packed``, ``-t``,
-    ``--activations``, ``-ctk``/``-ctv``): what `generate`, `chat` and `serve` build with,
-    and what every Ray replica of `serve --ray` loads with."""
+    ``--activations``, ``--mmap``, ``-ctk``/``-ctv``): what `generate`, `chat` and `serve`
+    build with, and what every Ray replica of `serve --ray` loads with."""
     out: dict[str, Any] = {}
     if args.packed is not None:
         out["packed_weights"] = args.packed
@@ -821,6 +836,8 @@ def _engine_settings(args: argparse.Namespace) -> dict[str, Any]:
         out["threads"] = args.threads
     if args.activations is not None:
         out["activations"] = args.activations
+    if args.mmap is not None:
+        out["use_mmap"] = args.mmap
     kv_dtype = _kv_dtype(args)
     if kv_dtype is not None:
         out["kv_dtype"] = kv_dtype

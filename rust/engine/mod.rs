@@ -30,7 +30,7 @@ pub mod weights;
 pub use config::{BlockVariant, Config, Experts, Gating, LocalRope, RopeStyle};
 pub use forward::{Model, Step};
 pub use linear::Activations;
-pub use weights::{Store, TensorEntry};
+pub use weights::{Residency, Store, TensorEntry, AUTO_COPY_MAX};
 
 #[cfg(test)]
 mod tests;

@@ -1205,3 +1205,51 @@ fn team_wait_probe() {
         q(|t| t.2, 50)
     );
 }
+
+#[test]
+fn residency_auto_copies_small_files_with_huge_pages_and_room_only() {
+    use crate::engine::{Residency, AUTO_COPY_MAX};
+    let gib = 1u64 << 30;
+    let auto = Residency::Auto;
+    assert_eq!(
+        auto.decide(100 << 20, Some("madvise"), Some(8 * gib)),
+        Residency::Copied
+    );
+    assert_eq!(
+        auto.decide(100 << 20, Some("always"), Some(8 * gib)),
+        Residency::Copied
+    );
+    // No huge pages, an unknown mode, too large, or too little memory: mapped.
+    assert_eq!(
+        auto.decide(100 << 20, Some("never"), Some(8 * gib)),
+        Residency::Mapped
+    );
+    assert_eq!(
+        auto.decide(100 << 20, None, Some(8 * gib)),
+        Residency::Mapped
+    );
+    assert_eq!(
+        auto.decide(AUTO_COPY_MAX + 1, Some("madvise"), Some(64 * gib)),
+        Residency::Mapped
+    );
+    assert_eq!(
+        auto.decide(100 << 20, Some("madvise"), Some(150 << 20)),
+        Residency::Mapped
+    );
+    assert_eq!(
+        auto.decide(100 << 20, Some("madvise"), None),
+        Residency::Mapped
+    );
+    // An explicit choice stands.
+    assert_eq!(
+        Residency::Copied.decide(u64::MAX, None, None),
+        Residency::Copied
+    );
+    assert_eq!(
+        Residency::Mapped.decide(1, Some("always"), Some(64 * gib)),
+        Residency::Mapped
+    );
+    assert_eq!(Residency::from_use_mmap(Some(false)), Residency::Copied);
+    assert_eq!(Residency::from_use_mmap(Some(true)), Residency::Mapped);
+    assert_eq!(Residency::from_use_mmap(None), Residency::Auto);
+}

@@ -1,12 +1,20 @@
 //! The model's tensors, used as stored: slices of memory-mapped files (GGUF,
 //! safetensors) or, for the rare tensor dequantised once at load, owned
 //! float32 bytes. Every tensor is checked against its file before use.
+//!
+//! A file's bytes stay mapped, or are copied at load into the process's own
+//! memory in 2 MiB pages ([`Residency`]): a decode step reads every weight
+//! once, and in 4 KiB pages of the file cache its reads miss the TLB page
+//! after page (copied in huge pages, SmolLM2-135M decoded 1.02-1.14x faster
+//! and a gpt-oss-shaped model 1.10-1.13x; in 4 KiB anonymous pages the
+//! latter only 1.04x). llama.cpp copies the tensors it repacks (gpt-oss's
+//! experts among them) into its own memory too.
 
 use std::collections::HashMap;
 use std::fs::File;
 use std::path::PathBuf;
 
-use memmap2::Mmap;
+use memmap2::{Mmap, MmapOptions};
 
 use crate::engine::config::{Config, Experts, MAX_EXPERTS};
 use crate::engine::linear::Kind;
@@ -87,10 +95,136 @@ impl Tensor {
     }
 }
 
+/// How a model's files are held in memory.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Residency {
+    /// Memory-mapped: pages come from the file cache as they are first read
+    /// (no load time, shared between processes, evictable under pressure).
+    Mapped,
+    /// Copied at load into the process's own memory, in 2 MiB pages where
+    /// the OS gives them (`madvise(MADV_HUGEPAGE)`).
+    Copied,
+    /// [`Residency::Copied`] when the OS has transparent huge pages for it
+    /// and the files take at most [`AUTO_COPY_MAX`] and half the memory
+    /// available, else mapped.
+    Auto,
+}
+
+/// The most [`Residency::Auto`] copies. A copy's cost is the kernel finding
+/// and zeroing fresh huge pages: a 1.8 GB file copied in 0.37-0.42 s on two
+/// threads here, but 1.0-2.5 s right after other processes had freed their
+/// memory (the kernel compacting it first); so a model past 1 GiB loads
+/// mapped, in a fraction of a second, unless copying is asked for.
+pub const AUTO_COPY_MAX: u64 = 1 << 30;
+
+impl Residency {
+    /// From llama.cpp's `use_mmap`: true maps, false copies, none decides.
+    pub fn from_use_mmap(use_mmap: Option<bool>) -> Self {
+        match use_mmap {
+            Some(true) => Self::Mapped,
+            Some(false) => Self::Copied,
+            None => Self::Auto,
+        }
+    }
+
+    /// What [`Residency::Auto`] comes to for `bytes` of files, given the
+    /// huge-page mode (the bracketed word of
+    /// `/sys/kernel/mm/transparent_hugepage/enabled`) and the memory
+    /// available (bytes); the others are themselves.
+    pub fn decide(self, bytes: u64, thp_mode: Option<&str>, available: Option<u64>) -> Self {
+        match self {
+            Self::Auto => {
+                let huge = matches!(thp_mode, Some("always" | "madvise"));
+                let fits = available.is_some_and(|a| bytes <= (a / 2).min(AUTO_COPY_MAX));
+                if huge && fits {
+                    Self::Copied
+                } else {
+                    Self::Mapped
+                }
+            }
+            other => other,
+        }
+    }
+
+    /// `"mapped"` or `"copied"` (`"auto"` before [`Residency::decide`]).
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::Mapped => "mapped",
+            Self::Copied => "copied",
+            Self::Auto => "auto",
+        }
+    }
+}
+
+/// This machine's transparent huge page mode (`always`, `madvise`, `never`),
+/// where the OS says.
+fn thp_mode() -> Option<String> {
+    let text = std::fs::read_to_string("/sys/kernel/mm/transparent_hugepage/enabled").ok()?;
+    let open = text.find('[')?;
+    let close = open + text[open..].find(']')?;
+    Some(text[open + 1..close].to_string())
+}
+
+/// The memory available for new allocations (`MemAvailable`), in bytes.
+fn mem_available() -> Option<u64> {
+    let text = std::fs::read_to_string("/proc/meminfo").ok()?;
+    let line = text.lines().find(|l| l.starts_with("MemAvailable:"))?;
+    let kb: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
+    kb.checked_mul(1024)
+}
+
+/// `map`'s bytes in anonymous memory asked for in huge pages, 64 MiB pieces
+/// at a time on as many threads as the machine has (up to 8: most of a
+/// copy's time is the kernel finding and zeroing fresh huge pages, which
+/// goes in parallel); each piece's file pages are dropped from this
+/// process's mapping as it is copied (the file cache keeps them), so the
+/// resident set peaks at the copy plus a piece a thread.
+fn copy_in(map: &Mmap) -> std::io::Result<Mmap> {
+    const PIECE: usize = 64 << 20;
+    let mut anon = MmapOptions::new().len(map.len().max(1)).map_anon()?;
+    #[cfg(target_os = "linux")]
+    {
+        // A hint: without huge pages the copy still works, in small ones.
+        let _ = anon.advise(memmap2::Advice::HugePage);
+    }
+    let workers = std::thread::available_parallelism().map_or(1, |n| n.get().min(8));
+    let pieces: Vec<(usize, &mut [u8])> = anon[..map.len()]
+        .chunks_mut(PIECE)
+        .enumerate()
+        .map(|(i, dst)| (i * PIECE, dst))
+        .collect();
+    let next = std::sync::Mutex::new(pieces.into_iter());
+    // The lock is held to take a piece only, not while copying it.
+    let take = || next.lock().ok().and_then(|mut it| it.next());
+    std::thread::scope(|s| {
+        for _ in 0..workers {
+            s.spawn(move || {
+                while let Some((at, dst)) = take() {
+                    let end = at + dst.len();
+                    dst.copy_from_slice(&map[at..end]);
+                    #[cfg(unix)]
+                    // SAFETY: a read-only file mapping; dropped pages would be
+                    // read again from the file if touched (they are not: the
+                    // copy replaces the mapping).
+                    unsafe {
+                        let _ = map.unchecked_advise_range(
+                            memmap2::UncheckedAdvice::DontNeed,
+                            at,
+                            end - at,
+                        );
+                    }
+                }
+            });
+        }
+    });
+    anon.make_read_only()
+}
+
 /// Every tensor of a model and the mapped files they live in.
 pub struct Store {
     maps: Vec<Mmap>,
     tensors: HashMap<String, Tensor>,
+    residency: Residency,
 }
 
 impl std::fmt::Debug for Store {
@@ -214,7 +348,47 @@ impl Store {
                 },
             );
         }
-        Ok(Self { maps, tensors })
+        Ok(Self {
+            maps,
+            tensors,
+            residency: Residency::Mapped,
+        })
+    }
+
+    /// The files held as `residency` says ([`Residency::Auto`] decided
+    /// here, from this machine's huge-page mode and memory available). A
+    /// copy that fails (no memory to map) leaves the files mapped when the
+    /// choice was automatic, and is an error when it was asked for.
+    pub fn hold(&mut self, residency: Residency) -> CoreResult<()> {
+        let bytes: u64 = self.maps.iter().map(|m| m.len() as u64).sum();
+        let chosen = residency.decide(bytes, thp_mode().as_deref(), mem_available());
+        if chosen == Residency::Copied && !self.maps.is_empty() {
+            let mut copies = Vec::with_capacity(self.maps.len());
+            for map in &self.maps {
+                match copy_in(map) {
+                    Ok(c) => copies.push(c),
+                    Err(_) if residency == Residency::Auto => return Ok(()),
+                    Err(e) => {
+                        return Err(CoreError::Format(format!(
+                            "cannot copy the model's files into memory ({bytes} bytes): {e}; \
+                             map them instead (use_mmap=True)"
+                        )))
+                    }
+                }
+            }
+            self.maps = copies;
+        }
+        self.residency = if self.maps.is_empty() {
+            Residency::Mapped
+        } else {
+            chosen
+        };
+        Ok(())
+    }
+
+    /// How the files are held: mapped or copied.
+    pub fn residency(&self) -> Residency {
+        self.residency
     }
 
     /// The bytes of `t`.

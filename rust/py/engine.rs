@@ -14,8 +14,8 @@ use super::errors::{catch_panics, IntoPyResult};
 use super::gil::{detached, pin, Pin};
 use super::kv::PyKvCache;
 use crate::engine::{
-    Activations, BlockVariant, Config, Experts, Gating, LocalRope, Model, RopeStyle, Step, Store,
-    TensorEntry,
+    Activations, BlockVariant, Config, Experts, Gating, LocalRope, Model, Residency, RopeStyle,
+    Step, Store, TensorEntry,
 };
 use crate::kv::KvCache;
 use crate::per_process::PerProcess;
@@ -253,7 +253,7 @@ impl PyEngine {
 #[pymethods]
 impl PyEngine {
     #[new]
-    #[pyo3(signature = (*, config, files, tensors, owned, threads, activations = "exact"))]
+    #[pyo3(signature = (*, config, files, tensors, owned, threads, activations = "exact", use_mmap = None))]
     #[allow(clippy::too_many_arguments)]
     fn new(
         py: Python<'_>,
@@ -263,6 +263,7 @@ impl PyEngine {
         owned: Vec<(String, Vec<usize>, Bound<'_, PyAny>)>,
         threads: usize,
         activations: &str,
+        use_mmap: Option<bool>,
     ) -> PyResult<Self> {
         catch_panics(|| {
             let cfg = self::config(config)?;
@@ -301,7 +302,14 @@ impl PyEngine {
                 })
                 .collect::<PyResult<Vec<_>>>()?;
             let model = detached(py, &[], || {
-                Store::open(&files, entries, owned).and_then(|s| Model::new(cfg, s))
+                let mut model =
+                    Store::open(&files, entries, owned).and_then(|s| Model::new(cfg, s))?;
+                // Checked first, then copied (when it is): a refused file costs no copy.
+                model
+                    .weights
+                    .store
+                    .hold(Residency::from_use_mmap(use_mmap))?;
+                Ok::<_, CoreError>(model)
             })
             .py()?;
             let team = crate::engine::team::Team::new(threads).py()?;
@@ -418,6 +426,13 @@ impl PyEngine {
     #[getter]
     fn threads(&self) -> PyResult<usize> {
         catch_panics(|| Ok(self.threads))
+    }
+
+    /// How the model's files are held: `"mapped"` or `"copied"` (into the
+    /// process's memory, in huge pages where the OS gives them).
+    #[getter]
+    fn residency(&self) -> PyResult<&'static str> {
+        catch_panics(|| Ok(self.model.weights.store.residency().name()))
     }
 
     /// How activations meet the weights: `"exact"` or `"q8"`.

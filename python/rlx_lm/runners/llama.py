@@ -151,6 +151,12 @@ class LlamaRunner:
         return int(self.engine.threads)
 
     @property
+    def residency(self) -> str:
+        """How the weights are held: ``"mapped"`` (the files memory-mapped) or ``"copied"``
+        (into this process's memory at load; see `load_llama`'s ``use_mmap``)."""
+        return str(self.engine.residency)
+
+    @property
     def activations(self) -> Activations:
         """``"exact"`` (float32 activations) or ``"q8"`` (8-bit, integer dot products)."""
         return "q8" if self.engine.activations == "q8" else "exact"
@@ -445,6 +451,7 @@ def load_llama(
     kv_dtype: KvDtype = "float32",
     threads: int | None = None,
     activations: Activations = "exact",
+    use_mmap: bool | None = None,
 ) -> LlamaRunner:
     """Load a GGUF file (a split one from its first shard), a safetensors file, or a
     Hugging Face / MLX directory onto the Rust engine.
@@ -458,8 +465,16 @@ def load_llama(
     total)`` follows the load steps (default: the callback of an enclosing `load_progress`
     block). ``kv_dtype="float16"`` halves the KV cache. ``activations="q8"`` quantises
     activations to 8 bits as llama.cpp does (integer dot products, faster; default
-    ``"exact"``, see docs/kernels.md for the error).
+    ``"exact"``, see docs/kernels.md for the error). ``use_mmap`` (llama.cpp's name):
+    True keeps the files memory-mapped, False copies them at load into the process's
+    memory in huge pages (decode reads every weight a step, and in the file cache's small
+    pages it misses the TLB), None (default) copies when the OS has transparent huge pages
+    and the files take at most 1 GiB and half the memory available (a copy takes about
+    0.2 s a GiB, more when the kernel must compact memory for huge pages first), else maps;
+    `LlamaRunner.residency` says which.
     """
+    if use_mmap is not None and not isinstance(use_mmap, bool):
+        raise InvalidOptionError(f"use_mmap must be True, False or None, got {use_mmap!r}")
     if packed is not None and not isinstance(packed, bool):
         raise InvalidOptionError(f"packed must be True, False or None, got {packed!r}")
     keep = packed is not False
@@ -481,6 +496,7 @@ def load_llama(
             activations=activations,
             packed=keep,
             context=max_seq,
+            use_mmap=use_mmap,
         )
     else:
         files, cfg_path = locate_safetensors(p)
@@ -493,6 +509,7 @@ def load_llama(
             activations=activations,
             packed=keep,
             context=max_seq,
+            use_mmap=use_mmap,
         )
     return LlamaRunner(loaded, max_seq=max_seq, chunk=chunk, source=str(p), kv_dtype=kv_dtype)
 
@@ -557,6 +574,7 @@ def load_from_builder(builder: LmRunnerBuilder) -> LlamaRunner:
         kv_dtype=builder.kv_dtype(),
         threads=builder.threads(),
         activations=builder.activations(),
+        use_mmap=builder.use_mmap(),
     )
     runner.sample_opts = builder.sample()
     return runner

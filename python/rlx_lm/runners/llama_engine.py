@@ -236,6 +236,7 @@ def load_gguf_engine(
     activations: str = "exact",
     packed: bool = True,
     context: int | None = None,
+    use_mmap: bool | None = None,
 ) -> EngineLoad:
     """Check and map a GGUF file (or split GGUF from its first shard) into an engine.
 
@@ -283,7 +284,7 @@ def load_gguf_engine(
     ]
     report(2, 3)
     style = "interleaved" if cfg.arch in (*_PERMUTED_ARCHS, *_INTERLEAVED_ARCHS) else "halves"
-    engine = _build(cfg, style, files, plan, owned, threads, activations, where=str(path))
+    engine = _build(cfg, style, files, plan, owned, threads, activations, use_mmap, where=str(path))
     report(3, 3)
     norm = table.get("output_norm.weight")
     sample = b""
@@ -407,6 +408,7 @@ def load_safetensors_engine(
     activations: str = "exact",
     packed: bool = True,
     context: int | None = None,
+    use_mmap: bool | None = None,
 ) -> EngineLoad:
     """Map safetensors files (F32/F16/BF16 used in place; F64 converted once) into an engine.
 
@@ -462,7 +464,9 @@ def load_safetensors_engine(
         if on_progress is not None:
             on_progress(fi + 1, len(files) + 1)
     style = "interleaved" if cfg.arch in _INTERLEAVED_ARCHS else "halves"
-    engine = _build(cfg, style, files, plan, owned, threads, activations, where=str(files[0]))
+    engine = _build(
+        cfg, style, files, plan, owned, threads, activations, use_mmap, where=str(files[0])
+    )
     if on_progress is not None:
         on_progress(len(files) + 1, len(files) + 1)
     return EngineLoad(cfg, engine, files, dequantised, sample, packed, longrope)
@@ -486,6 +490,7 @@ def _build(
     owned: list[Owned],
     threads: int | None,
     activations: str,
+    use_mmap: bool | None,
     *,
     where: str,
 ) -> Engine:
@@ -497,6 +502,7 @@ def _build(
             owned=owned,
             threads=threads or default_threads(),
             activations=activations,
+            use_mmap=use_mmap,
         )
     except WeightFormatError as exc:
         raise WeightFormatError(f"{where}: {exc}") from None

@@ -286,3 +286,21 @@ def test_mistral_tool_markup_is_kept_in_decoded_text(tmp_path: Path) -> None:
     text = tok.decode(ids)
     assert text == '[TOOL_CALLS]f[ARGS]{"a": 1}'
     assert _named(split_tool_calls(MistralCalls(), text)[1]) == [("f", {"a": 1})]
+
+
+def test_qwen3_coder_xml_calls_in_the_same_tags() -> None:
+    # Qwen3-Coder's chat template writes (and the model answers) its calls as XML.
+    text = (
+        "Checking.\n<tool_call>\n<function=get_weather>\n<parameter=city>\nParis\n</parameter>\n"
+        '<parameter=days>\n3\n</parameter>\n<parameter=units>\n{"t": "C"}\n</parameter>\n'
+        "</function>\n</tool_call>"
+    )
+    content, calls = split_tool_calls(Hermes(), text)
+    assert content == "Checking.\n"
+    assert _named(calls) == [("get_weather", {"city": "Paris", "days": 3, "units": {"t": "C"}})]
+    # Text between the parameters, or no function, is not a call: it stays text.
+    for bad in (
+        "<tool_call><function=f>stray<parameter=a>1</parameter></function></tool_call>",
+        "<tool_call><parameter=a>1</parameter></tool_call>",
+    ):
+        assert split_tool_calls(Hermes(), bad) == (bad, [])

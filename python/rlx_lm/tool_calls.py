@@ -6,7 +6,8 @@ its calls its own way. The formats read here, chosen from the model's template a
 
 - ``"hermes"`` (Qwen 2.5 and 3, Hermes 2/3, SmolLM3, any template that mentions
   ``<tool_call>``): ``<tool_call>{"name": ..., "arguments": {...}}</tool_call>``, any number,
-  with text around them.
+  with text around them; or Qwen3-Coder's ``<tool_call><function=NAME><parameter=KEY>value
+  </parameter></function></tool_call>`` in the same tags.
 - ``"mistral"`` (templates with ``[TOOL_CALLS]``): ``[TOOL_CALLS][{"name": ..., "arguments":
   {...}, "id": ...}, ...]`` (Mistral 7B v0.3, Nemo, Small 3) or ``[TOOL_CALLS]name[ARGS]{...}``
   once a call (Mistral's later tokenizers); calls end the reply.
@@ -27,6 +28,7 @@ parse (bad JSON, no name) is text.
 from __future__ import annotations
 
 import json
+import re
 import secrets
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -175,7 +177,9 @@ class Hermes:
         if body.endswith(_CALL_CLOSE):
             body = body[: -len(_CALL_CLOSE)]
         values = _json_values(body)
-        if values is None or len(values) != 1:
+        if values is None:
+            return _xml_call(body)
+        if len(values) != 1:
             return None
         return _call_of(values[0])
 
@@ -188,6 +192,33 @@ class Hermes:
             if call is not None:
                 return "", [call]
         return rest, []
+
+
+_XML_FUNCTION = re.compile(r"\s*<function=([^>\s]+)>(.*)</function>\s*", re.DOTALL)
+_XML_PARAMETER = re.compile(r"<parameter=([^>\s]+)>(.*?)</parameter>", re.DOTALL)
+
+
+def _xml_call(body: str) -> ToolCall | None:
+    """Qwen3-Coder's calls inside ``<tool_call>``: ``<function=NAME>`` then
+    ``<parameter=KEY>value</parameter>`` each (a value that is JSON, such as a number or an
+    object, is read as JSON, else as text: vLLM's ``qwen3_coder`` reads them by the tool's
+    schema, which a reply parser does not have); anything else between them, not a call."""
+    fn = _XML_FUNCTION.fullmatch(body)
+    if fn is None:
+        return None
+    name, inner = fn.group(1), fn.group(2)
+    args: dict[str, Any] = {}
+    for m in _XML_PARAMETER.finditer(inner):
+        value = m.group(2)
+        value = value[1:] if value.startswith("\n") else value
+        value = value[:-1] if value.endswith("\n") else value
+        try:
+            args[m.group(1)] = json.loads(value)
+        except ValueError:
+            args[m.group(1)] = value
+    if _XML_PARAMETER.sub("", inner).strip():
+        return None
+    return ToolCall(name, json.dumps(args, ensure_ascii=False))
 
 
 class MistralCalls:
